@@ -1,0 +1,138 @@
+"""The command line: ``python -m snntrain [group=option ...] [key=value ...]``.
+
+One Hydra app; ``task`` picks what it does (train a classifier or detector, export,
+predict). :func:`run` does the work for a composed config, so tests and notebooks can
+call it with a config from Hydra's compose API.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger("snntrain")
+
+
+def _uses_cuda(trainer_cfg: DictConfig) -> bool:
+    import torch
+
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+
+
+def _announce(message: str) -> None:
+    log.info(message)
+
+
+def _build_logger(cfg: DictConfig, out: Path):
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    name = cfg.logger.name
+    if name == "tensorboard":
+        return TensorBoardLogger(save_dir=str(out), name="tensorboard", version="", default_hp_metric=False)
+    if name == "csv":
+        return CSVLogger(save_dir=str(out), name="csv", version="")
+    if name == "none":
+        return False
+    raise ValueError(f"logger.name={name!r} is not valid; choose one of tensorboard, csv, none")
+
+
+def _save_config(config: dict[str, Any], path: Path) -> None:
+    from .fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The run config as plain Python values (what checkpoints and exports store)."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit (or, with ``train=false``, validate) the task's model; returns the final metrics."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from .backend import resolve_backend
+    from .callbacks import AtomicCheckpointIO, FiringRateMonitor
+    from .checkpoint import read_checkpoint
+    from .data import build_datamodule
+    from .tasks import TASKS
+
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _announce(f"snntrain: run directory {out.resolve()}")
+    task_name = cfg.task.name
+    if task_name not in TASKS:
+        raise ValueError(f"task={task_name!r} cannot be trained; trainable tasks: {', '.join(TASKS)}")
+    if cfg.ckpt_path is not None:
+        read_checkpoint(cfg.ckpt_path)  # fail now, with a clear message, on a bad checkpoint
+    elif not cfg.train:
+        raise ValueError("train=false validates a checkpoint: give ckpt_path=<file.ckpt>")
+
+    L.seed_everything(cfg.seed, workers=True)
+    backend = resolve_backend(cfg.backend.name, cuda=_uses_cuda(cfg.trainer))
+    _announce(f"snntrain: backend={cfg.backend.name} -> {backend}, T={cfg.T}")
+
+    datamodule = build_datamodule(cfg.data, seed=cfg.seed)
+    with open_dict(cfg):
+        if "num_classes" in cfg.data and cfg.data.num_classes is None:
+            cfg.data.num_classes = datamodule.num_classes
+        cfg.backend.resolved = backend
+    config = resolved_config(cfg)
+    _save_config(config, out / "config.yaml")
+
+    task_cls = TASKS[task_name]
+    task = task_cls(config, backend=backend)
+    monitor, mode = cfg.task.monitor, cfg.task.monitor_mode
+    checkpoint = ModelCheckpoint(
+        dirpath=out / "checkpoints",
+        filename="epoch{epoch:03d}-step{step:06d}",
+        auto_insert_metric_name=False,
+        monitor=monitor,
+        mode=mode,
+        save_top_k=1,
+        save_last=True,
+    )
+    callbacks = [checkpoint, FiringRateMonitor()]
+    logger = _build_logger(cfg, out)
+    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        default_root_dir=str(out),
+        logger=logger,
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+    )
+    if cfg.train:
+        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    else:
+        task = task_cls.load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
+        trainer.validate(task, datamodule=datamodule)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
+    shown = {k: round(v, 4) for k, v in sorted(metrics.items()) if k.startswith("val/")}
+    _announce(f"snntrain: final metrics {shown}")
+    if cfg.train and checkpoint.best_model_path:
+        _announce(f"snntrain: best {monitor}={float(checkpoint.best_model_score):.4f} at {checkpoint.best_model_path}")
+    _announce(f"snntrain: run directory {out.resolve()}")
+    return metrics
+
+
+def run(cfg: DictConfig) -> Any:
+    """Dispatch on ``cfg.task.name``."""
+    name = cfg.task.name
+    if name in ("classify", "detect"):
+        metrics = train(cfg)
+        return metrics.get(cfg.task.monitor)
+    raise ValueError(f"task={name!r} is not valid")
+
+
+@hydra.main(version_base="1.3", config_path="pkg://snntrain.conf", config_name="config")
+def main(cfg: DictConfig) -> Any:
+    return run(cfg)

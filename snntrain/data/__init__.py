@@ -1,0 +1,41 @@
+"""LightningDataModules, built by name from the ``data`` config group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+
+from .cifar10 import CIFAR10DataModule
+from .digits import DigitsDataModule
+from .image_folder import ImageFolderDataModule
+
+DATAMODULES: dict[str, type[L.LightningDataModule]] = {
+    "digits": DigitsDataModule,
+    "cifar10": CIFAR10DataModule,
+    "image_folder": ImageFolderDataModule,
+}
+
+# Keys of a data config that describe the data for the model rather than configure the module.
+_DESCRIPTIVE = ("name", "num_classes", "in_channels")
+
+
+def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataModule:
+    """Build the datamodule that ``cfg`` names; other keys are its arguments."""
+    cfg = dict(cfg)
+    name = cfg.get("name")
+    if name not in DATAMODULES:
+        raise ValueError(f"data name={name!r} is not valid; choose one of {', '.join(DATAMODULES)}")
+    cls = DATAMODULES[name]
+    kwargs = {k: v for k, v in cfg.items() if k not in _DESCRIPTIVE}
+    if name == "image_folder" and cfg.get("in_channels") is not None:
+        kwargs["in_channels"] = cfg["in_channels"]
+    kwargs.setdefault("seed", seed)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ValueError(f"bad data setting for {name}: {err}") from None
+
+
+__all__ = ["DATAMODULES", "CIFAR10DataModule", "DigitsDataModule", "ImageFolderDataModule", "build_datamodule"]

@@ -1,0 +1,92 @@
+"""CIFAR-10 through torchvision, downloaded into ``root`` where the network allows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from .common import check_fraction, loader_generator, positive_int
+
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+class CIFAR10DataModule(L.LightningDataModule):
+    num_classes = 10
+    in_channels = 3
+
+    def __init__(
+        self,
+        root: str = "data/cifar10",
+        batch_size: int = 128,
+        num_workers: int = 4,
+        download: bool = True,
+        augment: bool = True,
+        seed: int = 0,
+        val_fraction: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.root = Path(root).expanduser()
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.num_workers = int(num_workers)
+        self.download = bool(download)
+        self.augment = bool(augment)
+        self.seed = int(seed)
+        # CIFAR-10 has an official test split; it is the validation set unless val_fraction carves one from train.
+        self.val_fraction = None if val_fraction is None else check_fraction("val_fraction", val_fraction)
+        self.train_set = self.val_set = None
+
+    def _dataset(self, train: bool, transform):
+        from torchvision.datasets import CIFAR10
+
+        try:
+            return CIFAR10(str(self.root), train=train, transform=transform, download=False)
+        except RuntimeError:
+            if not self.download:
+                raise RuntimeError(self._missing("download=false")) from None
+        try:
+            return CIFAR10(str(self.root), train=train, transform=transform, download=True)
+        except Exception as err:  # no network, proxy refusal, partial file...
+            raise RuntimeError(self._missing(f"download failed: {err}")) from err
+
+    def _missing(self, why: str) -> str:
+        return (
+            f"CIFAR-10 is not in {self.root} ({why}). Download {URL} and extract it there, so that "
+            f"{self.root / 'cifar-10-batches-py'} holds data_batch_1 ... test_batch; or point "
+            "data.root at a folder that has it."
+        )
+
+    def prepare_data(self) -> None:
+        self._dataset(True, None)
+        self._dataset(False, None)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        norm = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        train_tf = v2.Compose(([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if self.augment else []) + norm)
+        eval_tf = v2.Compose(norm)
+        if self.val_fraction is None:
+            self.train_set = self._dataset(True, train_tf)
+            self.val_set = self._dataset(False, eval_tf)
+        else:
+            from torch.utils.data import Subset
+
+            from .common import split_indices
+
+            train_idx, val_idx = split_indices(50000, self.val_fraction, self.seed)
+            self.train_set = Subset(self._dataset(True, train_tf), train_idx)
+            self.val_set = Subset(self._dataset(True, eval_tf), val_idx)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          generator=loader_generator(self.seed))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)

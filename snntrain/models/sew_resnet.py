@@ -1,0 +1,235 @@
+"""Spike-Element-Wise ResNet (Fang et al., "Deep Residual Learning in Spiking Neural Networks", 2021).
+
+Multi-step throughout: every tensor between layers is ``[T, B, C, H, W]``. Convolutions
+and norms run on the folded ``[T * B, ...]`` batch (:class:`~snntrain.nn.layers.MultiStep`);
+the spiking neurons scan over T with the configured backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..backend import check_backend
+from ..nn.layers import MultiStep, check_connect, sew_connect
+from ..nn.neurons import BaseNeuron, build_neuron
+from ..nn.norm import build_norm2d
+
+STEMS = ("cifar", "imagenet")
+
+
+class _Factory:
+    """Creates neurons and norms with the network-wide settings."""
+
+    def __init__(self, neuron: Mapping[str, Any], norm: str, backend: str) -> None:
+        self.neuron_cfg = dict(neuron)
+        self.norm = norm
+        self.backend = backend
+        self.neuron()  # validate the neuron settings once, up front
+        build_norm2d(norm, 1, backend)
+
+    def neuron(self) -> BaseNeuron:
+        return build_neuron(**self.neuron_cfg, backend=self.backend)
+
+    def conv_norm(self, cin: int, cout: int, k: int, stride: int = 1) -> MultiStep:
+        conv = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
+        return MultiStep(conv, build_norm2d(self.norm, cout, self.backend))
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
+        super().__init__()
+        self.conv1 = f.conv_norm(cin, planes, 3, stride)
+        self.sn1 = f.neuron()
+        self.conv2 = f.conv_norm(planes, planes, 3)
+        self.sn2 = f.neuron()
+        self.connect = connect
+        self.downsample = None
+        if stride != 1 or cin != planes:
+            self.downsample = nn.Sequential(f.conv_norm(cin, planes, 1, stride), f.neuron())
+
+    def last_norm(self) -> nn.Module:
+        return self.conv2[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.sn2(self.conv2(self.sn1(self.conv1(x))))
+        identity = x if self.downsample is None else self.downsample(x)
+        return sew_connect(out, identity, self.connect)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
+        super().__init__()
+        cout = planes * self.expansion
+        self.conv1 = f.conv_norm(cin, planes, 1)
+        self.sn1 = f.neuron()
+        self.conv2 = f.conv_norm(planes, planes, 3, stride)
+        self.sn2 = f.neuron()
+        self.conv3 = f.conv_norm(planes, cout, 1)
+        self.sn3 = f.neuron()
+        self.connect = connect
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(f.conv_norm(cin, cout, 1, stride), f.neuron())
+
+    def last_norm(self) -> nn.Module:
+        return self.conv3[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.sn1(self.conv1(x))
+        out = self.sn2(self.conv2(out))
+        out = self.sn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return sew_connect(out, identity, self.connect)
+
+
+ARCHS: dict[int, tuple[type[nn.Module], tuple[int, int, int, int]]] = {
+    18: (BasicBlock, (2, 2, 2, 2)),
+    34: (BasicBlock, (3, 4, 6, 3)),
+    50: (Bottleneck, (3, 4, 6, 3)),
+}
+
+DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "atan"}
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+class SEWResNet(nn.Module):
+    """SEW-ResNet classifier.
+
+    Args:
+        depth: 18, 34 (basic blocks) or 50 (bottlenecks).
+        num_classes: classifier outputs.
+        in_channels: image channels.
+        T: time steps for static ``[B, C, H, W]`` input (direct encoding: the image is
+            the input current at every step). ``[T, B, C, H, W]`` input is used as is.
+        connect: ``ADD``, ``AND`` or ``IAND`` spike-element-wise residual.
+        stem: ``cifar`` (3x3 conv, no pooling) or ``imagenet`` (7x7 stride 2 + max-pool).
+        width: channels of the first stage (64 in the paper); later stages double it.
+        neuron: neuron settings, e.g. ``{"type": "LIF", "tau": 2.0, "surrogate": "atan"}``.
+        norm: ``batchnorm`` (or another name from :data:`snntrain.nn.norm.NORMS`).
+        zero_init_residual: start each block's last norm at zero weight.
+        backend: ``auto``, ``torch`` or ``triton`` for every spiking layer.
+
+    ``forward`` returns logits averaged over T, ``[B, num_classes]``.
+    """
+
+    def __init__(
+        self,
+        depth: int = 18,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        T: int = 4,
+        connect: str = "ADD",
+        stem: str = "cifar",
+        width: int = 64,
+        neuron: Mapping[str, Any] | None = None,
+        norm: str = "batchnorm",
+        zero_init_residual: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if depth not in ARCHS:
+            raise ValueError(f"depth={depth!r} is not valid; choose one of {', '.join(map(str, ARCHS))}")
+        if stem not in STEMS:
+            raise ValueError(f"stem={stem!r} is not valid; choose one of {', '.join(STEMS)}")
+        self.T = _positive_int("T", T)
+        num_classes = _positive_int("num_classes", num_classes)
+        in_channels = _positive_int("in_channels", in_channels)
+        width = _positive_int("width", width)
+        connect = check_connect(connect)
+        check_backend(backend)
+        f = _Factory(DEFAULT_NEURON if neuron is None else neuron, norm, backend)
+        block, layers = ARCHS[depth]
+
+        if stem == "cifar":
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 3, padding=1, bias=False), build_norm2d(norm, width, backend)
+            )
+            self.pool = nn.Identity()
+        else:
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False), build_norm2d(norm, width, backend)
+            )
+            self.pool = MultiStep(nn.MaxPool2d(3, stride=2, padding=1))
+        self.sn1 = f.neuron()
+
+        cin = width
+        stages = []
+        self.stage_channels: list[int] = []
+        for i, n in enumerate(layers):
+            planes = width * 2**i
+            blocks = []
+            for j in range(n):
+                blocks.append(block(f, cin, planes, 2 if (i > 0 and j == 0) else 1, connect))
+                cin = planes * block.expansion
+            stages.append(nn.Sequential(*blocks))
+            self.stage_channels.append(cin)
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = MultiStep(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+        self.fc = nn.Linear(cin, num_classes)
+        self._init_weights(zero_init_residual)
+
+    def _init_weights(self, zero_init_residual: bool) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if zero_init_residual:
+            for m in self.modules():
+                if isinstance(m, (BasicBlock, Bottleneck)):
+                    norm = m.last_norm()
+                    if getattr(norm, "weight", None) is not None:
+                        nn.init.zeros_(norm.weight)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Stem currents ``[T, B, C, H, W]``: direct encoding for ``[B, C, H, W]`` input.
+
+        A static image gives the same stem output at every step, so the stem runs once
+        and its output is repeated over T.
+        """
+        if x.dim() == 4:
+            y = self.stem(x)
+            return y.unsqueeze(0).expand(self.T, *y.shape)
+        if x.dim() == 5:
+            return self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
+
+    def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Spike maps ``[T, B, C, H, W]`` after each of the four stages."""
+        x = self.pool(self.sn1(self.encode(x)))
+        feats = []
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            x = stage(x)
+            feats.append(x)
+        return feats
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_features(x)[-1]
+        logits = self.fc(self.avgpool(x))  # [T, B, num_classes]
+        return logits.mean(0)
+
+
+def sew_resnet18(**kwargs: Any) -> SEWResNet:
+    return SEWResNet(depth=18, **kwargs)
+
+
+def sew_resnet34(**kwargs: Any) -> SEWResNet:
+    return SEWResNet(depth=34, **kwargs)
+
+
+def sew_resnet50(**kwargs: Any) -> SEWResNet:
+    return SEWResNet(depth=50, **kwargs)

@@ -1,0 +1,77 @@
+"""Surrogate gradients for the Heaviside spike function.
+
+The forward pass of a spike is always ``S = heaviside(x) = (x >= 0)`` with
+``x = H - v_threshold``; the backward pass replaces the Dirac delta with the
+derivative of a smooth function of sharpness ``alpha``:
+
+====================  ==============  ===============================================
+name                  default alpha   dS/dx
+====================  ==============  ===============================================
+sigmoid               4.0             alpha * sg * (1 - sg),  sg = sigmoid(alpha * x)
+atan                  2.0             (alpha / 2) / (1 + (pi / 2 * alpha * x) ** 2)
+piecewise_quadratic   1.0             max(alpha - alpha ** 2 * |x|, 0)
+====================  ==============  ===============================================
+
+The formulas follow SpikingJelly's ``surrogate.Sigmoid``, ``surrogate.ATan`` and
+``surrogate.PiecewiseQuadratic``. The Triton kernels implement the same table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SURROGATES: dict[str, float] = {
+    "sigmoid": 4.0,
+    "atan": 2.0,
+    "piecewise_quadratic": 1.0,
+}
+
+
+def check_surrogate(name: object, alpha: object = None) -> tuple[str, float]:
+    """Validate a surrogate name and sharpness; return ``(name, alpha)`` with the default filled in."""
+    if not isinstance(name, str) or name not in SURROGATES:
+        raise ValueError(f"surrogate={name!r} is not valid; choose one of {', '.join(SURROGATES)}")
+    if alpha is None:
+        return name, SURROGATES[name]
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise ValueError(f"alpha={alpha!r} must be a positive number")
+    alpha = float(alpha)
+    if not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha={alpha!r} must be a positive, finite number")
+    return name, alpha
+
+
+def surrogate_grad(x: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
+    """dS/dx of the surrogate ``name`` at ``x`` (same dtype as ``x``)."""
+    if name == "sigmoid":
+        sg = torch.sigmoid(alpha * x)
+        return alpha * sg * (1.0 - sg)
+    if name == "atan":
+        return (alpha / 2.0) / (1.0 + (math.pi / 2.0 * alpha * x) ** 2)
+    if name == "piecewise_quadratic":
+        return torch.clamp(alpha - alpha * alpha * x.abs(), min=0.0)
+    raise ValueError(f"surrogate={name!r} is not valid; choose one of {', '.join(SURROGATES)}")
+
+
+class SpikeFunction(torch.autograd.Function):
+    """Heaviside forward, surrogate backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.name = name
+        ctx.alpha = alpha
+        return (x >= 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return grad_out * surrogate_grad(x, ctx.name, ctx.alpha), None, None
+
+
+def spike(x: torch.Tensor, name: str = "sigmoid", alpha: float | None = None) -> torch.Tensor:
+    """Heaviside step of ``x`` with the surrogate gradient ``name``."""
+    name, alpha = check_surrogate(name, alpha)
+    return SpikeFunction.apply(x, name, alpha)
