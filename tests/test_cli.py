@@ -1,0 +1,176 @@
+"""The Hydra app end to end: compose API runs, logs, checkpoints, resume, errors, and the real CLI."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from snntrain.backend import resolve_backend
+from snntrain.cli import run
+
+TINY = [
+    "backend=torch",
+    "T=2",
+    "model.width=4",
+    "data.image_size=8",
+    "data.batch_size=32",
+    "trainer.accelerator=cpu",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+]
+
+
+def make_cfg(out: Path, *overrides: str):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[*TINY, f"paths.output_dir={out}", *overrides])
+
+
+def tb_tags(out: Path) -> tuple[set[str], set[str]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = glob.glob(str(out / "tensorboard" / "events.out.tfevents.*"))
+    assert files, f"no TensorBoard event file under {out}"
+    scalars, hists = set(), set()
+    for f in files:
+        ea = EventAccumulator(f, size_guidance={"scalars": 0, "histograms": 0})
+        ea.Reload()
+        scalars |= set(ea.Tags()["scalars"])
+        hists |= set(ea.Tags()["histograms"])
+    return scalars, hists
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    run(make_cfg(out))
+    return out
+
+
+def test_run_writes_config_logs_and_checkpoints(trained):
+    out = trained
+    saved = OmegaConf.load(out / "config.yaml")
+    assert saved.T == 2 and saved.model.T == 2 and saved.model.width == 4
+    assert saved.backend.resolved == "torch"
+    scalars, hists = tb_tags(out)
+    for tag in ("train/loss_step", "train/loss_epoch", "train/acc", "train/lr", "val/loss", "val/acc",
+                "firing_rate/sn1", "firing_rate/layer4.1.sn2", "firing_rate/mean"):
+        assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
+    assert "firing_rate_per_channel/sn1" in hists
+    assert (out / "tensorboard" / "hparams.yaml").exists()
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert "last.ckpt" in ckpts and len(ckpts) == 2, ckpts
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")], "temporary file left behind"
+
+
+def test_checkpoint_loads_weights_only_with_config(trained):
+    ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    config = ckpt["hyper_parameters"]["config"]
+    assert config["model"]["name"] == "sew_resnet" and config["T"] == 2
+    assert ckpt["snntrain"]["backend"] == "torch"
+    assert any(k.startswith("model.layer1.0.conv1") for k in ckpt["state_dict"])
+
+
+def test_resume_continues_from_checkpoint(trained, tmp_path):
+    last = trained / "checkpoints" / "last.ckpt"
+    first = torch.load(last, map_location="cpu", weights_only=True)
+    run(make_cfg(tmp_path, f"ckpt_path={last}", "trainer.max_epochs=2"))
+    resumed = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert first["epoch"] == 0 and resumed["epoch"] == 1
+    assert resumed["global_step"] == 2 * first["global_step"]
+
+
+def test_validate_only(trained, tmp_path):
+    metrics = run(make_cfg(tmp_path, "train=false", f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}"))
+    assert metrics is not None and 0.0 <= metrics <= 1.0
+
+
+def test_seed_makes_runs_repeatable(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(make_cfg(a, "seed=7", "logger=none"))
+    run(make_cfg(b, "seed=7", "logger=none"))
+    sa = torch.load(a / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    sb = torch.load(b / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_plif_and_csv_logger(tmp_path):
+    run(make_cfg(tmp_path, "model.neuron.type=PLIF", "~model.neuron.tau", "+model.neuron.init_tau=2.0",
+                 "logger=csv", "task.optimizer.name=sgd", "task.optimizer.lr=0.05"))
+    assert (tmp_path / "csv" / "metrics.csv").read_text().count("val/acc") == 1
+
+
+def test_typo_in_group_override_lists_valid_options(tmp_path):
+    with pytest.raises(MissingConfigException) as err:
+        make_cfg(tmp_path, "model=sew_resnt")
+    assert "sew_resnet" in str(err.value) and "Available options" in str(err.value)
+    with pytest.raises(ConfigCompositionException):
+        make_cfg(tmp_path, "model.depht=18")
+
+
+def test_bad_neuron_parameter_is_named(tmp_path):
+    with pytest.raises(ValueError, match="tau=0.5 must be > 1"):
+        run(make_cfg(tmp_path, "model.neuron.tau=0.5"))
+
+
+def test_bad_checkpoint_is_named(tmp_path):
+    bad = tmp_path / "broken.ckpt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="broken.ckpt cannot be read"):
+        run(make_cfg(tmp_path / "out", f"ckpt_path={bad}"))
+
+
+def test_triton_backend_without_cuda_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="backend=triton needs a CUDA GPU.*use backend=torch"):
+        resolve_backend("triton", cuda=False)
+    assert resolve_backend("auto", cuda=False) == "torch"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("triton", cuda=False) == "triton"
+
+
+# ----------------------------------------------------------------------------- the real command line
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    return subprocess.run([sys.executable, "-m", "snntrain", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_help_lists_config_groups(tmp_path):
+    res = cli("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_resnet", "logger: csv, none, tensorboard"):
+        assert line in res.stdout
+    assert "data: " in res.stdout and "digits" in res.stdout and "trainer: default" in res.stdout
+
+
+def test_cli_typo_fails_with_options(tmp_path):
+    res = cli("backend=trition", cwd=tmp_path)
+    assert res.returncode != 0
+    assert "Could not find 'backend/trition'" in res.stderr and "auto" in res.stderr and "triton" in res.stderr
+
+
+@pytest.mark.slow
+def test_cli_multirun_over_T(tmp_path):
+    res = cli("-m", "T=1,2", *[o for o in TINY if not o.startswith("T=")], "logger=none", "paths.log_dir=logs",
+              cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sorted((tmp_path / "logs" / "classify" / "multirun").glob("*/*/config.yaml"))
+    assert [OmegaConf.load(p).T for p in runs] == [1, 2]
+    for p in runs:
+        assert (p.parent / "checkpoints" / "last.ckpt").exists()
+    assert "run directory" in res.stdout + res.stderr

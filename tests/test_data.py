@@ -1,0 +1,81 @@
+"""Classification datamodules: the bundled digits, CIFAR-10's missing-data message, image folders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from snntrain.data import CIFAR10DataModule, DigitsDataModule, ImageFolderDataModule, build_datamodule
+
+
+def test_digits_split_is_deterministic_and_stratified():
+    a, b = DigitsDataModule(seed=3), DigitsDataModule(seed=3)
+    a.setup(), b.setup()
+    xa, ya = a.train_set.tensors
+    assert xa.shape == (1437, 1, 16, 16) and len(a.val_set) == 360
+    assert torch.equal(xa, b.train_set.tensors[0]) and torch.equal(ya, b.train_set.tensors[1])
+    counts = torch.bincount(a.val_set.tensors[1], minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37  # 20% of each class
+    c = DigitsDataModule(seed=4)
+    c.setup()
+    assert not torch.equal(c.val_set.tensors[1], a.val_set.tensors[1])
+    x, y = next(iter(a.train_dataloader()))
+    assert x.shape == (64, 1, 16, 16) and y.dtype == torch.int64
+    assert -1.0 <= x.min() and x.max() <= 1.0
+
+
+def test_digits_image_size_and_validation():
+    dm = DigitsDataModule(image_size=8)
+    dm.setup()
+    assert dm.train_set.tensors[0].shape[-1] == 8
+    with pytest.raises(ValueError, match="val_fraction=1.5 must be a number strictly between 0 and 1"):
+        DigitsDataModule(val_fraction=1.5)
+    with pytest.raises(ValueError, match="batch_size=0 must be a positive integer"):
+        DigitsDataModule(batch_size=0)
+
+
+def test_cifar10_missing_names_folder_to_fill(tmp_path):
+    dm = CIFAR10DataModule(root=str(tmp_path / "cifar"), download=False)
+    with pytest.raises(RuntimeError, match=r"CIFAR-10 is not in .*cifar \(download=false\).*cifar-10-python.tar.gz"):
+        dm.prepare_data()
+
+
+def _write_images(root, classes=("cat", "dog"), n=5):
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+
+
+def test_image_folder_split_and_loaders(tmp_path):
+    _write_images(tmp_path)
+    dm = build_datamodule({"name": "image_folder", "root": str(tmp_path), "image_size": 16, "in_channels": 1,
+                           "batch_size": 4, "num_workers": 0, "val_fraction": 0.2, "num_classes": None}, seed=1)
+    assert isinstance(dm, ImageFolderDataModule) and dm.num_classes == 2 and dm.classes == ["cat", "dog"]
+    dm.setup()
+    assert len(dm.train_set) == 8 and len(dm.val_set) == 2
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (2, 1, 16, 16)
+
+
+def test_image_folder_train_val_layout_and_errors(tmp_path):
+    _write_images(tmp_path / "train")
+    _write_images(tmp_path / "val", n=2)
+    dm = ImageFolderDataModule(root=str(tmp_path), image_size=12, batch_size=2, num_workers=0)
+    dm.setup()
+    assert len(dm.val_set) == 4
+    with pytest.raises(ValueError, match="needs data.root"):
+        ImageFolderDataModule(root=None)
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        ImageFolderDataModule(root=str(tmp_path / "nope"))
+    with pytest.raises(ValueError, match="has 1 class folder"):
+        (tmp_path / "one" / "only").mkdir(parents=True)
+        ImageFolderDataModule(root=str(tmp_path / "one"))
+
+
+def test_unknown_dataset_is_named():
+    with pytest.raises(ValueError, match="data name='mnist' is not valid; choose one of digits, cifar10, image_folder"):
+        build_datamodule({"name": "mnist"})
