@@ -399,14 +399,15 @@ def _cell(items) -> np.ndarray:
     return arr
 
 
-def write_eval_mats(folder: Path, keep=None) -> None:
+def write_eval_mats(folder: Path, keep=None, names_apart: bool = False) -> None:
     """Difficulty lists in the official structure: per event a cell of file names and a cell (one per
-    image) of 1-based indices of the boxes that count, as MATLAB doubles of shape [k, 1]."""
+    image) of 1-based indices of the boxes that count, as MATLAB doubles of shape [k, 1]. With
+    ``names_apart`` the event and file lists are only in wider_face_val.mat."""
     from scipy.io import savemat
 
     folder.mkdir(parents=True, exist_ok=True)
     keep = keep or {
-        "easy": {"0_Parade_marchingband_1_20": [1], "12_Group_Group_12_Group_Group_12_10": [1]},
+        "easy": {"0_Parade_marchingband_1_20": [1], "12_Group_Group_12_Group_Group_12_10": []},
         "medium": {"0_Parade_marchingband_1_20": [1, 2], "12_Group_Group_12_Group_Group_12_10": [1]},
         "hard": {"0_Parade_marchingband_1_20": [1, 2], "12_Group_Group_12_Group_Group_12_10": [1]},
     }
@@ -417,8 +418,12 @@ def write_eval_mats(folder: Path, keep=None) -> None:
         gt_list = _cell([
             _cell([np.asarray(table[n], dtype=np.float64).reshape(-1, 1) for n in names]) for names in events.values()
         ])
-        savemat(str(folder / f"wider_{level}_val.mat"),
-                {"event_list": event_list, "file_list": file_list, "gt_list": gt_list})
+        names = {"event_list": event_list, "file_list": file_list}
+        if names_apart:
+            savemat(str(folder / "wider_face_val.mat"), names)
+            savemat(str(folder / f"wider_{level}_val.mat"), {"gt_list": gt_list})
+        else:
+            savemat(str(folder / f"wider_{level}_val.mat"), {**names, "gt_list": gt_list})
 
 
 def test_parse_odd_cases(tmp_path):
@@ -521,12 +526,24 @@ def test_widerface_difficulty_lists(tmp_path):
     assert parade.difficulty["easy"].tolist() == [True, False, False]
     assert parade.difficulty["hard"].tolist() == [True, True, False]  # the invalid third box never counts
     assert by_name["12_Group_Group_12_Group_Group_12_10"].difficulty["medium"].tolist() == [True]
+    assert by_name["12_Group_Group_12_Group_Group_12_10"].difficulty["easy"].tolist() == [False]  # empty gt_list
+    # event and file names kept only in wider_face_val.mat
+    write_eval_mats(root / "eval_tools" / "ground_truth", names_apart=True)
+    again = {r.name: r for r in WiderFaceDataset(root, "val", 32).records}
+    assert again["0_Parade_marchingband_1_20"].difficulty["medium"].tolist() == [True, True, False]
     # files that do not belong to these annotations
     write_eval_mats(root / "eval_tools" / "ground_truth", keep={
         level: {"0_Parade_marchingband_1_20": [1, 7], "12_Group_Group_12_Group_Group_12_10": [1]}
         for level in ("easy", "medium", "hard")
     })
     with pytest.raises(ValueError, match="box 7 of 0--Parade/0_Parade_marchingband_1_20"):
+        WiderFaceDataset(root, "val", 32)
+    write_eval_mats(root / "eval_tools" / "ground_truth", keep={
+        level: {"0_Parade_marchingband_1_20": [1], "12_Group_Group_12_Group_Group_12_10": [1]}
+        for level in ("easy", "medium", "hard")
+    })
+    (root / "wider_face_split" / "wider_face_val_bbx_gt.txt").write_text(VAL_GT.split("12--Group")[0])
+    with pytest.raises(ValueError, match="12_Group_Group_12_Group_Group_12_10, which the annotation file lacks"):
         WiderFaceDataset(root, "val", 32)
 
 

@@ -187,8 +187,9 @@ def load_difficulty_lists(ground_truth: str | Path) -> dict[str, dict[tuple[str,
     Returns ``{level: {(event, name): 0-based indices}}``: for each validation image (event folder and
     file name without extension), the indices into that image's annotated boxes (file order, all boxes)
     that count at ``level`` -- the official ``gt_list`` (1-based in the file). ``None`` when the files
-    are absent. Each file must hold ``event_list``, ``file_list`` and ``gt_list`` (61 events, one cell per
-    image), as eval_tools ships them.
+    are absent. Each file must hold ``gt_list`` (per event a cell with one index array per image) and
+    the ``event_list`` / ``file_list`` it follows, as eval_tools ships them; where those two are
+    missing they are read from ``wider_face_val.mat`` in the same folder.
     """
     folder = Path(ground_truth)
     files = {level: folder / f"wider_{level}_val.mat" for level in DIFFICULTIES}
@@ -196,12 +197,21 @@ def load_difficulty_lists(ground_truth: str | Path) -> dict[str, dict[tuple[str,
         return None
     from scipy.io import loadmat
 
+    shared: dict[str, object] | None = None
     out: dict[str, dict[tuple[str, str], np.ndarray]] = {}
     for level, file in files.items():
         mat = loadmat(str(file))
-        for key in ("event_list", "file_list", "gt_list"):
-            if key not in mat:
-                raise ValueError(f"{file} has no {key!r}; expected the official eval_tools ground truth")
+        if "gt_list" not in mat:
+            raise ValueError(f"{file} has no 'gt_list'; expected the official eval_tools ground truth")
+        if "event_list" not in mat or "file_list" not in mat:
+            if shared is None:
+                names_file = folder / "wider_face_val.mat"
+                if not names_file.is_file():
+                    raise ValueError(f"{file} has no event_list/file_list and {names_file} does not exist")
+                shared = loadmat(str(names_file))
+                if "event_list" not in shared or "file_list" not in shared:
+                    raise ValueError(f"{names_file} has no event_list/file_list")
+            mat = {**mat, "event_list": shared["event_list"], "file_list": shared["file_list"]}
         events, file_lists, gt_lists = (_mat_cells(mat[k]) for k in ("event_list", "file_list", "gt_list"))
         if not len(events) == len(file_lists) == len(gt_lists):
             raise ValueError(f"{file}: event_list, file_list and gt_list have different lengths")
@@ -210,11 +220,15 @@ def load_difficulty_lists(ground_truth: str | Path) -> dict[str, dict[tuple[str,
             event_name = _mat_text(event)
             names, gts = _mat_cells(names), _mat_cells(gts)
             if len(names) != len(gts):
-                raise ValueError(f"{file}: event {event_name!r} lists {len(names)} files but {len(gts)} gt_list cells")
+                raise ValueError(
+                    f"{file}: event {event_name!r} lists {len(names)} files but {len(gts)} gt_list cells"
+                )
             for name, gt in zip(names, gts):
                 idx = np.asarray(gt, dtype=np.float64).ravel()
                 if idx.size and (np.any(idx < 1) or np.any(idx != np.round(idx))):
-                    raise ValueError(f"{file}: gt_list of {event_name}/{_mat_text(name)} holds non 1-based indices")
+                    raise ValueError(
+                        f"{file}: gt_list of {event_name}/{_mat_text(name)} holds indices that are not 1-based"
+                    )
                 table[(event_name, _mat_text(name))] = np.sort(idx.astype(np.int64) - 1)
         out[level] = table
     return out
