@@ -11,8 +11,9 @@ are faces, the last 100 are non-face crops of the same photographs. Each synthet
    * ``"textures"``: procedural smooth colour noise, linear gradients or stripes;
    * ``"flat"``: one random colour (not in the default set);
 
-2. 0-2 *distractors*: non-face crops pasted like faces but without a box (so "a pasted grey square"
-   is not what makes a face);
+2. ``distractors_per_image`` (0-2 by default) *distractors*: non-face crops pasted like faces but
+   without a box, so that "a pasted grey square" is not what makes a face. A few LFW non-face crops
+   show parts of a face (an eye, a mouth); like the subset itself, they count as background;
 3. ``faces_per_image`` faces, each a face crop with random horizontal flip, brightness/contrast jitter
    and the same random tint distribution as the distractors, resized to a square of side drawn
    log-uniformly from ``face_size`` and pasted fully inside the image. A placement is rejected when it
@@ -28,9 +29,12 @@ faces, so the pixels a face occupies are its box minus the parts that later face
 Image ``i`` of a split is a pure function of ``(seed, split, i)``: it is drawn from a NumPy generator
 seeded with that triple, so images can be rendered lazily in any order or process. The splits also use
 disjoint crops: the last ``held_out_faces`` faces and non-faces (20 of each by default) appear only in
-``val`` and ``test`` (which differ by seed); ``train`` uses the rest. ``val`` is the held-out split the
+``val`` and ``test`` (whose generators differ by the split index); ``train`` uses the rest. ``val`` is the held-out split the
 detection task measures mAP on. The LFW subset has no identity labels, so the same person may appear
 in both pools through different photographs.
+
+Images are RGB (``in_channels = 3``, like WIDER FACE): the grey crops get the same random tints as
+everything else, so colour does not give a face away.
 """
 
 from __future__ import annotations
