@@ -9,12 +9,16 @@ import lightning as L
 
 from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
+from .faces import FacesDataModule
 from .image_folder import ImageFolderDataModule
+from .widerface import WiderFaceDataModule
 
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "digits": DigitsDataModule,
     "cifar10": CIFAR10DataModule,
     "image_folder": ImageFolderDataModule,
+    "faces": FacesDataModule,
+    "widerface": WiderFaceDataModule,
 }
 
 # Keys of a data config that describe the data for the model rather than configure the module.
@@ -38,4 +42,12 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
         raise ValueError(f"bad data setting for {name}: {err}") from None
 
 
-__all__ = ["DATAMODULES", "CIFAR10DataModule", "DigitsDataModule", "ImageFolderDataModule", "build_datamodule"]
+__all__ = [
+    "DATAMODULES",
+    "CIFAR10DataModule",
+    "DigitsDataModule",
+    "FacesDataModule",
+    "ImageFolderDataModule",
+    "WiderFaceDataModule",
+    "build_datamodule",
+]

@@ -1,0 +1,470 @@
+"""Pieces shared by the face-detection datasets: sample format, box-aware transforms, batching.
+
+Sample format
+-------------
+Every detection dataset returns ``(image, target)``:
+
+* ``image``: float32 tensor ``[3, S, S]``, RGB, normalised as ``(pixel / 255 - 0.5) / 0.5``, so values lie
+  in ``[-1, 1]`` with mid grey at about 0 (see :func:`normalize_image`). Letterbox padding is exactly 0.
+* ``target``: a dict with
+
+  - ``"boxes"``: float32 ``[n, 4]``, ``(x1, y1, x2, y2)`` in pixels of the returned image, ``x2``/``y2``
+    exclusive (a box covering pixel columns 3..7 is ``x1=3, x2=8``);
+  - ``"labels"``: int64 ``[n]``, all 0 (the single class "face");
+  - ``"image_id"``: int, the index of the image in its dataset;
+  - ``"orig_size"``: ``(h, w)`` of the image before resizing;
+  - ``"scale"``, ``"pad"``: float32 ``[2]`` each, ``(x, y)``: a point of the original image maps to
+    ``original * scale + pad`` in the returned one (:func:`boxes_to_original` inverts it). For randomly
+    augmented training samples the mapping is not tracked and both are NaN.
+
+Batches
+-------
+:func:`collate_detection` stacks images to ``[B, 3, S, S]`` and pads the boxes to ``[B, M, 4]`` (zeros,
+so a padding row has ``y2 = 0``), the labels to ``[B, M]`` (-1) and adds ``"num_boxes"`` ``[B]``; every
+field is a tensor, so a loss never needs to read anything back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as TF
+
+from .common import loader_generator, positive_int
+
+#: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.5
+#: Fill value (uint8) for canvas grown by a zoom-out: mid grey, about 0 after normalisation.
+FILL_UINT8 = 128
+
+Target = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def int_range(name: str, value: object, minimum: int = 0) -> tuple[int, int]:
+    """Check that ``value`` is a pair ``[lo, hi]`` of integers with ``minimum <= lo <= hi``."""
+    pair = _pair(name, value)
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair):
+        raise ValueError(f"{name}={value!r} must be two integers [lo, hi]")
+    lo, hi = int(pair[0]), int(pair[1])
+    if not minimum <= lo <= hi:
+        raise ValueError(f"{name}={value!r} must satisfy {minimum} <= lo <= hi")
+    return lo, hi
+
+
+def float_range(name: str, value: object, low: float, high: float) -> tuple[float, float]:
+    """Check that ``value`` is a pair ``[lo, hi]`` of numbers with ``low <= lo <= hi <= high``."""
+    pair = _pair(name, value)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) for v in pair):
+        raise ValueError(f"{name}={value!r} must be two numbers [lo, hi]")
+    lo, hi = float(pair[0]), float(pair[1])
+    if not low <= lo <= hi <= high:
+        raise ValueError(f"{name}={value!r} must satisfy {low} <= lo <= hi <= {high}")
+    return lo, hi
+
+
+def _pair(name: str, value: object) -> tuple[Any, Any]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name}={value!r} must be a pair [lo, hi]")
+    items = tuple(value)  # type: ignore[arg-type]
+    if len(items) != 2:
+        raise ValueError(f"{name}={value!r} must be a pair [lo, hi], got {len(items)} values")
+    return items[0], items[1]
+
+
+def _number(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
+        raise ValueError(f"{name}={value!r} must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def optional_max_boxes(value: object) -> int | None:
+    """Check a ``max_boxes`` setting: ``None`` (pad to the batch's largest count) or a positive integer."""
+    return None if value is None else positive_int("max_boxes", value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Normalisation, letterbox and mapping back
+# --------------------------------------------------------------------------------------------------
+
+
+def normalize_image(image: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[3, H, W]`` (0..255) or float in [0, 1] -> float32 ``(x - 0.5) / 0.5`` in [-1, 1]."""
+    if image.dtype == torch.uint8:
+        image = image.to(torch.float32) / 255.0
+    return (image.to(torch.float32) - IMAGE_MEAN) / IMAGE_STD
+
+
+def denormalize_image(image: torch.Tensor) -> torch.Tensor:
+    """Invert :func:`normalize_image`: float in [-1, 1] -> float in [0, 1] (clamped), e.g. for display."""
+    return (image * IMAGE_STD + IMAGE_MEAN).clamp(0.0, 1.0)
+
+
+def _nan_pair() -> torch.Tensor:
+    return torch.full((2,), float("nan"), dtype=torch.float32)
+
+
+def letterbox(
+    image: torch.Tensor,
+    boxes: torch.Tensor,
+    image_size: int,
+    orig_size: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Resize keeping the aspect ratio so the longer side is ``image_size``, then pad to a centred square.
+
+    ``image`` is uint8 ``[3, h, w]``; ``boxes`` float ``[n, 4]`` xyxy in pixels of the *original* image of
+    size ``orig_size = (H, W)`` (default: the image's own size; a smaller ``image`` is a reduced decode of
+    that original). Returns the normalised float32 image ``[3, S, S]`` (padding exactly 0), the boxes in
+    its pixels, clipped to the resized content, and ``scale``, ``pad`` (float32 ``[2]``, ``(x, y)``) with
+    ``returned = original * scale + pad``. Boxes are not dropped here, even when clipping empties them.
+    """
+    size = positive_int("image_size", image_size)
+    height, width = (int(image.shape[-2]), int(image.shape[-1])) if orig_size is None else map(int, orig_size)
+    ratio = size / max(height, width)
+    new_h, new_w = max(1, round(height * ratio)), max(1, round(width * ratio))
+    resized = TF.resize(image, [new_h, new_w], antialias=True)
+    pad_x, pad_y = (size - new_w) // 2, (size - new_h) // 2
+    out = F.pad(normalize_image(resized), (pad_x, size - new_w - pad_x, pad_y, size - new_h - pad_y), value=0.0)
+    scale = torch.tensor([new_w / width, new_h / height], dtype=torch.float32)
+    pad = torch.tensor([pad_x, pad_y], dtype=torch.float32)
+    boxes = boxes.to(torch.float32).reshape(-1, 4)
+    mapped = boxes * scale.repeat(2) + pad.repeat(2)
+    mapped[:, 0::2] = mapped[:, 0::2].clamp(pad_x, pad_x + new_w)
+    mapped[:, 1::2] = mapped[:, 1::2].clamp(pad_y, pad_y + new_h)
+    return out, mapped, scale, pad
+
+
+def boxes_to_original(
+    boxes: torch.Tensor,
+    scale: torch.Tensor,
+    pad: torch.Tensor,
+    orig_size: tuple[int, int] | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Map xyxy boxes ``[..., 4]`` from a returned image back to its original pixels (inverse letterbox).
+
+    ``scale`` and ``pad`` are the target's ``(x, y)`` pairs (``[2]``, or ``[B, 2]`` for boxes ``[B, M, 4]``).
+    With ``orig_size = (h, w)`` the result is clipped to the original image. Works on any device and
+    never synchronises with the host.
+    """
+    s = torch.cat([scale, scale], dim=-1).to(device=boxes.device, dtype=boxes.dtype)
+    p = torch.cat([pad, pad], dim=-1).to(device=boxes.device, dtype=boxes.dtype)
+    if boxes.dim() == 3 and s.dim() == 2:
+        s, p = s[:, None, :], p[:, None, :]
+    out = (boxes - p) / s
+    if orig_size is not None:
+        hw = torch.as_tensor(orig_size, dtype=boxes.dtype, device=boxes.device)
+        if boxes.dim() == 3 and hw.dim() == 2:
+            hw = hw[:, None, :]
+        limit = torch.stack([hw[..., 1], hw[..., 0], hw[..., 1], hw[..., 0]], dim=-1)
+        out = torch.minimum(out.clamp_min(0), limit)
+    return out
+
+
+def read_rgb(path: str | Path, min_side: int | None = None) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Read an image file as a uint8 RGB tensor ``[3, h, w]`` plus its full size ``(H, W)``.
+
+    With ``min_side``, a JPEG may be decoded at a power-of-two reduction that keeps both sides at least
+    ``min_side`` (much faster for large photographs); boxes stay in the full-size pixels returned second.
+    """
+    from PIL import Image
+
+    with Image.open(path) as img:
+        full = (img.height, img.width)
+        if min_side is not None:
+            img.draft("RGB", (min_side, min_side))
+        arr = np.asarray(img.convert("RGB"))
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous(), full
+
+
+def load_image_for_detection(path: str | Path, image_size: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Load any image file the way the evaluation samples are made, for running a trained detector.
+
+    Returns the letterboxed, normalised float32 image ``[3, S, S]`` and ``meta`` with ``"orig_size"``
+    ``(h, w)``, ``"scale"`` and ``"pad"`` (float32 ``[2]``, ``(x, y)``); pass the detector's boxes with
+    them to :func:`boxes_to_original` to get boxes in the file's pixels.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"image {str(path)!r} does not exist")
+    size = positive_int("image_size", image_size)
+    image, orig = read_rgb(path, min_side=size)
+    out, _, scale, pad = letterbox(image, torch.zeros(0, 4), size, orig_size=orig)
+    return out, {"orig_size": orig, "scale": scale, "pad": pad}
+
+
+# --------------------------------------------------------------------------------------------------
+# Transforms
+# --------------------------------------------------------------------------------------------------
+
+
+def box_area(boxes: torch.Tensor) -> torch.Tensor:
+    """Area of xyxy boxes ``[..., 4]``; boxes with x2 < x1 or y2 < y1 count as 0."""
+    return (boxes[..., 2] - boxes[..., 0]).clamp_min(0) * (boxes[..., 3] - boxes[..., 1]).clamp_min(0)
+
+
+class TrainTransform:
+    """Random box-aware augmentation for training, built on ``torchvision.transforms.v2``.
+
+    Steps, in order: horizontal flip (probability ``hflip``); zoom out (with probability 0.5 the image is
+    placed at a random spot of a mid-grey canvas up to ``zoom_out`` times larger per side; 1 disables it);
+    a random crop covering ``crop_scale`` of the area with aspect ratio in ``crop_ratio``, resized to
+    ``image_size`` x ``image_size`` (``RandomResizedCrop``). The boxes travel as
+    ``tv_tensors.BoundingBoxes`` (XYXY) without clamping, so their full extent is known after the crop;
+    a box is then clipped to the image and dropped when less than ``min_visibility`` of its area remains
+    visible, and finally ``SanitizeBoundingBoxes`` drops boxes smaller than ``min_box_size`` pixels.
+    Randomness comes from torch's global generator (seeded per DataLoader worker).
+
+    Call with a uint8 image ``[3, H, W]``, boxes float ``[n, 4]`` (xyxy, its pixels) and labels int64
+    ``[n]``; returns the normalised float32 image ``[3, S, S]``, boxes float32 ``[n', 4]``, labels ``[n']``.
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        hflip: float = 0.5,
+        zoom_out: float = 1.5,
+        crop_scale: Sequence[float] = (0.5, 1.0),
+        crop_ratio: Sequence[float] = (0.75, 4 / 3),
+        min_visibility: float = 0.5,
+        min_box_size: float = 2.0,
+    ) -> None:
+        self.image_size = positive_int("image_size", image_size)
+        self.hflip = _number("hflip", hflip, 0.0, 1.0)
+        self.zoom_out = _number("zoom_out", zoom_out, 1.0, 8.0)
+        self.crop_scale = float_range("crop_scale", crop_scale, 1e-3, 1.0)
+        if self.crop_scale[0] <= 0:
+            raise ValueError(f"crop_scale={crop_scale!r} must be above 0")
+        self.crop_ratio = float_range("crop_ratio", crop_ratio, 0.1, 10.0)
+        self.min_visibility = _number("min_visibility", min_visibility, 0.0, 1.0)
+        self.min_box_size = _number("min_box_size", min_box_size, 1.0, float(self.image_size))
+        ops: list[v2.Transform] = []
+        if self.hflip > 0:
+            ops.append(v2.RandomHorizontalFlip(p=self.hflip))
+        if self.zoom_out > 1.0:
+            ops.append(v2.RandomZoomOut(fill=FILL_UINT8, side_range=(1.0, self.zoom_out), p=0.5))
+        ops.append(v2.RandomResizedCrop(self.image_size, scale=self.crop_scale, ratio=self.crop_ratio, antialias=True))
+        self.geometric = v2.Compose(ops)
+        self.sanitize = v2.SanitizeBoundingBoxes(min_size=self.min_box_size, min_area=1.0)
+
+    def __call__(
+        self, image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        canvas = (int(image.shape[-2]), int(image.shape[-1]))
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(
+                boxes.to(torch.float32).reshape(-1, 4), format="XYXY", canvas_size=canvas, clamping_mode=None
+            ),
+            "labels": labels,
+        }
+        img, target = self.geometric(tv_tensors.Image(image), target)
+        full = target["boxes"].as_subclass(torch.Tensor)
+        size = float(self.image_size)
+        clipped = full.clone()
+        clipped[:, 0::2] = clipped[:, 0::2].clamp(0.0, size)
+        clipped[:, 1::2] = clipped[:, 1::2].clamp(0.0, size)
+        visible = box_area(clipped) >= self.min_visibility * box_area(full)
+        visible &= box_area(full) > 0
+        target = {
+            "boxes": tv_tensors.BoundingBoxes(
+                clipped[visible], format="XYXY", canvas_size=(self.image_size, self.image_size), clamping_mode="hard"
+            ),
+            "labels": target["labels"][visible],
+        }
+        img, target = self.sanitize(img, target)
+        return (
+            normalize_image(img.as_subclass(torch.Tensor)),
+            target["boxes"].as_subclass(torch.Tensor).to(torch.float32),
+            target["labels"],
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Batching
+# --------------------------------------------------------------------------------------------------
+
+
+def select_boxes(boxes: torch.Tensor, max_boxes: int) -> torch.Tensor:
+    """Indices of the ``max_boxes`` largest boxes by area (ties: earlier first), in their original order."""
+    if boxes.shape[0] <= max_boxes:
+        return torch.arange(boxes.shape[0])
+    order = torch.sort(box_area(boxes), descending=True, stable=True).indices[:max_boxes]
+    return torch.sort(order).values
+
+
+def collate_detection(
+    batch: Sequence[tuple[torch.Tensor, Target]], max_boxes: int | None = None, drop: bool = True
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Stack detection samples into tensors with padded boxes.
+
+    Returns ``images`` float32 ``[B, 3, S, S]`` and a dict:
+
+    * ``"boxes"`` float32 ``[B, M, 4]`` (xyxy pixels), padding rows all 0 (so ``y2 <= 0`` marks padding);
+    * ``"labels"`` int64 ``[B, M]``, padding -1;
+    * ``"num_boxes"`` int64 ``[B]``: real boxes per image (they come first in each row);
+    * ``"image_id"`` int64 ``[B]``; ``"orig_size"`` int64 ``[B, 2]`` (h, w);
+      ``"scale"``, ``"pad"`` float32 ``[B, 2]`` (x, y; NaN for randomly augmented samples).
+
+    ``M`` is the largest count in the batch when ``max_boxes`` is None. With ``max_boxes`` and ``drop``
+    (training), ``M = max_boxes`` always (fixed shapes) and an image with more boxes keeps its
+    ``max_boxes`` largest by area. With ``drop=False`` (evaluation) no box is ever dropped:
+    ``M = max(max_boxes, largest count)``.
+    """
+    if len(batch) == 0:
+        raise ValueError("collate_detection got an empty batch")
+    max_boxes = optional_max_boxes(max_boxes)
+    images = torch.stack([img for img, _ in batch])
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for _, target in batch:
+        boxes = target["boxes"].to(torch.float32).reshape(-1, 4)
+        labels = target["labels"].to(torch.int64).reshape(-1)
+        if max_boxes is not None and drop and boxes.shape[0] > max_boxes:
+            idx = select_boxes(boxes, max_boxes)
+            boxes, labels = boxes[idx], labels[idx]
+        kept.append((boxes, labels))
+    largest = max(b.shape[0] for b, _ in kept)
+    if max_boxes is None:
+        m = largest
+    else:
+        m = max_boxes if drop else max(max_boxes, largest)
+    out_boxes = torch.zeros(len(batch), m, 4, dtype=torch.float32)
+    out_labels = torch.full((len(batch), m), -1, dtype=torch.int64)
+    counts = torch.zeros(len(batch), dtype=torch.int64)
+    for i, (boxes, labels) in enumerate(kept):
+        n = boxes.shape[0]
+        out_boxes[i, :n] = boxes
+        out_labels[i, :n] = labels
+        counts[i] = n
+
+    def pairs(key: str) -> torch.Tensor:
+        return torch.stack([torch.as_tensor(t[key], dtype=torch.float32).reshape(2) for _, t in batch])
+
+    targets = {
+        "boxes": out_boxes,
+        "labels": out_labels,
+        "num_boxes": counts,
+        "image_id": torch.tensor([int(t["image_id"]) for _, t in batch], dtype=torch.int64),
+        "orig_size": torch.tensor([tuple(int(v) for v in t["orig_size"]) for _, t in batch], dtype=torch.int64),
+        "scale": pairs("scale"),
+        "pad": pairs("pad"),
+    }
+    return images, targets
+
+
+class DetectionCollate:
+    """A picklable ``collate_fn`` (works with worker processes): :func:`collate_detection` with settings."""
+
+    def __init__(self, max_boxes: int | None = None, drop: bool = True) -> None:
+        self.max_boxes = optional_max_boxes(max_boxes)
+        self.drop = bool(drop)
+
+    def __call__(self, batch: Sequence[tuple[torch.Tensor, Target]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return collate_detection(batch, self.max_boxes, self.drop)
+
+
+# --------------------------------------------------------------------------------------------------
+# DataModule base
+# --------------------------------------------------------------------------------------------------
+
+
+def make_target(
+    boxes: torch.Tensor,
+    image_id: int,
+    orig_size: tuple[int, int],
+    scale: torch.Tensor | None = None,
+    pad: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> Target:
+    """Build a target dict in the documented format (labels default to all 0; scale/pad to NaN)."""
+    boxes = boxes.to(torch.float32).reshape(-1, 4)
+    return {
+        "boxes": boxes,
+        "labels": torch.zeros(boxes.shape[0], dtype=torch.int64) if labels is None else labels.to(torch.int64),
+        "image_id": int(image_id),
+        "orig_size": (int(orig_size[0]), int(orig_size[1])),
+        "scale": _nan_pair() if scale is None else scale.to(torch.float32),
+        "pad": _nan_pair() if pad is None else pad.to(torch.float32),
+    }
+
+
+class DetectionDataModule(L.LightningDataModule):
+    """Loaders shared by the face-detection datamodules; subclasses fill ``train_set``/``val_set``/``test_set``.
+
+    ``num_classes = 1`` (face), ``in_channels = 3`` (RGB). The training loader shuffles with a generator
+    seeded by ``seed`` and pads boxes to ``max_boxes`` (dropping the smallest extras); evaluation loaders
+    never drop a ground-truth box.
+    """
+
+    num_classes = 1
+    in_channels = 3
+
+    def __init__(self, image_size: int, batch_size: int, num_workers: int, max_boxes: int | None, seed: int) -> None:
+        super().__init__()
+        self.image_size = positive_int("image_size", image_size)
+        self.batch_size = positive_int("batch_size", batch_size)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
+        self.num_workers = num_workers
+        self.max_boxes = optional_max_boxes(max_boxes)
+        self.seed = int(seed)
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            collate_fn=DetectionCollate(self.max_boxes, drop=train),
+            generator=loader_generator(self.seed) if train else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled (by ``seed``), augmented training batches with fixed ``max_boxes`` when set."""
+        return self._loader(self.train_set, True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in dataset order; no ground-truth box is dropped."""
+        return self._loader(self.val_set, False)
+
+    def test_dataloader(self) -> DataLoader:
+        """Test batches in dataset order; no ground-truth box is dropped."""
+        return self._loader(self.test_set, False)
+
+
+__all__ = [
+    "IMAGE_MEAN",
+    "IMAGE_STD",
+    "DetectionCollate",
+    "DetectionDataModule",
+    "TrainTransform",
+    "box_area",
+    "boxes_to_original",
+    "collate_detection",
+    "denormalize_image",
+    "letterbox",
+    "load_image_for_detection",
+    "make_target",
+    "normalize_image",
+    "read_rgb",
+    "select_boxes",
+]

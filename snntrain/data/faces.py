@@ -1,0 +1,446 @@
+"""Synthetic face-detection images built from real face crops that ship with scikit-image: works offline.
+
+``skimage.data.lfw_subset()`` holds 200 grey 25x25 crops from Labeled Faces in the Wild: the first 100
+are faces, the last 100 are non-face crops of the same photographs. Each synthetic image is composed as
+
+1. a background, chosen per image from ``backgrounds``:
+
+   * ``"tiles"``: a grid of non-face crops, each randomly flipped and tinted;
+   * ``"photos"``: a random crop of a photograph bundled with scikit-image that shows no face or head
+     (see :data:`PHOTOS`);
+   * ``"textures"``: procedural smooth colour noise, linear gradients or stripes;
+   * ``"flat"``: one random colour (not in the default set);
+
+2. ``distractors_per_image`` (0-2 by default) *distractors*: non-face crops pasted like faces but
+   without a box, so that "a pasted grey square" is not what makes a face. A few LFW non-face crops
+   show parts of a face (an eye, a mouth); like the subset itself, they count as background;
+3. ``faces_per_image`` faces, each a face crop with random horizontal flip, brightness/contrast jitter
+   and the same random tint distribution as the distractors, resized to a square of side drawn
+   log-uniformly from ``face_size`` and pasted fully inside the image. A placement is rejected when it
+   would hide more than ``max_overlap`` of an earlier face's box; after 50 rejected tries that face is
+   left out, so an image can have fewer faces than drawn (rare with the defaults);
+4. with probability 0.2 the whole image turns grey, with probability 0.5 mild pixel noise is added,
+   and it is quantised to uint8 RGB.
+
+The faces' boxes are exact: ``[x, y, x + s, y + s]`` for a face of side ``s`` pasted at column ``x``,
+row ``y`` (``x2``/``y2`` exclusive). Faces are opaque and nothing is pasted over them except later
+faces, so the pixels a face occupies are its box minus the parts that later faces cover.
+
+Image ``i`` of a split is a pure function of ``(seed, split, i)``: it is drawn from a NumPy generator
+seeded with that triple, so images can be rendered lazily in any order or process. The splits also use
+disjoint crops: the last ``held_out_faces`` faces and non-faces (20 of each by default) appear only in
+``val`` and ``test`` (whose generators differ by the split index); ``train`` uses the rest. ``val`` is the held-out split the
+detection task measures mAP on. The LFW subset has no identity labels, so the same person may appear
+in both pools through different photographs.
+
+Images are RGB (``in_channels = 3``, like WIDER FACE): the grey crops get the same random tints as
+everything else, so colour does not give a face away.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .common import positive_int
+from .detection import DetectionDataModule, TrainTransform, int_range, make_target, normalize_image
+
+#: Number of face crops at the start of ``lfw_subset()``; the rest are non-face crops.
+LFW_FACES = 100
+#: Bundled scikit-image photographs used as backgrounds: none shows a face or a head (the astronaut,
+#: camera man, cat and coins photographs are left out on purpose).
+PHOTOS = ("coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "brick", "grass", "gravel", "moon", "text")
+BACKGROUND_KINDS = ("tiles", "photos", "textures", "flat")
+SPLITS = ("train", "val", "test")
+_PLACEMENT_TRIES = 50
+_GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def lfw_crops() -> tuple[np.ndarray, np.ndarray]:
+    """The scikit-image LFW subset as float32 arrays in [0, 1]: ``(faces [100, 25, 25], non_faces [100, 25, 25])``."""
+    try:
+        from skimage import data
+    except ImportError as err:  # pragma: no cover - scikit-image is a dependency
+        raise RuntimeError("data=faces needs scikit-image (pip install scikit-image)") from err
+    crops = np.asarray(data.lfw_subset(), dtype=np.float32)
+    if crops.ndim != 3 or crops.shape[0] != 2 * LFW_FACES:
+        raise RuntimeError(
+            f"skimage.data.lfw_subset() returned shape {crops.shape}; expected ({2 * LFW_FACES}, h, w) "
+            "with faces first and non-faces last"
+        )
+    return crops[:LFW_FACES].copy(), crops[LFW_FACES:].copy()
+
+
+@functools.lru_cache(maxsize=1)
+def background_photos() -> tuple[np.ndarray, ...]:
+    """The :data:`PHOTOS` as uint8 RGB arrays ``[H, W, 3]`` (grey ones replicated to three channels)."""
+    from skimage import data
+
+    out = []
+    for name in PHOTOS:
+        img = np.asarray(getattr(data, name)())
+        if img.ndim == 2:
+            img = np.repeat(img[:, :, None], 3, axis=2)
+        out.append(np.ascontiguousarray(img[:, :, :3].astype(np.uint8)))
+    return tuple(out)
+
+
+def _resize(array: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear (antialiased when shrinking) resize of a float32 ``[h, w]`` or ``[h, w, c]`` array."""
+    from PIL import Image
+
+    if array.shape[0] == height and array.shape[1] == width:
+        return array.astype(np.float32, copy=True)
+    if array.ndim == 2:
+        return np.asarray(Image.fromarray(array.astype(np.float32), mode="F").resize((width, height), Image.BILINEAR))
+    return np.stack([_resize(array[:, :, c], height, width) for c in range(array.shape[2])], axis=2)
+
+
+@dataclass(frozen=True)
+class Composite:
+    """One rendered image: ``image`` uint8 ``[S, S, 3]``, ``boxes`` float32 ``[n, 4]`` xyxy (exclusive
+    ``x2``/``y2``), and ``label_map`` int16 ``[S, S]``: ``k + 1`` where face ``k`` is the visible top
+    layer, 0 elsewhere."""
+
+    image: np.ndarray
+    boxes: np.ndarray
+    label_map: np.ndarray
+
+
+class FaceComposer:
+    """Renders composite images from given face / non-face crop banks (see the module docstring).
+
+    ``faces`` and ``non_faces`` are float arrays ``[N, h, w]`` in [0, 1]; ``photos`` uint8 ``[H, W, 3]``
+    arrays (needed only when ``"photos"`` is among ``backgrounds``). :meth:`render` takes a NumPy
+    generator and draws everything from it; the draws never depend on pixel values, so two banks of the
+    same shape give the same layout for the same generator state.
+    """
+
+    def __init__(
+        self,
+        faces: np.ndarray,
+        non_faces: np.ndarray,
+        photos: Sequence[np.ndarray] = (),
+        image_size: int = 64,
+        faces_per_image: Sequence[int] = (1, 3),
+        face_size: Sequence[int] = (12, 32),
+        distractors_per_image: Sequence[int] = (0, 2),
+        max_overlap: float = 0.25,
+        backgrounds: Sequence[str] = ("tiles", "photos", "textures"),
+    ) -> None:
+        self.faces = np.asarray(faces, dtype=np.float32)
+        self.non_faces = np.asarray(non_faces, dtype=np.float32)
+        for name, bank in (("faces", self.faces), ("non_faces", self.non_faces)):
+            if bank.ndim != 3 or bank.shape[0] == 0:
+                raise ValueError(f"{name} must be a non-empty array [N, h, w], got shape {bank.shape}")
+        self.photos = tuple(photos)
+        self.image_size = positive_int("image_size", image_size)
+        if self.image_size < 8:
+            raise ValueError(f"image_size={image_size!r} must be at least 8")
+        self.faces_per_image = int_range("faces_per_image", faces_per_image, minimum=0)
+        self.face_size = int_range("face_size", face_size, minimum=4)
+        if self.face_size[1] > self.image_size:
+            raise ValueError(f"face_size={list(face_size)!r} must not exceed image_size={self.image_size}")
+        self.distractors_per_image = int_range("distractors_per_image", distractors_per_image, minimum=0)
+        if isinstance(max_overlap, bool) or not isinstance(max_overlap, (int, float)) or not 0 <= max_overlap <= 1:
+            raise ValueError(f"max_overlap={max_overlap!r} must be a number in [0, 1]")
+        self.max_overlap = float(max_overlap)
+        if isinstance(backgrounds, str):
+            backgrounds = [backgrounds]
+        self.backgrounds = tuple(backgrounds)
+        bad = [b for b in self.backgrounds if b not in BACKGROUND_KINDS]
+        if not self.backgrounds or bad:
+            raise ValueError(
+                f"backgrounds={list(self.backgrounds)!r} must be a non-empty list of {', '.join(BACKGROUND_KINDS)}"
+            )
+        if "photos" in self.backgrounds and not self.photos:
+            raise ValueError("backgrounds include 'photos' but no photos were given")
+
+    # -- random pieces -------------------------------------------------------------------------------
+
+    def _size(self, rng: np.random.Generator) -> int:
+        lo, hi = self.face_size  # log-uniform on [lo, hi + 1), floored: small and large faces equally likely per octave
+        return int(min(hi, max(lo, math.floor(math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))))))
+
+    @staticmethod
+    def _tint(rng: np.random.Generator) -> np.ndarray:
+        if rng.random() < 0.5:
+            return np.ones(3, dtype=np.float32)
+        return (1.0 - rng.uniform(0.0, 0.4, 3)).astype(np.float32)
+
+    @staticmethod
+    def _colour(rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(0.0, 1.0, 3).astype(np.float32)
+
+    def _crop(self, bank: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
+        """A random crop of ``bank``: flipped, jittered, resized to ``side`` and tinted -> ``[side, side, 3]``."""
+        crop = bank[rng.integers(len(bank))]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        contrast, brightness = rng.uniform(0.6, 1.4), rng.uniform(-0.2, 0.2)
+        tint = self._tint(rng)
+        mean = float(crop.mean())
+        crop = np.clip((crop - mean) * contrast + mean + brightness, 0.0, 1.0)
+        crop = _resize(np.ascontiguousarray(crop, dtype=np.float32), side, side)
+        return np.clip(crop, 0.0, 1.0)[:, :, None] * tint
+
+    def _background(self, rng: np.random.Generator) -> np.ndarray:
+        s = self.image_size
+        kind = self.backgrounds[rng.integers(len(self.backgrounds))]
+        if kind == "flat":
+            return np.broadcast_to(self._colour(rng), (s, s, 3)).copy()
+        if kind == "tiles":
+            tile = int(rng.integers(max(4, s // 4), max(5, s // 2 + 1)))
+            n = s // tile + 2
+            grid = np.zeros((n * tile, n * tile, 3), dtype=np.float32)
+            for r in range(n):
+                for c in range(n):
+                    piece = self._crop(self.non_faces, tile, rng)
+                    if rng.random() < 0.5:
+                        piece = piece[::-1]
+                    grid[r * tile:(r + 1) * tile, c * tile:(c + 1) * tile] = piece
+            oy, ox = rng.integers(0, tile, 2)
+            return grid[oy:oy + s, ox:ox + s].copy()
+        if kind == "photos":
+            photo = self.photos[rng.integers(len(self.photos))]
+            h, w = photo.shape[:2]
+            short = min(h, w)
+            side = int(round(math.exp(rng.uniform(math.log(min(short, s // 2)), math.log(short)))))
+            side = max(1, min(side, short))
+            y0, x0 = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+            region = photo[y0:y0 + side, x0:x0 + side].astype(np.float32) / 255.0
+            if rng.random() < 0.5:
+                region = region[:, ::-1]
+            return _resize(np.ascontiguousarray(region), s, s)
+        # procedural textures
+        sub = rng.integers(3)
+        yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) / s
+        if sub == 0:  # smooth colour noise
+            g = int(rng.integers(2, 9))
+            img = _resize(rng.uniform(0.0, 1.0, (g, g, 3)).astype(np.float32), s, s)
+        else:
+            angle = rng.uniform(0.0, math.pi)
+            t = xx * math.cos(angle) + yy * math.sin(angle)
+            if sub == 1:  # linear gradient
+                t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+            else:  # stripes, smooth or hard
+                freq, phase = rng.uniform(2.0, 10.0), rng.uniform(0.0, 2 * math.pi)
+                t = 0.5 + 0.5 * np.sin(2 * math.pi * freq * t + phase)
+                if rng.random() < 0.5:
+                    t = (t > 0.5).astype(np.float32)
+            c0, c1 = self._colour(rng), self._colour(rng)
+            img = c0 + (c1 - c0) * t[:, :, None]
+        img = img + rng.normal(0.0, rng.uniform(0.0, 0.05), (s, s, 3))
+        return np.clip(img, 0.0, 1.0).astype(np.float32)
+
+    # -- composition ---------------------------------------------------------------------------------
+
+    def render(self, rng: np.random.Generator) -> Composite:
+        """Draw one composite image (see the module docstring for the recipe)."""
+        s = self.image_size
+        canvas = self._background(rng)
+        lo, hi = self.distractors_per_image
+        for _ in range(int(rng.integers(lo, hi + 1))):
+            side = self._size(rng)
+            y, x = (int(v) for v in rng.integers(0, s - side + 1, 2))
+            canvas[y:y + side, x:x + side] = self._crop(self.non_faces, side, rng)
+        label_map = np.zeros((s, s), dtype=np.int16)
+        boxes: list[tuple[int, int, int, int]] = []
+        lo, hi = self.faces_per_image
+        for _ in range(int(rng.integers(lo, hi + 1))):
+            for _try in range(_PLACEMENT_TRIES):
+                side = self._size(rng)
+                y, x = (int(v) for v in rng.integers(0, s - side + 1, 2))
+                box = (x, y, x + side, y + side)
+                if all(_covered(b, box) <= self.max_overlap for b in boxes):
+                    break
+            else:
+                continue
+            canvas[y:y + side, x:x + side] = self._crop(self.faces, side, rng)
+            boxes.append(box)
+            label_map[y:y + side, x:x + side] = len(boxes)
+        if rng.random() < 0.2:
+            canvas = np.repeat((canvas @ _GREY)[:, :, None], 3, axis=2)
+        if rng.random() < 0.5:
+            canvas = canvas + rng.normal(0.0, rng.uniform(0.0, 0.03), canvas.shape)
+        image = np.round(np.clip(canvas, 0.0, 1.0) * 255.0).astype(np.uint8)
+        box_array = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+        return Composite(image=image, boxes=box_array, label_map=label_map)
+
+
+def _covered(earlier: tuple[int, int, int, int], new: tuple[int, int, int, int]) -> float:
+    """Fraction of box ``earlier`` that box ``new`` would cover."""
+    w = min(earlier[2], new[2]) - max(earlier[0], new[0])
+    h = min(earlier[3], new[3]) - max(earlier[1], new[1])
+    if w <= 0 or h <= 0:
+        return 0.0
+    return (w * h) / ((earlier[2] - earlier[0]) * (earlier[3] - earlier[1]))
+
+
+def split_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    """The NumPy generator that image ``index`` of ``split`` is drawn from (negative seeds wrap mod 2**64)."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
+    return np.random.default_rng([int(seed) % (1 << 64), SPLITS.index(split), int(index)])
+
+
+class SyntheticFaces(Dataset):
+    """``size`` composite images of one split, rendered lazily (and kept when ``cache``).
+
+    Items are ``(image, target)`` in the format of :mod:`snntrain.data.detection`. Without ``transform``
+    the image is the rendering itself (``scale`` (1, 1), ``pad`` (0, 0)); with a :class:`TrainTransform`
+    it is randomly augmented on each access.
+    """
+
+    def __init__(
+        self,
+        composer: FaceComposer,
+        split: str,
+        size: int,
+        seed: int = 0,
+        transform: TrainTransform | None = None,
+        cache: bool = True,
+    ) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
+        self.composer = composer
+        self.split = split
+        self.size = positive_int(f"number of {split} images", size)
+        self.seed = int(seed)
+        self.transform = transform
+        self._cache: list[tuple[torch.Tensor, torch.Tensor] | None] | None = [None] * self.size if cache else None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def render(self, index: int) -> Composite:
+        """Render image ``index`` (with its label map); a pure function of ``(seed, split, index)``."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"index {index} is out of range for {self.size} {self.split} images")
+        return self.composer.render(split_rng(self.seed, self.split, index))
+
+    def _raw(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cache is not None and self._cache[index] is not None:
+            return self._cache[index]  # type: ignore[return-value]
+        comp = self.render(index)
+        item = (torch.from_numpy(comp.image).permute(2, 0, 1).contiguous(), torch.from_numpy(comp.boxes))
+        if self._cache is not None:
+            self._cache[index] = item
+        return item
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict]:
+        image, boxes = self._raw(index)
+        s = self.composer.image_size
+        labels = torch.zeros(boxes.shape[0], dtype=torch.int64)
+        if self.transform is None:
+            one, zero = torch.ones(2), torch.zeros(2)
+            return normalize_image(image), make_target(boxes, index, (s, s), one, zero, labels)
+        image, boxes, labels = self.transform(image, boxes, labels)
+        return image, make_target(boxes, index, (s, s), labels=labels)
+
+
+class FacesDataModule(DetectionDataModule):
+    """``data=faces``: synthetic face detection from scikit-image's LFW crops, fully offline.
+
+    ``num_train``/``num_val``/``num_test`` images of ``image_size`` x ``image_size`` (RGB), composed as
+    the module docstring describes. Training images are augmented (when ``augment``) with
+    :class:`~snntrain.data.detection.TrainTransform` (``hflip``, ``zoom_out``, ``crop_scale``,
+    ``min_visibility``, ``min_box_size``). ``max_boxes=None`` pads every batch to the most faces an
+    image can hold (``faces_per_image[1]``), so batch shapes are fixed and nothing is dropped.
+    """
+
+    def __init__(
+        self,
+        num_train: int = 2000,
+        num_val: int = 300,
+        num_test: int = 300,
+        image_size: int = 64,
+        faces_per_image: Sequence[int] = (1, 3),
+        face_size: Sequence[int] = (12, 32),
+        distractors_per_image: Sequence[int] = (0, 2),
+        max_overlap: float = 0.25,
+        held_out_faces: int = 20,
+        backgrounds: Sequence[str] = ("tiles", "photos", "textures"),
+        augment: bool = True,
+        hflip: float = 0.5,
+        zoom_out: float = 1.5,
+        crop_scale: Sequence[float] = (0.5, 1.0),
+        min_visibility: float = 0.5,
+        min_box_size: float = 2.0,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        max_boxes: int | None = None,
+        cache: bool = True,
+        seed: int = 0,
+    ) -> None:
+        fpi = int_range("faces_per_image", faces_per_image, minimum=0)
+        rows = max_boxes if max_boxes is not None else max(1, fpi[1])
+        super().__init__(image_size, batch_size, num_workers, rows, seed)
+        self.num_train = positive_int("num_train", num_train)
+        self.num_val = positive_int("num_val", num_val)
+        self.num_test = positive_int("num_test", num_test)
+        if (isinstance(held_out_faces, bool) or not isinstance(held_out_faces, int)
+                or not 0 <= held_out_faces < LFW_FACES):
+            raise ValueError(f"held_out_faces={held_out_faces!r} must be an integer in [0, {LFW_FACES - 1}]")
+        self.held_out_faces = held_out_faces
+        self.augment = bool(augment)
+        self.cache = bool(cache)
+        self._composer_args = dict(
+            image_size=self.image_size,
+            faces_per_image=fpi,
+            face_size=face_size,
+            distractors_per_image=distractors_per_image,
+            max_overlap=max_overlap,
+            backgrounds=tuple(backgrounds) if not isinstance(backgrounds, str) else (backgrounds,),
+        )
+        # Validate every setting now (no crops needed for that), not at the first batch.
+        dummy = np.zeros((1, 2, 2), dtype=np.float32)
+        FaceComposer(dummy, dummy, photos=(np.zeros((2, 2, 3), np.uint8),), **self._composer_args)
+        self.train_transform = (
+            TrainTransform(self.image_size, hflip, zoom_out, crop_scale, min_visibility=min_visibility,
+                           min_box_size=min_box_size)
+            if self.augment
+            else None
+        )
+
+    def composer(self, split: str) -> FaceComposer:
+        """The renderer of ``split``: train draws from the first crops, val/test from the held-out ones."""
+        faces, non_faces = lfw_crops()
+        k = self.held_out_faces
+        if k == 0:
+            pool = (faces, non_faces)
+        elif split == "train":
+            pool = (faces[:-k], non_faces[:-k])
+        else:
+            pool = (faces[-k:], non_faces[-k:])
+        photos = background_photos() if "photos" in self._composer_args["backgrounds"] else ()
+        return FaceComposer(pool[0], pool[1], photos=photos, **self._composer_args)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Create the three splits (idempotent; images are rendered on first access)."""
+        if self.train_set is not None:
+            return
+        self.train_set = SyntheticFaces(self.composer("train"), "train", self.num_train, self.seed,
+                                        self.train_transform, self.cache)
+        self.val_set = SyntheticFaces(self.composer("val"), "val", self.num_val, self.seed, None, self.cache)
+        self.test_set = SyntheticFaces(self.composer("test"), "test", self.num_test, self.seed, None, self.cache)
+
+
+__all__ = [
+    "BACKGROUND_KINDS",
+    "PHOTOS",
+    "Composite",
+    "FaceComposer",
+    "FacesDataModule",
+    "SyntheticFaces",
+    "background_photos",
+    "lfw_crops",
+    "split_rng",
+]

@@ -1,0 +1,573 @@
+"""Face-detection data: synthetic faces, WIDER FACE parsing and loading, box-aware transforms, batching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from snntrain.data import DATAMODULES, build_datamodule
+from snntrain.data.detection import (
+    TrainTransform,
+    boxes_to_original,
+    collate_detection,
+    denormalize_image,
+    letterbox,
+    load_image_for_detection,
+    make_target,
+    normalize_image,
+)
+from snntrain.data.faces import FaceComposer, FacesDataModule, background_photos, lfw_crops, split_rng
+from snntrain.data.widerface import (
+    WiderFaceDataModule,
+    WiderFaceDataset,
+    load_difficulty_lists,
+    parse_annotations,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def raster(boxes: np.ndarray, size: int) -> np.ndarray:
+    """Union of integer xyxy boxes (exclusive x2/y2) as a bool mask."""
+    mask = np.zeros((size, size), dtype=bool)
+    for x1, y1, x2, y2 in np.asarray(boxes, dtype=np.int64).reshape(-1, 4):
+        mask[y1:y2, x1:x2] = True
+    return mask
+
+
+def extent(mask: np.ndarray) -> list[float]:
+    """Tight xyxy box (exclusive x2/y2) around the True pixels of ``mask``."""
+    ys, xs = np.nonzero(mask)
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def iou(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def small_faces_dm(**kwargs) -> FacesDataModule:
+    args = dict(num_train=16, num_val=8, num_test=4, batch_size=4, seed=7)
+    args.update(kwargs)
+    return FacesDataModule(**args)
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic faces
+# --------------------------------------------------------------------------------------------------
+
+
+def test_lfw_subset_is_faces_then_non_faces():
+    faces, non_faces = lfw_crops()
+    assert faces.shape == (100, 25, 25) and non_faces.shape == (100, 25, 25)
+    assert faces.dtype == np.float32 and 0.0 <= faces.min() and faces.max() <= 1.0
+    # The faces are centred crops with structure everywhere; many non-face crops are nearly flat.
+    assert np.median(faces.std(axis=(1, 2))) > np.median(non_faces.std(axis=(1, 2)))
+
+
+def test_synthetic_boxes_match_rendered_pixels():
+    """Render each layout twice, once with all-white and once with all-black face crops: the pixels that
+    differ are exactly where faces are, and they must be exactly the union of the boxes."""
+    rng0 = np.random.default_rng(0)
+    non_faces = rng0.uniform(0, 1, (10, 25, 25)).astype(np.float32)
+    args = dict(photos=background_photos(), image_size=64, faces_per_image=(0, 4), face_size=(6, 40),
+                backgrounds=("tiles", "photos", "textures", "flat"))
+    white = FaceComposer(np.ones((5, 25, 25), np.float32), non_faces, **args)
+    black = FaceComposer(np.zeros((5, 25, 25), np.float32), non_faces, **args)
+    counts = set()
+    for i in range(40):
+        a = white.render(split_rng(3, "train", i))
+        b = black.render(split_rng(3, "train", i))
+        np.testing.assert_array_equal(a.boxes, b.boxes)
+        differs = np.any(a.image != b.image, axis=2)
+        np.testing.assert_array_equal(differs, raster(a.boxes, 64))
+        np.testing.assert_array_equal(a.label_map > 0, differs)
+        boxes = a.boxes
+        counts.add(len(boxes))
+        assert np.all(boxes == np.round(boxes)) and np.all(boxes >= 0) and np.all(boxes <= 64)
+        sides = boxes[:, 2:] - boxes[:, :2]
+        assert np.all(sides[:, 0] == sides[:, 1]) and np.all((sides >= 6) & (sides <= 40))
+    assert counts >= {0, 1, 2, 3}
+
+
+def test_synthetic_label_map_extent_equals_box():
+    dm = small_faces_dm()
+    dm.setup()
+    checked = 0
+    for split_set in (dm.train_set, dm.val_set):
+        for i in range(len(split_set)):
+            comp = split_set.render(i)
+            assert 1 <= len(comp.boxes) <= 3
+            for k, box in enumerate(comp.boxes):
+                visible = comp.label_map == k + 1
+                assert visible.any(), "a face is hidden completely"
+                later = comp.boxes[k + 1:]
+                covered = raster(later, 64) & raster(box[None], 64)
+                # visible pixels are the box minus what later faces cover
+                np.testing.assert_array_equal(visible, raster(box[None], 64) & ~covered)
+                assert covered.sum() <= 0.25 * (box[2] - box[0]) * (box[3] - box[1]) * len(later) + 1e-6
+                if not covered.any():
+                    assert extent(visible) == box.tolist()
+                    checked += 1
+    assert checked > 10
+
+
+def test_synthetic_data_is_deterministic_by_seed():
+    def first_batches(seed: int):
+        dm = small_faces_dm(seed=seed, augment=False)
+        dm.setup()
+        return next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))
+
+    (xa, ta), (va, vta) = first_batches(5)
+    (xb, tb), (vb, vtb) = first_batches(5)
+    assert torch.equal(xa, xb) and torch.equal(ta["boxes"], tb["boxes"]) and torch.equal(ta["image_id"], tb["image_id"])
+    assert torch.equal(va, vb) and torch.equal(vta["boxes"], vtb["boxes"])
+    (xc, _), (vc, _) = first_batches(6)
+    assert not torch.equal(va, vc)
+    # an image does not depend on which images were rendered before it
+    dm = small_faces_dm(seed=5, cache=False)
+    dm.setup()
+    late = dm.val_set.render(5)
+    dm2 = small_faces_dm(seed=5, cache=False)
+    dm2.setup()
+    for i in range(5):
+        dm2.val_set.render(i)
+    np.testing.assert_array_equal(late.image, dm2.val_set.render(5).image)
+    # splits differ for the same index
+    assert not np.array_equal(dm.val_set.render(0).image, dm.test_set.render(0).image)
+
+
+def test_synthetic_splits_use_disjoint_crops():
+    dm = small_faces_dm(held_out_faces=20)
+    train, val = dm.composer("train"), dm.composer("val")
+    assert len(train.faces) == 80 and len(val.faces) == 20
+    flat_train = {f.tobytes() for f in train.faces}
+    assert not any(f.tobytes() in flat_train for f in val.faces)
+    assert not any(f.tobytes() in {g.tobytes() for g in train.non_faces} for f in val.non_faces)
+
+
+def test_faces_sample_format_and_fixed_batch_shape():
+    dm = small_faces_dm(faces_per_image=[1, 4], face_size=[10, 20])
+    dm.setup()
+    dm.setup()  # idempotent
+    image, target = dm.val_set[0]
+    assert image.shape == (3, 64, 64) and image.dtype == torch.float32
+    assert -1.0 <= image.min() and image.max() <= 1.0
+    assert target["boxes"].dtype == torch.float32 and target["labels"].dtype == torch.int64
+    assert torch.equal(target["scale"], torch.ones(2)) and torch.equal(target["pad"], torch.zeros(2))
+    assert target["orig_size"] == (64, 64) and target["image_id"] == 0
+    for loader in (dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()):
+        images, t = next(iter(loader))
+        assert images.shape == (4, 3, 64, 64)
+        assert t["boxes"].shape == (4, 4, 4) and t["labels"].shape == (4, 4)  # M = faces_per_image max
+    images, t = next(iter(dm.train_dataloader()))
+    assert torch.isnan(t["scale"]).all()  # augmented: mapping not tracked
+    assert dm.num_classes == 1 and dm.in_channels == 3 and dm.image_size == 64
+
+
+def test_faces_settings_are_validated():
+    with pytest.raises(ValueError, match="face_size"):
+        FacesDataModule(face_size=[12, 80])
+    with pytest.raises(ValueError, match="faces_per_image"):
+        FacesDataModule(faces_per_image=[3, 1])
+    with pytest.raises(ValueError, match="backgrounds"):
+        FacesDataModule(backgrounds=["sky"])
+    with pytest.raises(ValueError, match="held_out_faces"):
+        FacesDataModule(held_out_faces=100)
+    with pytest.raises(ValueError, match="max_boxes"):
+        FacesDataModule(max_boxes=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Batching
+# --------------------------------------------------------------------------------------------------
+
+
+def _sample(n_boxes: int, image_id: int):
+    boxes = torch.tensor([[0.0, 0.0, 2.0 + k, 2.0 + k] for k in range(n_boxes)]).reshape(-1, 4)
+    return torch.zeros(3, 8, 8), make_target(boxes, image_id, (8, 8), torch.ones(2), torch.zeros(2))
+
+
+def test_collate_pads_boxes_and_counts():
+    batch = [_sample(0, 0), _sample(2, 1), _sample(5, 2)]
+    images, t = collate_detection(batch)
+    assert images.shape == (3, 3, 8, 8)
+    assert t["boxes"].shape == (3, 5, 4) and t["labels"].shape == (3, 5)
+    assert t["num_boxes"].tolist() == [0, 2, 5] and t["image_id"].tolist() == [0, 1, 2]
+    assert t["num_boxes"].dtype == torch.int64 and t["orig_size"].shape == (3, 2)
+    pad = t["labels"] < 0
+    assert torch.equal(pad, torch.arange(5)[None, :] >= t["num_boxes"][:, None])
+    assert torch.all(t["boxes"][pad] == 0) and torch.all(t["boxes"][pad][:, 3] <= 0)
+    assert torch.all(t["boxes"][~pad][:, 3] > 0)
+    assert torch.equal(t["boxes"][2, :5], batch[2][1]["boxes"])
+
+
+def test_collate_fixed_max_boxes_keeps_largest_in_order():
+    batch = [_sample(1, 0), _sample(5, 1)]
+    _, t = collate_detection(batch, max_boxes=3)
+    assert t["boxes"].shape == (2, 3, 4) and t["num_boxes"].tolist() == [1, 3]
+    # boxes 2, 3, 4 are the largest; original order is kept
+    assert torch.equal(t["boxes"][1], batch[1][1]["boxes"][2:5])
+    _, t = collate_detection(batch, max_boxes=8)
+    assert t["boxes"].shape == (2, 8, 4)
+    _, t = collate_detection(batch, max_boxes=3, drop=False)  # evaluation: never drop
+    assert t["boxes"].shape == (2, 5, 4) and t["num_boxes"].tolist() == [1, 5]
+
+
+# --------------------------------------------------------------------------------------------------
+# Transforms, letterbox, mapping back
+# --------------------------------------------------------------------------------------------------
+
+
+def _square_image(h: int, w: int, box: tuple[int, int, int, int]) -> torch.Tensor:
+    img = torch.zeros(3, h, w, dtype=torch.uint8)
+    x1, y1, x2, y2 = box
+    img[:, y1:y2, x1:x2] = 255
+    return img
+
+
+def test_flip_moves_box_with_pixels_exactly():
+    img = _square_image(40, 40, (5, 10, 17, 30))
+    flip = TrainTransform(40, hflip=1.0, zoom_out=1.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))
+    out, boxes, labels = flip(img, torch.tensor([[5.0, 10.0, 17.0, 30.0]]), torch.zeros(1, dtype=torch.int64))
+    assert boxes.tolist() == [[23.0, 10.0, 35.0, 30.0]] and labels.tolist() == [0]
+    assert extent(denormalize_image(out)[0].numpy() > 0.5) == boxes[0].tolist()
+
+
+def test_random_augmentation_keeps_boxes_on_the_pixels():
+    torch.manual_seed(0)
+    aug = TrainTransform(64, hflip=0.5, zoom_out=2.0, crop_scale=(0.3, 1.0), min_visibility=0.5)
+    src_box = (30, 20, 70, 50)
+    img = _square_image(80, 100, src_box)
+    seen = 0
+    for _ in range(60):
+        out, boxes, labels = aug(img, torch.tensor([src_box], dtype=torch.float32), torch.zeros(1, dtype=torch.int64))
+        assert out.shape == (3, 64, 64) and boxes.shape[0] == labels.shape[0] <= 1
+        bright = denormalize_image(out)[0].numpy() > 0.75  # zoom-out fill is mid grey
+        if boxes.shape[0] == 0:
+            continue  # dropped: too little of the square is visible (or too small)
+        seen += 1
+        box = boxes[0].tolist()
+        assert 0 <= box[0] < box[2] <= 64 and 0 <= box[1] < box[3] <= 64
+        assert iou(extent(bright), box) > 0.85
+    assert seen > 30
+
+
+def test_augmentation_drops_faces_mostly_cut_off_by_the_crop():
+    # A 50x50 crop of a 100x100 image resized to 50x50: no resampling, so the bright pixels that
+    # remain measure exactly how much of the 20x20 square is visible.
+    torch.manual_seed(1)
+    aug = TrainTransform(50, hflip=0.0, zoom_out=1.0, crop_scale=(0.25, 0.25), crop_ratio=(1.0, 1.0),
+                         min_visibility=0.5, min_box_size=1.0)
+    img = _square_image(100, 100, (40, 40, 60, 60))
+    kept_partial = dropped_partial = 0
+    for _ in range(200):
+        out, boxes, _ = aug(img, torch.tensor([[40.0, 40.0, 60.0, 60.0]]), torch.zeros(1, dtype=torch.int64))
+        visible = int((denormalize_image(out)[0] > 0.5).sum()) / 400.0
+        if boxes.shape[0]:
+            assert visible >= 0.5
+            b = boxes[0]
+            assert float((b[2] - b[0]) * (b[3] - b[1])) == pytest.approx(visible * 400.0)
+            kept_partial += visible < 1.0
+        else:
+            assert visible < 0.5
+            dropped_partial += visible > 0.0
+    assert kept_partial > 5 and dropped_partial > 5
+
+
+@pytest.mark.parametrize("hw", [(37, 90), (90, 37), (64, 64), (500, 333)])
+def test_letterbox_round_trip(hw):
+    h, w = hw
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(6, 2, generator=g) * torch.tensor([w * 0.5, h * 0.5])
+    wh = torch.rand(6, 2, generator=g) * torch.tensor([w * 0.5, h * 0.5]) + 1
+    boxes = torch.cat([xy, xy + wh], dim=1)
+    image = _square_image(h, w, (w // 4, h // 4, w // 2, h // 2))
+    out, mapped, scale, pad = letterbox(image, boxes, 64)
+    assert out.shape == (3, 64, 64) and out.dtype == torch.float32
+    assert max(round(h * scale[1].item()), round(w * scale[0].item())) == 64
+    if h < w:
+        assert out[:, 0, :].abs().max() == 0 and out[:, -1, :].abs().max() == 0  # padding is exactly 0
+    elif w < h:
+        assert out[:, :, 0].abs().max() == 0 and out[:, :, -1].abs().max() == 0
+    back = boxes_to_original(mapped, scale, pad, (h, w))
+    torch.testing.assert_close(back, boxes, atol=1e-4, rtol=1e-5)
+    # batched form
+    back_b = boxes_to_original(mapped[None], scale[None], pad[None], torch.tensor([[h, w]]))
+    torch.testing.assert_close(back_b[0], boxes, atol=1e-4, rtol=1e-5)
+    # the bright square lands where its mapped box says
+    square = torch.tensor([[w // 4, h // 4, w // 2, h // 2]], dtype=torch.float32)
+    _, sq, _, _ = letterbox(image, square, 64)
+    bright = denormalize_image(out)[0].numpy() > 0.5
+    assert iou(extent(bright), sq[0].tolist()) > 0.8
+
+
+@pytest.mark.parametrize("name, k", [("photo.png", 1), ("photo.jpg", 8)])  # the JPEG decodes at 1/4 size
+def test_load_image_for_detection(tmp_path, name, k):
+    path = tmp_path / name
+    pixels = _square_image(60 * k, 120 * k, (10 * k, 20 * k, 40 * k, 50 * k))
+    Image.fromarray(pixels.permute(1, 2, 0).numpy()).save(path)
+    image, meta = load_image_for_detection(path, 48)
+    assert image.shape == (3, 48, 48) and meta["orig_size"] == (60 * k, 120 * k)
+    torch.testing.assert_close(meta["scale"], torch.tensor([0.4 / k, 0.4 / k]))
+    torch.testing.assert_close(meta["pad"], torch.tensor([0.0, 12.0]))
+    bright = denormalize_image(image)[0].numpy() > 0.5
+    back = boxes_to_original(torch.tensor(extent(bright)), meta["scale"], meta["pad"])
+    assert iou(back.tolist(), [10 * k, 20 * k, 40 * k, 50 * k]) > 0.85
+    with pytest.raises(FileNotFoundError, match="nothing.jpg"):
+        load_image_for_detection(tmp_path / "nothing.jpg", 48)
+
+
+def test_normalisation_range():
+    x = torch.tensor([0, 128, 255], dtype=torch.uint8)
+    y = normalize_image(x)
+    assert y[0] == -1 and y[2] == 1 and abs(float(y[1])) < 0.01
+
+
+# --------------------------------------------------------------------------------------------------
+# WIDER FACE
+# --------------------------------------------------------------------------------------------------
+
+TRAIN_GT = """\
+0--Parade/0_Parade_marchingband_1_5.jpg
+2
+4 5 10 12 0 0 0 0 0 0 
+20 8 6 6 2 0 0 1 0 0 
+0--Parade/0_Parade_Parade_0_17.jpg
+0
+0 0 0 0 0 0 0 0 0 0 
+12--Group/12_Group_Group_12_Group_Group_12_3.jpg
+4
+2 3 80 80 0 0 0 0 0 0 
+10 10 0 5 0 0 0 0 0 0 
+14 2 6 -1 0 0 0 0 0 0 
+130 40 100 120 1 1 0 0 1 1 
+"""
+
+VAL_GT = """\
+0--Parade/0_Parade_marchingband_1_20.jpg
+3
+4 4 16 16 0 0 0 0 0 0 
+30 6 8 8 2 0 0 0 2 0 
+44 20 4 4 2 0 0 1 0 0 
+12--Group/12_Group_Group_12_Group_Group_12_10.jpg
+1
+20 40 100 120 0 0 0 0 0 0 
+"""
+
+# Image sizes (h, w) of the fixture files.
+SIZES = {
+    "0--Parade/0_Parade_marchingband_1_5.jpg": (40, 60),
+    "0--Parade/0_Parade_Parade_0_17.jpg": (30, 30),
+    "12--Group/12_Group_Group_12_Group_Group_12_3.jpg": (300, 256),  # large: decoded at a reduction
+    "0--Parade/0_Parade_marchingband_1_20.jpg": (48, 64),
+    "12--Group/12_Group_Group_12_Group_Group_12_10.jpg": (400, 240),  # large: decoded at a reduction
+}
+
+
+def make_widerface(root: Path, with_eval: bool = False) -> Path:
+    """Write a tiny WIDER FACE tree in the official layout: JPEGs with a white rectangle per valid face."""
+    for split, text in (("train", TRAIN_GT), ("val", VAL_GT)):
+        (root / "wider_face_split").mkdir(parents=True, exist_ok=True)
+        (root / "wider_face_split" / f"wider_face_{split}_bbx_gt.txt").write_text(text)
+        for rec in parse_annotations(root / "wider_face_split" / f"wider_face_{split}_bbx_gt.txt"):
+            h, w = SIZES[rec.path]
+            arr = np.full((h, w, 3), 30, dtype=np.uint8)
+            for x1, y1, x2, y2 in rec.boxes[rec.keep].astype(int):
+                arr[y1:y2, x1:x2] = 230
+            out = root / f"WIDER_{split}" / "images" / rec.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(arr).save(out, quality=95)
+    if with_eval:
+        write_eval_mats(root / "eval_tools" / "ground_truth")
+    return root
+
+
+def _cell(items) -> np.ndarray:
+    arr = np.empty((len(items), 1), dtype=object)
+    for i, item in enumerate(items):
+        arr[i, 0] = item
+    return arr
+
+
+def write_eval_mats(folder: Path, keep=None, names_apart: bool = False) -> None:
+    """Difficulty lists in the official structure: per event a cell of file names and a cell (one per
+    image) of 1-based indices of the boxes that count, as MATLAB doubles of shape [k, 1]. With
+    ``names_apart`` the event and file lists are only in wider_face_val.mat."""
+    from scipy.io import savemat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    keep = keep or {
+        "easy": {"0_Parade_marchingband_1_20": [1], "12_Group_Group_12_Group_Group_12_10": []},
+        "medium": {"0_Parade_marchingband_1_20": [1, 2], "12_Group_Group_12_Group_Group_12_10": [1]},
+        "hard": {"0_Parade_marchingband_1_20": [1, 2], "12_Group_Group_12_Group_Group_12_10": [1]},
+    }
+    events = {"0--Parade": ["0_Parade_marchingband_1_20"], "12--Group": ["12_Group_Group_12_Group_Group_12_10"]}
+    for level, table in keep.items():
+        event_list = _cell(list(events))
+        file_list = _cell([_cell(names) for names in events.values()])
+        gt_list = _cell([
+            _cell([np.asarray(table[n], dtype=np.float64).reshape(-1, 1) for n in names]) for names in events.values()
+        ])
+        names = {"event_list": event_list, "file_list": file_list}
+        if names_apart:
+            savemat(str(folder / "wider_face_val.mat"), names)
+            savemat(str(folder / f"wider_{level}_val.mat"), {"gt_list": gt_list})
+        else:
+            savemat(str(folder / f"wider_{level}_val.mat"), {**names, "gt_list": gt_list})
+
+
+def test_parse_odd_cases(tmp_path):
+    path = tmp_path / "gt.txt"
+    path.write_text(TRAIN_GT + "\n\n")  # trailing blank lines are fine
+    records = parse_annotations(path)
+    assert [r.path for r in records] == list(SIZES)[:3]
+    a, empty, c = records
+    assert a.boxes.tolist() == [[4, 5, 14, 17], [20, 8, 26, 14]]
+    assert a.keep.tolist() == [True, False] and a.invalid.tolist() == [False, True]
+    assert a.attributes[1].tolist() == [2, 0, 0, 1, 0, 0]
+    assert empty.boxes.shape == (0, 4) and empty.keep.shape == (0,) and empty.line == 5
+    assert c.keep.tolist() == [True, False, False, True]  # zero width, negative height dropped
+    assert c.event == "12--Group" and c.name == "12_Group_Group_12_Group_Group_12_3"
+    assert c.attributes[3].tolist() == [1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("a/b.jpg\n1\n1 2 3 4 0 0 0 0 0\n", 3, "10 integers"),
+        ("a/b.jpg\nx\n", 2, "face count"),
+        ("a/b.jpg\n-1\n", 2, "negative"),
+        ("a/b.jpg\n0\nc/d.jpg\n1\n1 1 2 2 0 0 0 0 0 0\n", 3, "placeholder"),
+        ("a/b.jpg\n0\n1 1 1 1 0 0 0 0 0 0\n", 3, "ten zeros"),
+        ("a/b.jpg\n2\n1 1 2 2 0 0 0 0 0 0\n", 4, "ends"),
+        ("a/b.jpg\n1\n1 1 2 2 0 0 0 2 0 0\n", 3, "invalid flag"),
+        ("a/b.jpg\n1\n1 1 2.5 2 0 0 0 0 0 0\n", 3, "10 integers"),
+        ("a/b.jpg\n1\n1 1 2 2 0 0 0 0 0 0\n\nc/d.jpg\n", 4, "blank"),
+        ("7\n", 1, "image path"),
+        ("a/b.jpg\n", 2, "ends"),
+    ],
+)
+def test_parse_rejects_malformed_files_with_line_numbers(tmp_path, text, line, words):
+    path = tmp_path / "wider_face_train_bbx_gt.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"wider_face_train_bbx_gt.txt, line {line}:.*{words}"):
+        parse_annotations(path)
+
+
+def test_widerface_missing_files_say_what_to_download(tmp_path):
+    dm = WiderFaceDataModule(root=str(tmp_path / "widerface"), num_workers=0)
+    with pytest.raises(FileNotFoundError) as err:
+        dm.setup()
+    msg = str(err.value)
+    for words in ("WIDER_train", "WIDER_train.zip", "WIDER_val.zip", "wider_face_split.zip",
+                  "shuoyang1213.me/WIDERFACE", str(tmp_path / "widerface")):
+        assert words in msg
+    root = make_widerface(tmp_path / "w")
+    (root / "WIDER_val" / "images" / "0--Parade" / "0_Parade_marchingband_1_20.jpg").unlink()
+    with pytest.raises(FileNotFoundError, match="0_Parade_marchingband_1_20.jpg does not exist"):
+        WiderFaceDataModule(root=str(root), num_workers=0).setup()
+    with pytest.raises(ValueError, match="data.root"):
+        WiderFaceDataModule(root=None)
+
+
+def test_widerface_datamodule_on_fixture(tmp_path):
+    root = make_widerface(tmp_path)
+    dm = WiderFaceDataModule(root=str(root), image_size=32, batch_size=2, num_workers=0, max_boxes=4, seed=0)
+    dm.setup()
+    assert len(dm.train_set) == 3 and len(dm.val_set) == 2 and dm.test_set is dm.val_set
+    assert dm.val_set.records[0].difficulty is None  # no eval_tools
+    # evaluation samples: letterboxed, boxes on the bright rectangles, mapping back to the file's pixels
+    for i, rec in enumerate(dm.val_set.records):
+        image, target = dm.val_set[i]
+        assert image.shape == (3, 32, 32) and target["orig_size"] == SIZES[rec.path]
+        assert target["boxes"].shape == (int(rec.keep.sum()), 4)
+        back = boxes_to_original(target["boxes"], target["scale"], target["pad"], target["orig_size"])
+        torch.testing.assert_close(back, torch.from_numpy(rec.boxes[rec.keep]), atol=1e-3, rtol=1e-4)
+        grey = denormalize_image(image)[0]
+        for x1, y1, x2, y2 in target["boxes"].round().int().tolist():
+            assert grey[y1 + 1:y2 - 1, x1 + 1:x2 - 1].mean() > 0.6
+    images, t = next(iter(dm.val_dataloader()))
+    assert images.shape == (2, 3, 32, 32) and t["boxes"].shape == (2, 4, 4)
+    assert t["num_boxes"].tolist() == [2, 1] and not torch.isnan(t["scale"]).any()
+    # training: the 0-face image gives an empty target; batches keep the fixed shape
+    torch.manual_seed(0)
+    _, empty = dm.train_set[1]
+    assert empty["boxes"].shape == (0, 4) and empty["labels"].shape == (0,)
+    for images, t in dm.train_dataloader():
+        assert images.shape[1:] == (3, 32, 32) and t["boxes"].shape[1:] == (4, 4)
+        assert torch.all(t["num_boxes"] <= 2)
+    # a large training image is decoded at a reduction: its boxes must still sit on its rectangles
+    plain = TrainTransform(32, hflip=1.0, zoom_out=1.0, crop_scale=(1.0, 1.0), crop_ratio=(0.1, 10.0))
+    image, target = WiderFaceDataset(root, "train", 32, plain)[2]
+    assert target["boxes"].shape == (2, 4)
+    grey = denormalize_image(image)[0]
+    for x1, y1, x2, y2 in target["boxes"].round().int().tolist():
+        assert grey[y1 + 1:y2 - 1, x1 + 1:x2 - 1].mean() > 0.6
+        assert grey[y1:y2, x1:x2].numel() > 4
+
+
+def test_widerface_difficulty_lists(tmp_path):
+    root = make_widerface(tmp_path, with_eval=True)
+    lists = load_difficulty_lists(root / "eval_tools" / "ground_truth")
+    assert lists["medium"][("0--Parade", "0_Parade_marchingband_1_20")].tolist() == [0, 1]
+    ds = WiderFaceDataset(root, "val", 32)
+    by_name = {r.name: r for r in ds.records}
+    parade = by_name["0_Parade_marchingband_1_20"]
+    assert parade.difficulty["easy"].tolist() == [True, False, False]
+    assert parade.difficulty["hard"].tolist() == [True, True, False]  # the invalid third box never counts
+    assert by_name["12_Group_Group_12_Group_Group_12_10"].difficulty["medium"].tolist() == [True]
+    assert by_name["12_Group_Group_12_Group_Group_12_10"].difficulty["easy"].tolist() == [False]  # empty gt_list
+    # event and file names kept only in wider_face_val.mat
+    write_eval_mats(root / "eval_tools" / "ground_truth", names_apart=True)
+    again = {r.name: r for r in WiderFaceDataset(root, "val", 32).records}
+    assert again["0_Parade_marchingband_1_20"].difficulty["medium"].tolist() == [True, True, False]
+    # files that do not belong to these annotations
+    write_eval_mats(root / "eval_tools" / "ground_truth", keep={
+        level: {"0_Parade_marchingband_1_20": [1, 7], "12_Group_Group_12_Group_Group_12_10": [1]}
+        for level in ("easy", "medium", "hard")
+    })
+    with pytest.raises(ValueError, match="box 7 of 0--Parade/0_Parade_marchingband_1_20"):
+        WiderFaceDataset(root, "val", 32)
+    write_eval_mats(root / "eval_tools" / "ground_truth", keep={
+        level: {"0_Parade_marchingband_1_20": [1], "12_Group_Group_12_Group_Group_12_10": [1]}
+        for level in ("easy", "medium", "hard")
+    })
+    (root / "wider_face_split" / "wider_face_val_bbx_gt.txt").write_text(VAL_GT.split("12--Group")[0])
+    with pytest.raises(ValueError, match="12_Group_Group_12_Group_Group_12_10, which the annotation file lacks"):
+        WiderFaceDataset(root, "val", 32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry and configs
+# --------------------------------------------------------------------------------------------------
+
+
+def test_configs_compose_and_build(tmp_path, monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    monkeypatch.setenv("SNNTRAIN_DATA", str(tmp_path))
+    make_widerface(tmp_path / "widerface")
+    assert {"faces", "widerface"} <= set(DATAMODULES)
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        for name in ("faces", "widerface"):
+            cfg = compose(config_name="config", overrides=[f"data={name}", "seed=3"])
+            assert cfg.data.num_classes == 1 and cfg.data.in_channels == 3
+            cfg.data.num_workers = 0
+            if name == "faces":
+                cfg.data.num_train, cfg.data.num_val, cfg.data.num_test = 8, 4, 4
+            dm = build_datamodule(cfg.data, seed=cfg.seed)
+            assert dm.seed == 3 and dm.num_classes == 1
+            dm.setup()
+            images, t = next(iter(dm.val_dataloader()))
+            assert images.shape[-1] == cfg.data.image_size and t["boxes"].shape[-1] == 4
