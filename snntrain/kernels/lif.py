@@ -76,7 +76,7 @@ CHUNK = 8
 # Launch configuration: BLOCK neurons per program, num_warps warps. The forward
 # keeps one state per neuron; the backward also keeps CHUNK charged states (and X
 # for PLIF) per neuron in registers, so it uses smaller blocks.
-FWD_BLOCK, FWD_WARPS = 1024, 4
+FWD_BLOCK, FWD_WARPS = 1024, 8
 BWD_BLOCK, BWD_WARPS = 512, 4
 SUM_BLOCK = 1024
 
@@ -199,12 +199,18 @@ def _neuron_fwd_kernel(
         if STORE_CKPT:
             row = tl.cast(c - 1, tl.int64) * N
             tl.store(ckpt_ptr + row + offs, v, mask=offs < tl.where(c > 0, N, 0))
+        # Issue the chunk's loads before its first store (the compiler cannot move a load
+        # above a store to a pointer that might alias it).
+        xs = ()
+        for j in tl.static_range(CHUNK):
+            m = offs < tl.where(t0 + j < T, N, 0)  # the neuron mask, empty past the last step
+            xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * stride_xt, mask=m, other=0.0),)
         for j in tl.static_range(CHUNK):
             t = t0 + j
             valid = t < T
-            m = offs < tl.where(valid, N, 0)  # the neuron mask, empty past the last step
+            m = offs < tl.where(valid, N, 0)
             t64 = tl.cast(t, tl.int64)
-            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32)
+            x = xs[j].to(tl.float32)
             h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = (h - v_threshold) >= 0.0
             v_new = _reset(h, spike, v_threshold, v_reset, HARD_RESET)
@@ -293,14 +299,25 @@ def _neuron_bwd_kernel(
         # State before the chunk: a checkpoint, or the initial state for chunk 0.
         v_ck = tl.load(ckpt_ptr + tl.cast(c - 1, tl.int64) * N + offs, mask=offs < tl.where(c > 0, N, 0), other=0.0)
         v_start = tl.where(c > 0, v_ck, v0)
-        # Recompute the chunk's charged states H in registers.
+        # Recompute the chunk's charged states H in registers, and load the chunk's
+        # incoming gradients before the first store of dX (loads cannot pass stores).
         v = v_start
         hs = ()
         xs = ()
+        gss = ()
+        gqs = ()
         for j in tl.static_range(CHUNK):
             t = t0 + j
-            m = offs < tl.where(t < T, N, 0)
-            x = tl.load(x_base + tl.cast(t, tl.int64) * stride_xt, mask=m, other=0.0).to(tl.float32)
+            valid = t < T
+            m = offs < tl.where(valid, N, 0)
+            t64 = tl.cast(t, tl.int64)
+            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32)
+            if GS_MODE == 1:
+                gss = gss + (tl.load(gs_base + t64 * stride_gt, mask=m, other=0.0),)
+            elif GS_MODE == 2:
+                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0),)
+            if HAS_GVSEQ:
+                gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
             h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
             hs = hs + (h,)
@@ -314,11 +331,9 @@ def _neuron_bwd_kernel(
             t64 = tl.cast(t, tl.int64)
             h = hs[j]
             if HAS_GVSEQ:
-                gv = gv + tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0).to(tl.float32)
-            if GS_MODE == 1:
-                gs = tl.load(gs_base + t64 * stride_gt, mask=m, other=0.0).to(tl.float32)
-            elif GS_MODE == 2:
-                gs = tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0).to(tl.float32)
+                gv = gv + gqs[j].to(tl.float32)
+            if GS_MODE != 0:
+                gs = gss[j].to(tl.float32)
             else:
                 gs = 0.0
             u = h - v_threshold
