@@ -322,24 +322,36 @@ def compact(rows: list[bu.Row], copy_gbps: float) -> tuple[str, list[str]]:
 
 
 def sweep(quick: bool) -> None:
-    """Time ours-triton fwd+bwd over launch configurations (for tuning; not part of the default run)."""
+    """Time our kernels over launch configurations (for tuning; not part of the default run).
+
+    Forward configurations are timed in ``fwd`` mode, backward configurations in
+    ``fwd+bwd`` mode with the default forward.
+    """
     from snntrain.kernels import lif as K
     from snntrain.nn import LIF
 
     module = LIF(backend="triton")
-    configs = [(fb, fw, bb, bw) for fb, fw in ((1024, 4), (2048, 8), (512, 4)) for bb, bw in ((512, 4), (256, 2), (1024, 8))]
-    default = (K.FWD_BLOCK, K.FWD_WARPS, K.BWD_BLOCK, K.BWD_WARPS)
+    default = {"FWD_BLOCK": K.FWD_BLOCK, "FWD_WARPS": K.FWD_WARPS, "BWD_BLOCK": K.BWD_BLOCK, "BWD_WARPS": K.BWD_WARPS}
+    plans = [("fwd", "FWD", cfg) for cfg in ((1024, 8), (1024, 4), (512, 4), (2048, 8), (512, 2))]
+    plans += [("fwd+bwd", "BWD", cfg) for cfg in ((512, 4), (256, 2), (256, 4), (512, 8), (1024, 8), (128, 1))]
     copy_gbps = bu.copy_bandwidth()
-    print(f"sweep, copy bandwidth {copy_gbps:.0f} GB/s; columns: FWD_BLOCK FWD_WARPS BWD_BLOCK BWD_WARPS")
+    print(f"sweep on {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s; defaults {default}")
     for T in (4, 32):
         for dname in ("fp32", "bf16"):
             shape = (T, 64, 65536)
-            roof = min_bytes(shape, DTYPES[dname].itemsize, "fwd+bwd", False) / copy_gbps / 1e6
-            for cfg in configs:
-                K.FWD_BLOCK, K.FWD_WARPS, K.BWD_BLOCK, K.BWD_WARPS = cfg
-                ms = time_module(module, shape, DTYPES[dname], False, quick)["fwd+bwd"][0]
-                print(f"T={T:2d} {dname} {cfg}: {ms:.4f} ms = {ms / roof:.3f}x roofline", flush=True)
-    K.FWD_BLOCK, K.FWD_WARPS, K.BWD_BLOCK, K.BWD_WARPS = default
+            line = []
+            for mode, which, (block, warps) in plans:
+                setattr(K, f"{which}_BLOCK", block)
+                setattr(K, f"{which}_WARPS", warps)
+                roof = min_bytes(shape, DTYPES[dname].itemsize, mode, False) / copy_gbps / 1e6
+                try:
+                    ms = time_module(module, shape, DTYPES[dname], False, quick)[mode][0]
+                    line.append(f"{which} {block}/{warps}: {ms / roof:.3f}x")
+                except Exception as err:  # noqa: BLE001
+                    line.append(f"{which} {block}/{warps}: {type(err).__name__}")
+                for key, value in default.items():
+                    setattr(K, key, value)
+            print(f"T={T:2d} {dname} (x roofline of the mode): " + "; ".join(line), flush=True)
 
 
 def main() -> None:

@@ -289,8 +289,10 @@ def _neuron_bwd_kernel(
         gv = tl.zeros([BLOCK], dtype=tl.float32)
     gk = tl.zeros([BLOCK], dtype=tl.float32)
     x_base = x_ptr + offs * stride_xn
-    gs_base = gs_ptr + offs * stride_gn
-    gq_base = gvseq_ptr + offs * stride_gqn
+    if GS_MODE == 1:
+        gs_base = gs_ptr + offs * stride_gn
+    if HAS_GVSEQ:
+        gq_base = gvseq_ptr + offs * stride_gqn
     out_dtype = gx_ptr.dtype.element_ty
     n_chunks = tl.cdiv(T, CHUNK)
     for cc in range(n_chunks):
@@ -450,7 +452,7 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
         xk, stride_xt, stride_xn = _time_major(x)
         k, v_threshold, v_reset, _alpha = params
         _wrap(_neuron_fwd_kernel)[((N + FWD_BLOCK - 1) // FWD_BLOCK,)](
-            xk, xk if k_tensor is None else k_tensor, xk if v_init is None else v_init,
+            xk, k_tensor, v_init,
             spikes, v_final, ckpt, v_seq,
             T, N, stride_xt, stride_xn, k, v_threshold, v_reset,
             LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
@@ -480,23 +482,23 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
             grad_k.zero_()
         return grad_x, grad_v_init, grad_k
     xk, stride_xt, stride_xn = _time_major(x)
-    gs_mode, gs, stride_gt, stride_gn = 0, xk, 0, 0
+    gs_mode, gs, stride_gt, stride_gn = 0, None, 0, 0
     if grad_spikes is not None:
         gs, stride_gt, stride_gn = _time_major(grad_spikes)
         gs_mode = 2 if stride_gn == 0 else 1  # 2: one value per step (an expanded gradient)
-    gvf, stride_gvf = xk, 0
+    gvf, stride_gvf = None, 0
     if grad_v_final is not None:
         gvf, stride_gvf = grad_v_final, _single_stride(grad_v_final.shape, grad_v_final.stride())
         if stride_gvf is None:
             gvf, stride_gvf = grad_v_final.contiguous(), 1
-    gq, stride_gqt, stride_gqn = xk, 0, 0
+    gq, stride_gqt, stride_gqn = None, 0, 0
     if grad_v_seq is not None:
         gq, stride_gqt, stride_gqn = _time_major(grad_v_seq)
     grid_n = (N + BWD_BLOCK - 1) // BWD_BLOCK
     gk_part = torch.empty((grid_n if need_k else 0,), dtype=torch.float32, device=dev)
     k, v_threshold, v_reset, alpha = params
     _wrap(_neuron_bwd_kernel)[(grid_n,)](
-        xk, ckpt, xk if v_init is None else v_init, xk if k_tensor is None else k_tensor,
+        xk, ckpt, v_init, k_tensor,
         gs, gvf, gq, grad_x, grad_v_init, gk_part,
         T, N, stride_xt, stride_xn, stride_gt, stride_gn, stride_gvf, stride_gqt, stride_gqn,
         k, v_threshold, v_reset, alpha,
