@@ -140,10 +140,10 @@ def test_state_in_and_out(kind, hard, dtype, device):
     _check(x, p, device, v_init=v_init, g_s=g_s, g_v=g_v, g_q=g_q)
 
 
-@pytest.mark.parametrize("T", [1, 2, 7, 8, 9, 17])
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 8, 9, 17])
 @pytest.mark.parametrize("n", [1, 13, 257])
 def test_time_lengths_and_odd_sizes(T, n, device):
-    """T around the checkpoint chunk (8) and element counts that do not fill a block."""
+    """T around the chunk sizes (4 for T <= 4, else 8) and element counts that do not fill a block."""
     p = F.NeuronParams("plif", decay_input=True, v_reset=0.0)
     x, g_s = _inputs((T, n), torch.float32, device, seed=T * 1000 + n)
     _check(x, p, device, g_s=g_s, v_init=torch.zeros(n, device=device), g_v=torch.ones(n, device=device))

@@ -9,11 +9,11 @@ The dynamics and every option follow the PyTorch reference
 Design: what the forward saves for the backward
 -----------------------------------------------
 Each program owns ``BLOCK`` neurons and scans over ``T`` with the membrane state in
-fp32 registers. Per element-step the harness's minimal algorithm moves five tensors
-of the input's size: the forward reads X and writes S, the loss reads S, the backward
-reads X (or a saved state of that size) and writes dX; the incoming dS of
-``y.sum().backward()`` is an expanded (stride-0) tensor and is read as one scalar per
-step. That is 20 B per element-step for fp32 input and 10 B for fp16/bf16.
+fp32 registers. Per element-step the minimal algorithm of the benchmark harness moves
+five tensors of the input's size: the forward reads X and writes S, the loss reads S,
+the backward reads X (or a saved state of that size) and writes dX; the incoming dS of
+``y.sum().backward()`` is an expanded (stride-0) tensor, read as one scalar per step.
+That is 20 B per element-step for fp32 input and 10 B for fp16/bf16.
 
 Three ways to give the backward what it needs (H_t, the charged membrane):
 
@@ -25,33 +25,43 @@ Three ways to give the backward what it needs (H_t, the charged membrane):
   the start of every chunk of ``CHUNK`` = 8 steps except the first (the first
   chunk starts from ``v_init`` or the reset value, which the backward rebuilds).
   The backward walks the chunks in reverse: it reloads the chunk's checkpoint,
-  re-reads the chunk's 8 X rows and recomputes H for those steps in registers
-  (a tuple of 8 values, unrolled with ``tl.static_range``), then runs the
-  reverse-time scan over the chunk. Forward and recomputation use the same
-  ``@triton.jit`` step functions and the multiply of the charge is issued as an
-  explicitly rounded ``mul.rn.f32`` (never contracted into an FMA), so the
-  recomputed spikes equal the forward's bit for bit and the reference's too.
+  re-reads the chunk's X rows and recomputes H for those steps in registers (a
+  tuple of 8 values, unrolled with ``tl.static_range``), then runs the reverse-time
+  scan over the chunk. Forward and recomputation use the same ``@triton.jit`` step
+  functions, and the charge's multiply is an explicitly rounded ``mul.rn.f32``
+  (never contracted into an FMA), so the recomputed spikes equal the forward's bit
+  for bit, and the reference's too.
 
-  Cost: 4 B written and 4 B read per neuron every 8 steps, i.e. 8/8 = 1 B per
-  element-step at most, and 0 for T <= 8: fp32 at T=32 moves 20.75 B (1.04x the
-  minimal bytes), 16-bit input 10.75 B (1.075x). The forward writes nothing else
-  unless asked (the final state only with ``return_state``, the fp32 membrane
-  trace only with ``return_membrane``, checkpoints only when a gradient is needed).
+  Cost: 4 B written and 4 B read per neuron every 8 steps, at most 1 B per
+  element-step and none for T <= 8. fp32 at T=32 moves 20.75 B per element-step
+  (1.04x the minimal bytes), 16-bit input 10.75 B (1.075x). The forward writes
+  nothing else unless asked: the final state only with ``return_state``, the fp32
+  membrane trace only with ``return_membrane``, checkpoints only when a gradient is
+  needed. For T <= 4 the chunk is 4 steps (``SHORT_CHUNK``, one more compiled
+  variant) so that T=4 computes no padded steps; otherwise T is a runtime argument
+  (``do_not_specialize``) and one compiled kernel serves every T.
 
-The backward is one kernel. ``dL/dX`` is written in the input's dtype; PLIF's
-``dL/dk`` (k = 1/tau = sigmoid(w)) is reduced per program into a partial-sum buffer
-and then summed in a fixed order by a one-program kernel: deterministic, no float
-atomics; autograd carries it through ``sigmoid`` to ``w``. The gradient of the
-initial state is written when ``v_init`` requires it; gradients of the final state
-and of the membrane trace are consumed when they exist.
+Within a chunk all loads are issued before the first store (a load cannot be moved
+above a store to a pointer that may alias it), so each thread keeps a chunk's loads
+in flight at once.
 
-Layouts: X is addressed as ``x[t, n] = x_ptr + t*stride_t + n*stride_n``, which
-covers contiguous tensors, a stride-0 (expanded) time axis, time-minor layouts
-such as a transposed ``[N, T]`` tensor, and inner dimensions that are a single
-strided run (e.g. every other element). Other inner layouts are copied once.
-The gradient of the spikes uses the same addressing and has a scalar mode for a
-fully expanded gradient. Outputs are contiguous. ``T`` is a runtime argument
-(``do_not_specialize``): one compiled kernel serves every T.
+The backward is one kernel. dL/dX is written in the input's dtype; PLIF's dL/dk
+(k = 1/tau = sigmoid(w)) is reduced per program into a partial-sum buffer, then
+summed in a fixed order by a one-program kernel: deterministic, no float atomics;
+autograd carries it through ``sigmoid`` to ``w``. The gradient of the initial state is
+written when ``v_init`` requires it; gradients of the final state and of the membrane
+trace are read when they exist.
+
+Layouts: X is addressed as ``x[t, n] = x_ptr + t*stride_t + n*stride_n``, which covers
+contiguous tensors, a stride-0 (expanded) time axis, time-minor layouts such as a
+transposed ``[N, T]`` tensor, and inner dimensions that form one strided run (e.g.
+every other element). Other inner layouts are copied once. The gradient of the spikes
+uses the same addressing and has a scalar mode for a gradient that is constant over
+neurons. Outputs are contiguous.
+
+Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests without a
+GPU) the operators are registered with ``torch.library.custom_op`` instead, since an
+interpreted kernel cannot be traced into a graph; the kernels are the same.
 """
 
 from __future__ import annotations
@@ -72,6 +82,8 @@ _SURROGATE_ID = {name: i for i, name in enumerate(SURROGATES)}
 
 #: Steps per checkpoint chunk (see the module docstring).
 CHUNK = 8
+#: The chunk for T <= SHORT_CHUNK: one chunk, no checkpoints, no padded steps at T=4.
+SHORT_CHUNK = 4
 
 # Launch configuration: BLOCK neurons per program, num_warps warps. The forward
 # keeps one state per neuron; the backward also keeps CHUNK charged states (and X
@@ -434,6 +446,11 @@ def _time_major(t: Tensor) -> tuple[Tensor, int, int]:
     return t, stride[0], stride_n
 
 
+def _chunk(T: int) -> int:
+    """Steps per chunk for a sequence of T steps; forward and backward must agree."""
+    return SHORT_CHUNK if T <= SHORT_CHUNK else CHUNK
+
+
 def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int,
               launch: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     T = x.shape[0]
@@ -443,7 +460,8 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
     dev = x.device
     return_state = bool(flags & F_RETURN_STATE)
     return_membrane = bool(flags & F_RETURN_MEMBRANE)
-    n_ckpt = max((T + CHUNK - 1) // CHUNK - 1, 0) if flags & F_SAVE_CKPT else 0
+    chunk = _chunk(T)
+    n_ckpt = max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
     spikes = torch.empty(x.shape, dtype=x.dtype, device=dev)
     v_final = torch.empty(x.shape[1:] if return_state else (0,), dtype=torch.float32, device=dev)
     ckpt = torch.empty((n_ckpt, N), dtype=torch.float32, device=dev)
@@ -458,7 +476,7 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
             LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
             HARD_RESET=bool(flags & F_HARD_RESET), K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
             STORE_V_FINAL=return_state, STORE_CKPT=n_ckpt > 0, STORE_V_SEQ=return_membrane,
-            NO_FMA=_NO_FMA, CHUNK=CHUNK, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
+            NO_FMA=_NO_FMA, CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
         )
     return spikes, v_final, ckpt, v_seq
 
@@ -507,7 +525,7 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
         K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
         GS_MODE=gs_mode, HAS_GVF=grad_v_final is not None, HAS_GVSEQ=grad_v_seq is not None,
         STORE_GX=need_x, STORE_GV_INIT=need_v, STORE_GK=need_k,
-        NO_FMA=_NO_FMA, CHUNK=CHUNK, BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
+        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
     )
     if need_k:
         _wrap(_sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
