@@ -149,6 +149,16 @@ def test_time_lengths_and_odd_sizes(T, n, device):
     _check(x, p, device, g_s=g_s, v_init=torch.zeros(n, device=device), g_v=torch.ones(n, device=device))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_through_final_state_only(kind, device):
+    """No gradient reaches the spikes: the backward scan starts from dL/dV_final alone."""
+    p = F.NeuronParams(kind, v_reset=None, decay_input=False)
+    x, _ = _inputs((10, 2, 21), torch.float32, device, seed=12)
+    g = torch.Generator().manual_seed(13)
+    _check(x, p, device, v_init=torch.randn(2, 21, generator=g).to(device),
+           g_v=torch.randn(2, 21, generator=g).to(device))
+
+
 def test_v_threshold_and_alpha(device):
     for surrogate, alpha in (("sigmoid", 2.5), ("atan", 0.7), ("piecewise_quadratic", 1.7)):
         p = F.NeuronParams("lif", tau=1.7, v_threshold=0.45, v_reset=0.1, surrogate=surrogate, alpha=alpha)
@@ -288,7 +298,7 @@ def test_torch_compile_fullgraph(device):
         loss.backward()
         results.append((loss.detach(), xl.grad, w.grad))
     (l0, gx0, gw0), (l1, gx1, gw1) = results
-    assert torch.equal(l0, l1)
+    _close(l1, l0, TOL[torch.float32], "compiled loss")  # a compiled sum may add in another order
     _close(gx1, gx0, TOL[torch.float32], "compiled dx")
     _close(gw1, gw0, DW_TOL, "compiled dw")
 
