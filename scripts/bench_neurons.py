@@ -274,18 +274,19 @@ def compact(rows: list[bu.Row], copy_gbps: float) -> tuple[str, list[str]]:
     providers = [p for p in PROVIDER_ORDER if any(r.provider == p for r in rows)]
     keys = list(dict.fromkeys((r.benchmark, r.note.split()[0], r.shape, r.mode, r.dtype) for r in rows))
     by = {(r.benchmark, r.note.split()[0], r.shape, r.mode, r.dtype, r.provider): r for r in rows}
-    head = ["case", "shape", "mode", "dtype", "ours GB/s", "ours xroof"] + [f"{p} ms" for p in providers]
+    head = ["case", "mode", "dtype", "GB/s", "xroof"] + providers
     lines = []
     for b, label, shape, mode, dtype in keys:
         ours = by.get((b, label, shape, mode, dtype, "ours-triton"))
-        cells = [f"{b.split('/')[1]}-{label}", shape, mode, dtype,
+        cells = [f"{b.split('/')[1]}-{label}", mode, dtype,
                  f"{ours.gbps:.0f}" if ours else "-", f"{1 / ours.roofline:.2f}" if ours and ours.roofline else "-"]
         for p in providers:
             r = by.get((b, label, shape, mode, dtype, p))
             cells.append(f"{r.ms:.3f}" if r else "-")
         lines.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in lines)) if lines else len(h) for i, h in enumerate(head)]
-    text = [f"copy bandwidth {copy_gbps:.0f} GB/s; 'ours xroof' = ours-triton time / (minimal bytes / copy bandwidth)",
+    text = [f"ms per call; GB/s and xroof of ours-triton (time / (minimal bytes / copy bandwidth {copy_gbps:.0f} GB/s)); "
+            f"tutorial-T<n> = [n,64,65536], sew18-<layer> = SEW-ResNet-18 ImageNet batch 32 (stem: expanded over T)",
             "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     text += ["| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |" for cells in lines]
