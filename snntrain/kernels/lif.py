@@ -440,7 +440,8 @@ def _time_major(t: Tensor) -> tuple[Tensor, int, int]:
         return t, math.prod(t.shape[1:]), 1
     stride = t.stride()
     stride_n = _single_stride(t.shape[1:], stride[1:])
-    if stride_n is None:
+    # The kernels form n * stride_n in 32 bits.
+    if stride_n is None or (math.prod(t.shape[1:]) - 1) * stride_n > _INT32_MAX:
         t = t.contiguous()
         return t, math.prod(t.shape[1:]), 1
     return t, stride[0], stride_n
