@@ -186,8 +186,11 @@ def neuron_multistep(
     if use_triton(backend, x):
         from ..kernels import lif as lif_kernels
 
+        p = params
         spikes, v_final, v_seq = lif_kernels.neuron_multistep(
-            x, params, w=w, v_init=v_init, return_membrane=return_membrane
+            x, p.kind, tau=p.tau, w=w, v_threshold=p.v_threshold, v_reset=p.v_reset, decay_input=p.decay_input,
+            detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha, v_init=v_init,
+            return_state=return_state, return_membrane=return_membrane,
         )
     else:
         spikes, v_final, v_seq = _reference(x, params, w, v_init, return_membrane)

@@ -62,9 +62,11 @@ class BaseNeuron(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Spikes for ``x`` ``[T, ...]``; with ``return_state`` also the final membrane (float32)."""
         out = F.neuron_multistep(
-            x, self.params, self._w(), v_init, return_state=True, return_membrane=self.store_v_seq,
+            x, self.params, self._w(), v_init, return_state=return_state, return_membrane=self.store_v_seq,
             backend=self.backend,
         )
+        if not isinstance(out, tuple):
+            return out
         if self.store_v_seq:
             self.v_seq = out.v_seq.detach()
         if return_state:

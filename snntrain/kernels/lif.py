@@ -1,0 +1,689 @@
+"""Multi-step IF/LIF/PLIF neurons in Triton: a forward scan and a hand-written backward scan.
+
+Registered as ``torch.ops.snntrain.neuron_fwd`` and ``torch.ops.snntrain.neuron_bwd``
+(``torch.library.triton_op``) with autograd, so they show by name in profiler traces,
+trace under ``torch.compile(fullgraph=True)`` and never synchronise with the host.
+The dynamics and every option follow the PyTorch reference
+(``snntrain.nn.functional._reference``); nothing here imports from ``snntrain.nn``.
+
+Design: what the forward saves for the backward
+-----------------------------------------------
+Each program owns ``BLOCK`` neurons and scans over ``T`` with the membrane state in
+fp32 registers. Per element-step the minimal algorithm of the benchmark harness moves
+five tensors of the input's size: the forward reads X and writes S, the loss reads S,
+the backward reads X (or a saved state of that size) and writes dX; the incoming dS of
+``y.sum().backward()`` is an expanded (stride-0) tensor, read as one scalar per step.
+That is 20 B per element-step for fp32 input and 10 B for fp16/bf16.
+
+Three ways to give the backward what it needs (H_t, the charged membrane):
+
+* save H in fp32, as SpikingJelly does: +4 B per element-step, 24 B = 1.20x the
+  minimal bytes for fp32 (1.40x for 16-bit input) before any other cost;
+* save H - v_threshold rounded to 16 bits: exactly the minimal bytes, but inexact
+  surrogate gradients and a sign-of-zero hazard on the spike decision;
+* chosen: checkpointed recomputation. The forward also stores the fp32 state V at
+  the start of every chunk of ``CHUNK`` = 8 steps except the first (the first
+  chunk starts from ``v_init`` or the reset value, which the backward rebuilds).
+  The backward walks the chunks in reverse: it reloads the chunk's checkpoint,
+  re-reads the chunk's X rows and recomputes H for those steps in registers (a
+  tuple of 8 values, unrolled with ``tl.static_range``), then runs the reverse-time
+  scan over the chunk. Forward and recomputation use the same ``@triton.jit`` step
+  functions, and the charge's multiply is an explicitly rounded ``mul.rn.f32``
+  (never contracted into an FMA), so the recomputed spikes equal the forward's bit
+  for bit, and the reference's too.
+
+  Cost: 4 B written and 4 B read per neuron every 8 steps, at most 1 B per
+  element-step and none for T <= 8. fp32 at T=32 moves 20.75 B per element-step
+  (1.04x the minimal bytes), 16-bit input 10.75 B (1.075x). The forward writes
+  nothing else unless asked: the final state only with ``return_state``, the fp32
+  membrane trace only with ``return_membrane``, checkpoints only when a gradient is
+  needed. For T <= 4 the chunk is 4 steps (``SHORT_CHUNK``, one more compiled
+  variant) so that T=4 computes no padded steps; otherwise T is a runtime argument
+  (``do_not_specialize``) and one compiled kernel serves every T.
+
+Within a chunk all loads are issued before the first store (a load cannot be moved
+above a store to a pointer that may alias it), so each thread keeps a chunk's loads
+in flight at once.
+
+The backward is one kernel. dL/dX is written in the input's dtype; PLIF's dL/dk
+(k = 1/tau = sigmoid(w)) is reduced per program into a partial-sum buffer, then
+summed in a fixed order by a one-program kernel: deterministic, no float atomics;
+autograd carries it through ``sigmoid`` to ``w``. The gradient of the initial state is
+written when ``v_init`` requires it; gradients of the final state and of the membrane
+trace are read when they exist.
+
+Layouts: X is addressed as ``x[t, n] = x_ptr + t*stride_t + n*stride_n``, which covers
+contiguous tensors, a stride-0 (expanded) time axis, time-minor layouts such as a
+transposed ``[N, T]`` tensor, and inner dimensions that form one strided run (e.g.
+every other element). Other inner layouts are copied once. The gradient of the spikes
+uses the same addressing and has a scalar mode for a gradient that is constant over
+neurons. Outputs are contiguous.
+
+Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests without a
+GPU) the operators are registered with ``torch.library.custom_op`` instead, since an
+interpreted kernel cannot be traced into a graph; the kernels are the same.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["SURROGATES", "CHUNK", "neuron_multistep", "neuron_fwd", "neuron_bwd"]
+
+#: Surrogate gradients implemented by the kernels, in the order of their kernel id.
+SURROGATES: tuple[str, ...] = ("sigmoid", "atan", "piecewise_quadratic")
+_SURROGATE_ID = {name: i for i, name in enumerate(SURROGATES)}
+
+#: Steps per checkpoint chunk (see the module docstring).
+CHUNK = 8
+#: The chunk for T <= SHORT_CHUNK: one chunk, no checkpoints, no padded steps at T=4.
+SHORT_CHUNK = 4
+
+# Launch configuration: BLOCK neurons per program, num_warps warps. The forward
+# keeps one state per neuron; the backward also keeps CHUNK charged states (and X
+# for PLIF) per neuron in registers, so it uses smaller blocks.
+FWD_BLOCK, FWD_WARPS = 1024, 8
+BWD_BLOCK, BWD_WARPS = 512, 4
+SUM_BLOCK = 1024
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# Issue the charge's multiply as mul.rn.f32 (inline PTX) so that no FMA contraction
+# changes H between the forward, the backward's recomputation and the reference.
+_NO_FMA = not _INTERPRET and torch.version.hip is None
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------
+# Triton device functions: one neuron step, shared by forward and recomputation.
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _mul(a, b, NO_FMA: tl.constexpr):
+    """a * b rounded on its own (never fused with a following add)."""
+    if NO_FMA:
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return a * b
+
+
+@triton.jit
+def _charge(x, v, k, v_r, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, NO_FMA: tl.constexpr):
+    """H from the previous state V and input X (same operation order as the reference)."""
+    if LEAK:
+        if DECAY_INPUT:
+            h = v + _mul(x - (v - v_r), k, NO_FMA)
+        else:
+            h = v - _mul(v - v_r, k, NO_FMA) + x
+    else:
+        h = v + x
+    return h
+
+
+@triton.jit
+def _reset(h, spike, v_threshold, v_reset, HARD_RESET: tl.constexpr):
+    """V after the reset; equal to H*(1-S) + v_reset*S (hard) or H - v_th*S (soft)."""
+    if HARD_RESET:
+        return tl.where(spike, v_reset, h)
+    else:
+        return tl.where(spike, h - v_threshold, h)
+
+
+@triton.jit
+def _surrogate_grad(u, alpha, SURROGATE: tl.constexpr):
+    """dS/du at u = H - v_threshold; the formulas of snntrain.nn.surrogate."""
+    if SURROGATE == 0:  # sigmoid
+        sg = tl.sigmoid(alpha * u)
+        return alpha * sg * (1.0 - sg)
+    elif SURROGATE == 1:  # atan
+        z = (1.5707963267948966 * alpha) * u
+        return (alpha * 0.5) / (1.0 + z * z)
+    else:  # piecewise_quadratic
+        return tl.maximum(alpha - alpha * alpha * tl.abs(u), 0.0)
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["T"])
+def _neuron_fwd_kernel(
+    x_ptr,  # [T, N] input (fp32/fp16/bf16); x[t, n] at t*stride_xt + n*stride_xn
+    k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF: sigmoid(w))
+    v_init_ptr,  # [N] fp32 initial state, read when HAS_V_INIT
+    s_ptr,  # [T, N] contiguous spikes out, dtype of x
+    v_final_ptr,  # [N] fp32 state after the last step, written when STORE_V_FINAL
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, N] fp32: row c-1 = state before chunk c; when STORE_CKPT
+    v_seq_ptr,  # [T, N] contiguous fp32 state after each step's reset, when STORE_V_SEQ
+    T,
+    N,
+    stride_xt,
+    stride_xn,
+    k,
+    v_threshold,
+    v_reset,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_V_INIT: tl.constexpr,
+    STORE_V_FINAL: tl.constexpr,
+    STORE_CKPT: tl.constexpr,
+    STORE_V_SEQ: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    # Float arguments may arrive as fp64 from a compiled graph; the reference's scalars are fp32.
+    v_threshold = tl.cast(v_threshold, tl.float32)
+    v_reset = tl.cast(v_reset, tl.float32)
+    if K_FROM_PTR:
+        k = tl.load(k_ptr).to(tl.float32)
+    else:
+        k = tl.cast(k, tl.float32)
+    if HARD_RESET:
+        v_r = v_reset
+    else:
+        v_r = tl.cast(0.0, tl.float32)
+    if HAS_V_INIT:
+        v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
+    x_base = x_ptr + offs * stride_xn
+    out_dtype = s_ptr.dtype.element_ty
+    n_chunks = tl.cdiv(T, CHUNK)
+    for c_iter in range(n_chunks):
+        c = tl.cast(c_iter, tl.int32)  # a tensor also where the loop yields Python ints (interpreter)
+        t0 = c * CHUNK
+        if STORE_CKPT:
+            row = tl.cast(c - 1, tl.int64) * N
+            tl.store(ckpt_ptr + row + offs, v, mask=offs < tl.where(c > 0, N, 0))
+        # Issue the chunk's loads before its first store (the compiler cannot move a load
+        # above a store to a pointer that might alias it).
+        xs = ()
+        for j in tl.static_range(CHUNK):
+            m = offs < tl.where(t0 + j < T, N, 0)  # the neuron mask, empty past the last step
+            xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * stride_xt, mask=m, other=0.0),)
+        for j in tl.static_range(CHUNK):
+            t = t0 + j
+            valid = t < T
+            m = offs < tl.where(valid, N, 0)
+            t64 = tl.cast(t, tl.int64)
+            x = xs[j].to(tl.float32)
+            h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = (h - v_threshold) >= 0.0
+            v_new = _reset(h, spike, v_threshold, v_reset, HARD_RESET)
+            tl.store(s_ptr + t64 * N + offs, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=m)
+            if STORE_V_SEQ:
+                tl.store(v_seq_ptr + t64 * N + offs, v_new, mask=m)
+            v = tl.where(valid, v_new, v)
+    if STORE_V_FINAL:
+        tl.store(v_final_ptr + offs, v, mask=mask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _neuron_bwd_kernel(
+    x_ptr,  # [T, N] forward input; x[t, n] at t*stride_xt + n*stride_xn
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, N] fp32 checkpoints written by the forward
+    v_init_ptr,  # [N] fp32 initial state, read when HAS_V_INIT
+    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
+    gs_ptr,  # [T, N] dL/dS; GS_MODE 1: at t*stride_gt + n*stride_gn; 2: one value per step at t*stride_gt
+    gvf_ptr,  # [N] dL/dV_final at n*stride_gvf, read when HAS_GVF
+    gvseq_ptr,  # [T, N] dL/dV_seq at t*stride_gqt + n*stride_gqn, read when HAS_GVSEQ
+    gx_ptr,  # [T, N] contiguous dL/dX out, dtype of x, written when STORE_GX
+    gv_init_ptr,  # [N] fp32 dL/dv_init out, written when STORE_GV_INIT
+    gk_part_ptr,  # [num_programs] fp32 per-program partial dL/dk, written when STORE_GK
+    T,
+    N,
+    stride_xt,
+    stride_xn,
+    stride_gt,
+    stride_gn,
+    stride_gvf,
+    stride_gqt,
+    stride_gqn,
+    k,
+    v_threshold,
+    v_reset,
+    alpha,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_V_INIT: tl.constexpr,
+    GS_MODE: tl.constexpr,
+    HAS_GVF: tl.constexpr,
+    HAS_GVSEQ: tl.constexpr,
+    STORE_GX: tl.constexpr,
+    STORE_GV_INIT: tl.constexpr,
+    STORE_GK: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    v_threshold = tl.cast(v_threshold, tl.float32)
+    v_reset = tl.cast(v_reset, tl.float32)
+    alpha = tl.cast(alpha, tl.float32)
+    if K_FROM_PTR:
+        k = tl.load(k_ptr).to(tl.float32)
+    else:
+        k = tl.cast(k, tl.float32)
+    one_minus_k = 1.0 - k
+    if HARD_RESET:
+        v_r = v_reset
+    else:
+        v_r = tl.cast(0.0, tl.float32)
+    if HAS_V_INIT:
+        v0 = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v0 = tl.zeros([BLOCK], dtype=tl.float32) + v_r
+    if HAS_GVF:
+        gv = tl.load(gvf_ptr + offs * stride_gvf, mask=mask, other=0.0).to(tl.float32)
+    else:
+        gv = tl.zeros([BLOCK], dtype=tl.float32)
+    gk = tl.zeros([BLOCK], dtype=tl.float32)
+    x_base = x_ptr + offs * stride_xn
+    if GS_MODE == 1:
+        gs_base = gs_ptr + offs * stride_gn
+    if HAS_GVSEQ:
+        gq_base = gvseq_ptr + offs * stride_gqn
+    out_dtype = gx_ptr.dtype.element_ty
+    n_chunks = tl.cdiv(T, CHUNK)
+    for cc in range(n_chunks):
+        c = n_chunks - 1 - tl.cast(cc, tl.int32)
+        t0 = c * CHUNK
+        # State before the chunk: a checkpoint, or the initial state for chunk 0.
+        v_ck = tl.load(ckpt_ptr + tl.cast(c - 1, tl.int64) * N + offs, mask=offs < tl.where(c > 0, N, 0), other=0.0)
+        v_start = tl.where(c > 0, v_ck, v0)
+        # Recompute the chunk's charged states H in registers, and load the chunk's
+        # incoming gradients before the first store of dX (loads cannot pass stores).
+        v = v_start
+        hs = ()
+        xs = ()
+        gss = ()
+        gqs = ()
+        for j in tl.static_range(CHUNK):
+            t = t0 + j
+            valid = t < T
+            m = offs < tl.where(valid, N, 0)
+            t64 = tl.cast(t, tl.int64)
+            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32)
+            if GS_MODE == 1:
+                gss = gss + (tl.load(gs_base + t64 * stride_gt, mask=m, other=0.0),)
+            elif GS_MODE == 2:
+                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0),)
+            if HAS_GVSEQ:
+                gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
+            h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            hs = hs + (h,)
+            if STORE_GK and DECAY_INPUT:
+                xs = xs + (x,)
+        # Reverse-time scan over the chunk.
+        for j in tl.static_range(CHUNK - 1, -1, -1):
+            t = t0 + j
+            valid = t < T
+            m = offs < tl.where(valid, N, 0)
+            t64 = tl.cast(t, tl.int64)
+            h = hs[j]
+            if HAS_GVSEQ:
+                gv = gv + gqs[j].to(tl.float32)
+            if GS_MODE != 0:
+                gs = gss[j].to(tl.float32)
+            else:
+                gs = 0.0
+            u = h - v_threshold
+            spike = u >= 0.0
+            sg = _surrogate_grad(u, alpha, SURROGATE)
+            if HARD_RESET:
+                if DETACH_RESET:
+                    g_s = gs
+                else:
+                    g_s = gs + gv * (v_reset - h)
+                gh = tl.where(spike, 0.0, gv) + g_s * sg
+            else:
+                if DETACH_RESET:
+                    g_s = gs
+                else:
+                    g_s = gs - gv * v_threshold
+                gh = gv + g_s * sg
+            if STORE_GX:
+                if LEAK and DECAY_INPUT:
+                    gx = gh * k
+                else:
+                    gx = gh
+                tl.store(gx_ptr + t64 * N + offs, gx.to(out_dtype), mask=m)
+            if STORE_GK:
+                # State before step j: the chunk's start, or the reset of H_{j-1}.
+                if j == 0:
+                    v_prev = v_start
+                else:
+                    h_prev = hs[j - 1]
+                    v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+                if DECAY_INPUT:
+                    dh_dk = xs[j] - (v_prev - v_r)
+                else:
+                    dh_dk = v_r - v_prev
+                gk += tl.where(m, gh * dh_dk, 0.0)
+            if LEAK:
+                gv_prev = gh * one_minus_k
+            else:
+                gv_prev = gh
+            gv = tl.where(valid, gv_prev, gv)
+    if STORE_GV_INIT:
+        tl.store(gv_init_ptr + offs, gv, mask=mask)
+    if STORE_GK:
+        tl.store(gk_part_ptr + pid, tl.sum(gk, axis=0))
+
+
+@triton.jit
+def _sum_kernel(
+    part_ptr,  # [n] fp32 partial sums
+    out_ptr,  # [1] fp32 their sum, in a fixed order
+    n,
+    BLOCK: tl.constexpr,
+):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(part_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr, tl.sum(acc, axis=0))
+
+
+# ----------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------
+
+# Bits of the ``flags`` argument of both operators (one int keeps the per-call
+# dispatch cost low; the floats travel as ``params = [k, v_threshold, v_reset, alpha]``).
+F_LEAK, F_DECAY_INPUT, F_HARD_RESET, F_DETACH_RESET = 1, 2, 4, 8
+F_SURROGATE_SHIFT = 4  # bits 4-5: index into SURROGATES
+F_SAVE_CKPT, F_RETURN_STATE, F_RETURN_MEMBRANE = 64, 128, 256
+F_GRAD_X, F_GRAD_V_INIT, F_GRAD_K = 512, 1024, 2048
+
+
+def _single_stride(shape, strides) -> int | None:
+    """The stride s that addresses element i (row-major) of a tensor at ``i * s``, or None if there is none."""
+    s = None
+    run = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1:
+            if s is None:
+                s = stride
+            elif stride != s * run:
+                return None
+            run *= size
+    return 1 if s is None else s
+
+
+def _time_major(t: Tensor) -> tuple[Tensor, int, int]:
+    """``(tensor, stride_t, stride_n)`` addressing ``t`` ``[T, ...]`` as ``[T, N]``; copies only odd layouts."""
+    if t.is_contiguous():
+        return t, math.prod(t.shape[1:]), 1
+    stride = t.stride()
+    stride_n = _single_stride(t.shape[1:], stride[1:])
+    # The kernels form n * stride_n in 32 bits.
+    if stride_n is None or (math.prod(t.shape[1:]) - 1) * stride_n > _INT32_MAX:
+        t = t.contiguous()
+        return t, math.prod(t.shape[1:]), 1
+    return t, stride[0], stride_n
+
+
+def _chunk(T: int) -> int:
+    """Steps per chunk for a sequence of T steps; forward and backward must agree."""
+    return SHORT_CHUNK if T <= SHORT_CHUNK else CHUNK
+
+
+def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int,
+              launch: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    T = x.shape[0]
+    N = math.prod(x.shape[1:])
+    if N > _INT32_MAX:
+        raise ValueError(f"a time step has {N} neurons; the Triton neuron kernels support at most {_INT32_MAX}")
+    dev = x.device
+    return_state = bool(flags & F_RETURN_STATE)
+    return_membrane = bool(flags & F_RETURN_MEMBRANE)
+    chunk = _chunk(T)
+    n_ckpt = max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
+    spikes = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    v_final = torch.empty(x.shape[1:] if return_state else (0,), dtype=torch.float32, device=dev)
+    ckpt = torch.empty((n_ckpt, N), dtype=torch.float32, device=dev)
+    v_seq = torch.empty(x.shape if return_membrane else (0,), dtype=torch.float32, device=dev)
+    if launch and N > 0:
+        xk, stride_xt, stride_xn = _time_major(x)
+        k, v_threshold, v_reset, _alpha = params
+        _wrap(_neuron_fwd_kernel)[((N + FWD_BLOCK - 1) // FWD_BLOCK,)](
+            xk, k_tensor, v_init,
+            spikes, v_final, ckpt, v_seq,
+            T, N, stride_xt, stride_xn, k, v_threshold, v_reset,
+            LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
+            HARD_RESET=bool(flags & F_HARD_RESET), K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
+            STORE_V_FINAL=return_state, STORE_CKPT=n_ckpt > 0, STORE_V_SEQ=return_membrane,
+            NO_FMA=_NO_FMA, CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
+        )
+    return spikes, v_final, ckpt, v_seq
+
+
+def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, grad_spikes: Tensor | None,
+              grad_v_final: Tensor | None, grad_v_seq: Tensor | None, params: list[float], flags: int,
+              launch: bool) -> tuple[Tensor, Tensor, Tensor]:
+    T = x.shape[0]
+    N = math.prod(x.shape[1:])
+    dev = x.device
+    need_x = bool(flags & F_GRAD_X)
+    need_v = bool(flags & F_GRAD_V_INIT) and v_init is not None
+    need_k = bool(flags & F_GRAD_K) and k_tensor is not None
+    grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
+    grad_v_init = torch.empty(x.shape[1:] if need_v else (0,), dtype=torch.float32, device=dev)
+    grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
+    if not launch:
+        return grad_x, grad_v_init, grad_k
+    if N == 0:
+        if need_k:
+            grad_k.zero_()
+        return grad_x, grad_v_init, grad_k
+    xk, stride_xt, stride_xn = _time_major(x)
+    gs_mode, gs, stride_gt, stride_gn = 0, None, 0, 0
+    if grad_spikes is not None:
+        gs, stride_gt, stride_gn = _time_major(grad_spikes)
+        gs_mode = 2 if stride_gn == 0 else 1  # 2: one value per step (an expanded gradient)
+    gvf, stride_gvf = None, 0
+    if grad_v_final is not None:
+        gvf, stride_gvf = grad_v_final, _single_stride(grad_v_final.shape, grad_v_final.stride())
+        if stride_gvf is None:
+            gvf, stride_gvf = grad_v_final.contiguous(), 1
+    gq, stride_gqt, stride_gqn = None, 0, 0
+    if grad_v_seq is not None:
+        gq, stride_gqt, stride_gqn = _time_major(grad_v_seq)
+    grid_n = (N + BWD_BLOCK - 1) // BWD_BLOCK
+    gk_part = torch.empty((grid_n if need_k else 0,), dtype=torch.float32, device=dev)
+    k, v_threshold, v_reset, alpha = params
+    _wrap(_neuron_bwd_kernel)[(grid_n,)](
+        xk, ckpt, v_init, k_tensor,
+        gs, gvf, gq, grad_x, grad_v_init, gk_part,
+        T, N, stride_xt, stride_xn, stride_gt, stride_gn, stride_gvf, stride_gqt, stride_gqn,
+        k, v_threshold, v_reset, alpha,
+        LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT), HARD_RESET=bool(flags & F_HARD_RESET),
+        DETACH_RESET=bool(flags & F_DETACH_RESET), SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3,
+        K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
+        GS_MODE=gs_mode, HAS_GVF=grad_v_final is not None, HAS_GVSEQ=grad_v_seq is not None,
+        STORE_GX=need_x, STORE_GV_INIT=need_v, STORE_GK=need_k,
+        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
+    )
+    if need_k:
+        _wrap(_sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
+    return grad_x, grad_v_init, grad_k
+
+
+# ----------------------------------------------------------------------------
+# Operator registration
+# ----------------------------------------------------------------------------
+
+if _INTERPRET:
+    # Triton's CPU interpreter runs kernels as Python, which cannot be traced into a
+    # graph: register opaque custom ops whose fake implementations only allocate.
+    def _wrap(kernel):
+        return kernel
+
+    def _register(name, fn, fake):
+        op = torch.library.custom_op(name, fn, mutates_args=())
+        op.register_fake(fake)
+        return op
+
+else:
+    from torch.library import triton_op as _triton_op
+    from torch.library import wrap_triton as _wrap
+
+    def _register(name, fn, fake):
+        return _triton_op(name, fn, mutates_args=())
+
+
+def _neuron_fwd(
+    x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(spikes [T, ...], v_final, checkpoints, v_seq)``; ``v_final``/``v_seq`` are empty unless
+    F_RETURN_STATE/F_RETURN_MEMBRANE, checkpoints empty unless F_SAVE_CKPT and T > CHUNK."""
+    return _fwd_host(x, v_init, k_tensor, params, flags, launch=True)
+
+
+def _neuron_fwd_fake(x, v_init, k_tensor, params, flags):
+    return _fwd_host(x, v_init, k_tensor, params, flags, launch=False)
+
+
+def _neuron_bwd(
+    x: Tensor,
+    ckpt: Tensor,
+    v_init: Tensor | None,
+    k_tensor: Tensor | None,
+    grad_spikes: Tensor | None,
+    grad_v_final: Tensor | None,
+    grad_v_seq: Tensor | None,
+    params: list[float],
+    flags: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dv_init, dL/dk)``, each empty unless F_GRAD_X/F_GRAD_V_INIT/F_GRAD_K."""
+    return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True)
+
+
+def _neuron_bwd_fake(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags):
+    return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=False)
+
+
+neuron_fwd = _register("snntrain::neuron_fwd", _neuron_fwd, _neuron_fwd_fake)
+neuron_bwd = _register("snntrain::neuron_bwd", _neuron_bwd, _neuron_bwd_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, v_init, k_tensor, params, flags = inputs
+    _spikes, v_final, ckpt, v_seq = output
+    ctx.save_for_backward(x, ckpt, v_init, k_tensor)
+    ctx.params, ctx.flags = params, flags
+    # Unused outputs get None instead of zero-filled gradients.
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(ckpt)
+    if not flags & F_RETURN_STATE:
+        ctx.mark_non_differentiable(v_final)
+    if not flags & F_RETURN_MEMBRANE:
+        ctx.mark_non_differentiable(v_seq)
+
+
+def _backward(ctx, grad_spikes, grad_v_final, _grad_ckpt, grad_v_seq):
+    x, ckpt, v_init, k_tensor = ctx.saved_tensors
+    need_x, need_v, need_k = ctx.needs_input_grad[:3]
+    if not (need_x or need_v or need_k):
+        return None, None, None, None, None
+    flags = ctx.flags | (F_GRAD_X if need_x else 0) | (F_GRAD_V_INIT if need_v else 0) | (F_GRAD_K if need_k else 0)
+    if not ctx.flags & F_RETURN_STATE:
+        grad_v_final = None
+    if not ctx.flags & F_RETURN_MEMBRANE:
+        grad_v_seq = None
+    grad_x, grad_v_init, grad_k = neuron_bwd(
+        x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, ctx.params, flags
+    )
+    return grad_x if need_x else None, grad_v_init if need_v else None, grad_k if need_k else None, None, None
+
+
+neuron_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def neuron_multistep(
+    x: Tensor,
+    kind: str,
+    *,
+    tau: float = 2.0,
+    w: Tensor | None = None,
+    v_threshold: float = 1.0,
+    v_reset: float | None = 0.0,
+    decay_input: bool = True,
+    detach_reset: bool = False,
+    surrogate: str = "sigmoid",
+    alpha: float = 4.0,
+    v_init: Tensor | None = None,
+    return_state: bool = True,
+    return_membrane: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Run an IF (``kind="if"``), LIF (``"lif"``, time constant ``tau``) or PLIF (``"plif"``,
+    ``1/tau = sigmoid(w)``) neuron over ``x`` ``[T, ...]`` with the Triton kernels.
+
+    Returns ``(spikes, v_final or None, v_seq or None)``: spikes in ``x``'s dtype, the
+    fp32 state after the last step when ``return_state``, the fp32 membrane after
+    every step's reset when ``return_membrane``. Differentiable in ``x``, ``v_init``
+    and ``w``. Arguments are expected to be validated already (``NeuronParams``).
+    """
+    k_tensor = None
+    if kind == "lif":
+        flags, k = F_LEAK, 1.0 / tau
+    elif kind == "if":
+        flags, k = 0, 1.0
+    elif kind == "plif":
+        if not isinstance(w, Tensor) or w.numel() != 1:
+            raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
+        flags, k, k_tensor = F_LEAK, 0.0, torch.sigmoid(w.to(torch.float32))
+    else:
+        raise ValueError(f"neuron kind={kind!r} is not valid; choose one of if, lif, plif")
+    sid = _SURROGATE_ID.get(surrogate)
+    if sid is None:
+        raise ValueError(f"surrogate={surrogate!r} is not valid; choose one of {', '.join(SURROGATES)}")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; the Triton neuron kernels take float32, float16 or bfloat16 "
+                        "(use backend='torch' for other dtypes)")
+    if v_init is not None:
+        v_init = v_init.to(device=x.device, dtype=torch.float32).contiguous()
+    if decay_input:
+        flags |= F_DECAY_INPUT
+    if v_reset is not None:
+        flags |= F_HARD_RESET
+    if detach_reset:
+        flags |= F_DETACH_RESET
+    flags |= sid << F_SURROGATE_SHIFT
+    if return_state:
+        flags |= F_RETURN_STATE
+    if return_membrane:
+        flags |= F_RETURN_MEMBRANE
+    if torch.is_grad_enabled() and (
+        x.requires_grad
+        or (v_init is not None and v_init.requires_grad)
+        or (k_tensor is not None and k_tensor.requires_grad)
+    ):
+        flags |= F_SAVE_CKPT
+    params = [float(k), float(v_threshold), 0.0 if v_reset is None else float(v_reset), float(alpha)]
+    spikes, v_final, _ckpt, v_seq = neuron_fwd(x, v_init, k_tensor, params, flags)
+    return spikes, v_final if return_state else None, v_seq if return_membrane else None
