@@ -107,6 +107,15 @@ def test_rows_longer_than_one_block(device, dtype, C, small_blocks):
     _check(x, dy, w, b, dim=-1)
 
 
+@pytest.mark.parametrize("dim,shape", [(-1, (9, 300)), (-3, (2, 67, 4, 5))], ids=["rows", "channels_first"])
+def test_separate_weight_grad_pass(device, monkeypatch, dim, shape):
+    """Rows longer than fused_dw_max_c: fused dx, dW/dB in a column-split pass of their own."""
+    monkeypatch.setattr(K.TUNING, "fused_dw_max_c", 64)
+    monkeypatch.setattr(K.TUNING, "dw_block_c", 32)
+    monkeypatch.setattr(K.TUNING, "dw_tile", 256)
+    _check(*_inputs(shape, dim, torch.float16, device), dim=dim)
+
+
 def test_mixed_dtypes_params_fp32(device):
     x, dy, w, b = _inputs((6, 67), -1, torch.bfloat16, device, param_dtype=torch.float32)
     y, dx, dw, db = _check(x, dy, w, b, dim=-1)
@@ -165,7 +174,7 @@ def test_other_dims(device):
 # --------------------------------------------------------------------------- determinism
 
 
-@pytest.mark.parametrize("case", ["rows", "channels_first", "looped"])
+@pytest.mark.parametrize("case", ["rows", "channels_first", "looped", "separate_dw"])
 def test_weight_grads_bit_identical(device, monkeypatch, case):
     if case == "rows":
         x, dy, w, b = _inputs((2048, 19), -1, torch.float16, device)
@@ -173,6 +182,12 @@ def test_weight_grads_bit_identical(device, monkeypatch, case):
     elif case == "channels_first":
         x, dy, w, b = _inputs((8, 19, 16, 16), 1, torch.bfloat16, device)
         dim = -3
+    elif case == "separate_dw":
+        monkeypatch.setattr(K.TUNING, "fused_dw_max_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_block_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_tile", 64)
+        x, dy, w, b = _inputs((64, 40), -1, torch.float32, device)
+        dim = -1
     else:
         monkeypatch.setattr(K.TUNING, "max_tile", 64)
         monkeypatch.setattr(K.TUNING, "loop_tile", 32)

@@ -27,9 +27,10 @@ fused path ``G`` programs each loop over a fixed, strided set of tiles and keep 
 partial sums of ``dy * xhat`` and ``dy`` in registers; every program writes its own
 row of a ``[G, 2, C]`` fp32 buffer, and ``torch.sum`` over ``G`` gives dW and dB. No
 atomics, no locks: the result depends only on ``G`` (fixed per device and shape),
-so it is the same bits run to run. The looped path computes dx per tile and the
-weight gradients in a separate column-split kernel with the same partial-buffer
-scheme.
+so it is the same bits run to run. The looped path (and rows longer than
+``Tuning.fused_dw_max_c``) computes dx per tile and the weight gradients in a
+separate column-split kernel with the same partial-buffer scheme, at the cost of
+reading x and dy a second time.
 
 The ops ``snntrain::layer_norm_fwd`` and ``snntrain::layer_norm_bwd`` are
 ``torch.library.triton_op``s (visible to ``torch.compile`` and the profiler) with
@@ -323,8 +324,13 @@ class Tuning:
     max_tile: int = 16384  # largest tile a fused program holds; longer rows take the looped path
     loop_tile: int = 4096  # tile of one step of the looped path
     min_block_s: int = 32  # contiguous positions per tile when S is the unit-stride axis
-    warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, 16]
+    warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, max_warps]
+    max_warps: int = 16
     partial_frac: float = 1 / 64  # bound on dW/dB partial-sum traffic relative to the backward's traffic
+    rows_reduce_each: bool = False  # rows: fold dW/dB sums to [C] every tile instead of once per program
+    fused_dw_max_c: int = 16384  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
+    dw_tile: int = 4096  # tile of the separate dW/dB pass (long rows, looped path)
+    dw_block_c: int = 256  # channels per program of that pass
 
 
 TUNING = Tuning()
@@ -405,8 +411,11 @@ def _plan(x: torch.Tensor, dim: int, split: int, tile: int) -> _Plan:
         if bs * bc > tn.loop_tile:
             bc = max(1, tn.loop_tile // bs)
     tiles_per_b = triton.cdiv(S, bs)
-    num_warps = max(1, min(16, (bs * bc) // tn.warp_elems))
-    return _Plan(B0, S, C, split, single, bs, bc, tiles_per_b, B0 * tiles_per_b, num_warps, s_unit)
+    return _Plan(B0, S, C, split, single, bs, bc, tiles_per_b, B0 * tiles_per_b, _warps(bs * bc), s_unit)
+
+
+def _warps(tile: int) -> int:
+    return max(1, min(TUNING.max_warps, tile // TUNING.warp_elems))
 
 
 @functools.lru_cache(maxsize=None)
@@ -540,16 +549,18 @@ def _layer_norm_bwd(
     xs = _strides3(x, dim, split)
     p = _plan(x, dim, split, TUNING.bwd_tile)
     need_p = need_dw or need_db
+    fuse_p = need_p and p.single and p.block_c <= TUNING.fused_dw_max_c
     w_arg = _params(weight, x)
     if p.single:
         G = _num_programs(p, x.element_size(), x.device)
-        part = torch.empty((G, 2, C) if need_p else (0,), dtype=torch.float32, device=x.device)
+        part = torch.empty((G, 2, C) if fuse_p else (0,), dtype=torch.float32, device=x.device)
+        reduce_each = p.s_unit or p.block_s == 1 or TUNING.rows_reduce_each
         if _launchable(x):
             wrap_triton(_ln_bwd_fused_kernel)[(G,)](
                 dy, x, w_arg, mean, rstd, dx, part,
                 p.S, C, p.tiles_per_b, p.num_tiles,
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
-                HAS_W=weight is not None, NEED_P=need_p, REDUCE_EACH=p.s_unit or p.block_s == 1,
+                HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=reduce_each,
                 BLOCK_S=p.block_s, BLOCK_C=p.block_c, num_warps=p.num_warps,
             )
     else:
@@ -560,17 +571,22 @@ def _layer_norm_bwd(
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
                 HAS_W=weight is not None, BLOCK_S=p.block_s, BLOCK_C=p.block_c, num_warps=p.num_warps,
             )
-        if need_p:
-            n_col = triton.cdiv(C, p.block_c)
-            G = max(1, min(p.num_tiles, triton.cdiv(4 * _num_sms(x.device), n_col)))
-            part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
-            if _launchable(x):
-                wrap_triton(_ln_bwd_dwdb_kernel)[(n_col, G)](
-                    dy, x, mean, rstd, part,
-                    p.S, C, p.tiles_per_b, p.num_tiles,
-                    ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
-                    BLOCK_S=p.block_s, BLOCK_C=p.block_c, num_warps=p.num_warps,
-                )
+    if need_p and not fuse_p:
+        # dW, dB in a column-split pass of their own (rows too long to keep 2 * C sums per program).
+        bc = min(triton.next_power_of_2(C), TUNING.dw_block_c)
+        min_s = TUNING.min_block_s if p.s_unit else 1
+        bs = min(triton.next_power_of_2(p.S), max(min_s, TUNING.dw_tile // bc))
+        tiles_per_b = triton.cdiv(p.S, bs)
+        n_col = triton.cdiv(C, bc)
+        G = max(1, min(p.B0 * tiles_per_b, triton.cdiv(4 * _num_sms(x.device), n_col)))
+        part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
+        if _launchable(x):
+            wrap_triton(_ln_bwd_dwdb_kernel)[(n_col, G)](
+                dy, x, mean, rstd, part,
+                p.S, C, tiles_per_b, p.B0 * tiles_per_b,
+                ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
+                BLOCK_S=bs, BLOCK_C=bc, num_warps=_warps(bs * bc),
+            )
     # Fixed-order reductions over G (torch.sum uses no atomics); outputs must not alias each other.
     dw = part[:, 0].sum(dim=0).to(weight.dtype) if need_dw else empty
     db = part[:, 1].sum(dim=0).to(bias.dtype) if need_db else empty.clone()
