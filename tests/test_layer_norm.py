@@ -102,7 +102,7 @@ def test_rows_match_torch(device, dtype, C, affine):
 @pytest.mark.parametrize("C", [300, 1000])
 def test_rows_longer_than_one_block(device, dtype, C, small_blocks):
     x, dy, w, b = _inputs((5, C), -1, dtype, device)
-    plan = K._plan(x, 1, K._split(x, 1), K.TUNING.fwd_tile)
+    plan = K._plan(x, 1, K._split(x, 1), K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
     assert not plan.single and plan.block_c < C
     _check(x, dy, w, b, dim=-1)
 
@@ -149,7 +149,7 @@ def test_channels_first_match_torch(device, dtype, shape, affine):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_channels_first_longer_than_one_block(device, dtype, small_blocks):
     x, dy, w, b = _inputs((2, 2, 67, 4, 5), -3, dtype, device)
-    plan = K._plan(x, 2, 0, K.TUNING.fwd_tile)
+    plan = K._plan(x, 2, 0, K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
     assert not plan.single and plan.s_unit
     _check(x, dy, w, b, dim=-3)
 
@@ -164,6 +164,21 @@ def test_channels_first_layouts(device):
     x5, dy5, w5, b5 = _inputs((3, 4, 12, 4, 5), 2, torch.float16, device)
     _check(x5[:, ::2], dy5[:, 1:3], w5, b5, dim=-3)  # strided [T, B] (merges); dy's T, B do not merge
     _check(x5[:, :3], dy5[:, 1:], w5, b5, dim=-3)  # T, B do not merge: x copied once
+
+
+def test_strided_views():
+    """How tensors map onto [B0, S, C] strides; a size-1 group gets stride 0 (keeps Triton's alignment facts)."""
+    x = torch.empty(10, 64)
+    assert K._split(x, 1) == 0 and K._strides3(x, 1, 0) == (0, 64, 1)
+    cf = torch.empty(2, 3, 8, 5, 7)
+    assert K._strides3(cf, 2, 0) == (8 * 35, 1, 35)
+    cl = torch.empty(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    assert K._strides3(cl, 1, 0) == (280, 8, 1)
+    rows = torch.empty(4, 9, 33)[:, 2:7]
+    assert K._split(rows, 2) == 1 and K._strides3(rows, 2, 1) == (297, 33, 1)
+    assert K._split(torch.empty(2, 8, 5, 7)[..., :4], 1) is None
+    plan = K._plan(torch.empty(64, 100).t(), 1, 0, 4096, 512)  # [100, 64] with unit stride along rows
+    assert plan.s_unit and plan.block_s >= K.TUNING.min_block_s
 
 
 def test_other_dims(device):

@@ -41,6 +41,7 @@ the host, so they can be captured in CUDA graphs.
 import functools
 import math
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -105,13 +106,13 @@ def _ln_fwd_kernel(
         tl.store(y_base[:, None] + cols[None, :].to(tl.int64) * syc, y.to(Y.dtype.element_ty), mask=mask)
     else:
         # Pass 1: running (count, mean, M2) per position, merged chunk by chunk (Chan et al.).
-        n_a = 0.0
         mean = tl.zeros([BLOCK_S], dtype=tl.float32)
         m2 = tl.zeros([BLOCK_S], dtype=tl.float32)
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
             mask = mask_s[:, None] & (cc < C)[None, :]
             x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sxc, mask=mask, other=0.0).to(tl.float32)
+            n_a = c0 * 1.0  # channels merged so far (every earlier chunk is full)
             n_b = tl.minimum(C - c0, BLOCK_C).to(tl.float32)
             mean_b = tl.sum(x, axis=1) / n_b
             d = tl.where(mask, x - mean_b[:, None], 0.0)
@@ -120,7 +121,6 @@ def _ln_fwd_kernel(
             delta = mean_b - mean
             mean = mean + delta * (n_b / n)
             m2 = m2 + m2_b + delta * delta * (n_a * n_b / n)
-            n_a = n
         rstd = tl.rsqrt(m2 / C + eps)
         # Pass 2: normalise and write.
         for c0 in range(0, C, BLOCK_C):
@@ -320,12 +320,16 @@ class Tuning:
     """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path."""
 
     fwd_tile: int = 4096  # target tile of the fused forward
-    bwd_tile: int = 4096  # target tile of the fused backward
+    bwd_tile: int = 2048  # target tile of the fused backward (more live values per element)
+    fwd_warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, max_warps]
+    bwd_warp_elems: int = 512
+    # Backward of one-row tiles (whose dW/dB sums take registers) and of channels-first maps whose
+    # channel stride is not a multiple of 16 (scalar loads, one address per element): more warps.
+    narrow_warp_elems: int = 256
+    max_warps: int = 32
     max_tile: int = 16384  # largest tile a fused program holds; longer rows take the looped path
     loop_tile: int = 4096  # tile of one step of the looped path
     min_block_s: int = 32  # contiguous positions per tile when S is the unit-stride axis
-    warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, max_warps]
-    max_warps: int = 16
     partial_frac: float = 1 / 64  # bound on dW/dB partial-sum traffic relative to the backward's traffic
     rows_reduce_each: bool = False  # rows: fold dW/dB sums to [C] every tile instead of once per program
     fused_dw_max_c: int = 16384  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
@@ -352,8 +356,12 @@ class _Plan:
 
 
 def _collapse(t: torch.Tensor, start: int, end: int) -> Optional[tuple[int, int]]:
-    """(size, stride) of dims [start, end) of ``t`` merged into one strided dim, or None if they do not merge."""
-    size, stride, expected = 1, 1, None
+    """(size, stride) of dims [start, end) of ``t`` merged into one strided dim, or None if they do not merge.
+
+    A group of size 1 gets stride 0: Triton then knows that ``index * stride`` keeps the
+    pointer aligned (a stride of 1 would hide the alignment and stop vectorised loads).
+    """
+    size, stride, expected = 1, 0, None
     for i in range(end - 1, start - 1, -1):
         n, s = t.shape[i], t.stride(i)
         if n == 1:
@@ -395,7 +403,7 @@ def _sizes3(shape: torch.Size, dim: int, split: int) -> tuple[int, int, int]:
     return math.prod(shape[:dim]), math.prod(shape[dim + 1:]), shape[dim]
 
 
-def _plan(x: torch.Tensor, dim: int, split: int, tile: int) -> _Plan:
+def _plan(x: torch.Tensor, dim: int, split: int, tile: int, warp_elems: int) -> _Plan:
     tn = TUNING
     B0, S, C = _sizes3(x.shape, dim, split)
     sb, ss, sc = _strides3(x, dim, split)
@@ -411,11 +419,11 @@ def _plan(x: torch.Tensor, dim: int, split: int, tile: int) -> _Plan:
         if bs * bc > tn.loop_tile:
             bc = max(1, tn.loop_tile // bs)
     tiles_per_b = triton.cdiv(S, bs)
-    return _Plan(B0, S, C, split, single, bs, bc, tiles_per_b, B0 * tiles_per_b, _warps(bs * bc), s_unit)
+    return _Plan(B0, S, C, split, single, bs, bc, tiles_per_b, B0 * tiles_per_b, _warps(bs * bc, warp_elems), s_unit)
 
 
-def _warps(tile: int) -> int:
-    return max(1, min(TUNING.max_warps, tile // TUNING.warp_elems))
+def _warps(tile: int, warp_elems: int) -> int:
+    return max(1, min(TUNING.max_warps, tile // warp_elems))
 
 
 @functools.lru_cache(maxsize=None)
@@ -484,7 +492,7 @@ def _layer_norm_fwd(
     if ys is None:  # y is a fresh dense tensor, so this only guards odd groupings
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         ys = _strides3(y, dim, split)
-    p = _plan(x, dim, split, TUNING.fwd_tile)
+    p = _plan(x, dim, split, TUNING.fwd_tile, TUNING.fwd_warp_elems)
     xs = _strides3(x, dim, split)
     if _launchable(x):
         wrap_triton(_ln_fwd_kernel)[(p.num_tiles,)](
@@ -547,7 +555,9 @@ def _layer_norm_bwd(
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         gs = _strides3(dx, dim, split)
     xs = _strides3(x, dim, split)
-    p = _plan(x, dim, split, TUNING.bwd_tile)
+    p = _plan(x, dim, split, TUNING.bwd_tile, TUNING.bwd_warp_elems)
+    if p.block_s == 1 or (p.s_unit and xs[2] % 16):
+        p = dataclasses.replace(p, num_warps=_warps(p.block_s * p.block_c, TUNING.narrow_warp_elems))
     need_p = need_dw or need_db
     fuse_p = need_p and p.single and p.block_c <= TUNING.fused_dw_max_c
     w_arg = _params(weight, x)
@@ -585,7 +595,7 @@ def _layer_norm_bwd(
                 dy, x, mean, rstd, part,
                 p.S, C, tiles_per_b, p.B0 * tiles_per_b,
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
-                BLOCK_S=bs, BLOCK_C=bc, num_warps=_warps(bs * bc),
+                BLOCK_S=bs, BLOCK_C=bc, num_warps=_warps(bs * bc, TUNING.bwd_warp_elems),
             )
     # Fixed-order reductions over G (torch.sum uses no atomics); outputs must not alias each other.
     dw = part[:, 0].sum(dim=0).to(weight.dtype) if need_dw else empty
