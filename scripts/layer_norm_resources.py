@@ -86,7 +86,7 @@ def main() -> None:
         s = K._strides3(x, d, split)
         p = K._plan(x, d, split, K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
         args = dict(X="fp16", Y="fp16", W="fp16", Bias="fp16", Mean="fp32", Rstd="fp32", S=p.S, C=p.C,
-                    tiles_per_b=p.tiles_per_b, sxb=s[0], sxs=s[1], sxc=s[2], syb=s[0], sys=s[1], syc=s[2], eps=1e-5,
+                    tiles_per_b=p.tiles_per_b, sx_b=s[0], sx_s=s[1], sx_c=s[2], sy_b=s[0], sy_s=s[1], sy_c=s[2], eps=1e-5,
                     HAS_W=True, HAS_B=True, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single)
         print(f"fwd {shape} tile {p.block_s}x{p.block_c} warps {p.num_warps} single={p.single}:",
               compile_stats(K._ln_fwd_kernel, args, p.num_warps, arch), flush=True)
@@ -97,8 +97,8 @@ def main() -> None:
             print(f"bwd {shape}: looped path")
             continue
         args = dict(DY="fp16", X="fp16", W="fp16", Mean="fp32", Rstd="fp32", DX="fp16", P="fp32", S=p.S, C=p.C,
-                    tiles_per_b=p.tiles_per_b, num_tiles=p.num_tiles, sdb=s[0], sds=s[1], sdc=s[2], sxb=s[0],
-                    sxs=s[1], sxc=s[2], sgb=s[0], sgs=s[1], sgc=s[2], HAS_W=True,
+                    tiles_per_b=p.tiles_per_b, num_tiles=p.num_tiles, sd_b=s[0], sd_s=s[1], sd_c=s[2], sx_b=s[0],
+                    sx_s=s[1], sx_c=s[2], sg_b=s[0], sg_s=s[1], sg_c=s[2], HAS_W=True,
                     NEED_P=p.block_c <= K.TUNING.fused_dw_max_c,
                     REDUCE_EACH=p.s_unit or p.block_s == 1 or K.TUNING.rows_reduce_each,
                     BLOCK_S=p.block_s, BLOCK_C=p.block_c)

@@ -30,18 +30,20 @@ atomics, no locks: the result depends only on ``G`` (fixed per device and shape)
 so it is the same bits run to run. The looped path (and rows longer than
 ``Tuning.fused_dw_max_c``) computes dx per tile and the weight gradients in a
 separate column-split kernel with the same partial-buffer scheme, at the cost of
-reading x and dy a second time.
+reading x and dy a second time. dx comes back in the input dtype, dW and dB in the
+parameters' dtype (fp32 sums, cast once).
 
 The ops ``snntrain::layer_norm_fwd`` and ``snntrain::layer_norm_bwd`` are
-``torch.library.triton_op``s (visible to ``torch.compile`` and the profiler) with
-autograd registered; they allocate with ``torch.empty`` and never synchronise with
-the host, so they can be captured in CUDA graphs.
+``torch.library.triton_op``s (visible to ``torch.compile`` and the profiler; plain
+custom ops under ``TRITON_INTERPRET=1``) with autograd registered; they allocate with
+``torch.empty`` and never synchronise with the host, so they can be captured in CUDA
+graphs. Launch sizes come from :data:`TUNING`.
 """
 
+import dataclasses
 import functools
 import math
 import os
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -61,8 +63,8 @@ __all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd"]
 
 @triton.jit
 def _ln_fwd_kernel(
-    X,  # input, logical [B0, S, C], element strides (sxb, sxs, sxc)
-    Y,  # output, logical [B0, S, C], element strides (syb, sys, syc)
+    X,  # input, logical [B0, S, C], element strides (sx_b, sx_s, sx_c)
+    Y,  # output, logical [B0, S, C], element strides (sy_b, sy_s, sy_c)
     W,  # weight [C] (any float dtype); unused when HAS_W is False
     Bias,  # bias [C]; unused when HAS_B is False
     Mean,  # fp32 [B0 * S] out: mean of each position, index b * S + s
@@ -70,8 +72,8 @@ def _ln_fwd_kernel(
     S,  # positions per outer index
     C,  # normalised length
     tiles_per_b,  # cdiv(S, BLOCK_S)
-    sxb, sxs, sxc,
-    syb, sys, syc,
+    sx_b, sx_s, sx_c,
+    sy_b, sy_s, sy_c,
     eps,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
@@ -84,14 +86,14 @@ def _ln_fwd_kernel(
     offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
     mask_s = offs_s < S
     s64 = offs_s.to(tl.int64)
-    x_base = X + b * sxb + s64 * sxs  # [BLOCK_S] pointers to the first channel
-    y_base = Y + b * syb + s64 * sys
+    x_base = X + b * sx_b + s64 * sx_s  # [BLOCK_S] pointers to the first channel
+    y_base = Y + b * sy_b + s64 * sy_s
     cols = tl.arange(0, BLOCK_C)
 
     if SINGLE:
         mask_c = cols < C
         mask = mask_s[:, None] & mask_c[None, :]
-        x = tl.load(x_base[:, None] + cols[None, :].to(tl.int64) * sxc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_base[:, None] + cols[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(x, axis=1) / C
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.sum(xc * xc, axis=1) / C
@@ -103,7 +105,7 @@ def _ln_fwd_kernel(
         if HAS_B:
             bb = tl.load(Bias + cols, mask=mask_c, other=0.0).to(tl.float32)
             y = y + bb[None, :]
-        tl.store(y_base[:, None] + cols[None, :].to(tl.int64) * syc, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(y_base[:, None] + cols[None, :].to(tl.int64) * sy_c, y.to(Y.dtype.element_ty), mask=mask)
     else:
         # Pass 1: running (count, mean, M2) per position, merged chunk by chunk (Chan et al.).
         mean = tl.zeros([BLOCK_S], dtype=tl.float32)
@@ -111,7 +113,7 @@ def _ln_fwd_kernel(
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
             mask = mask_s[:, None] & (cc < C)[None, :]
-            x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sxc, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
             n_a = c0 * 1.0  # channels merged so far (every earlier chunk is full)
             n_b = tl.minimum(C - c0, BLOCK_C).to(tl.float32)
             mean_b = tl.sum(x, axis=1) / n_b
@@ -127,7 +129,7 @@ def _ln_fwd_kernel(
             cc = c0 + cols
             mask_c = cc < C
             mask = mask_s[:, None] & mask_c[None, :]
-            x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sxc, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
             y = (x - mean[:, None]) * rstd[:, None]
             if HAS_W:
                 w = tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)
@@ -135,7 +137,7 @@ def _ln_fwd_kernel(
             if HAS_B:
                 bb = tl.load(Bias + cc, mask=mask_c, other=0.0).to(tl.float32)
                 y = y + bb[None, :]
-            tl.store(y_base[:, None] + cc[None, :].to(tl.int64) * syc, y.to(Y.dtype.element_ty), mask=mask)
+            tl.store(y_base[:, None] + cc[None, :].to(tl.int64) * sy_c, y.to(Y.dtype.element_ty), mask=mask)
 
     stat = b * S + s64
     tl.store(Mean + stat, mean, mask=mask_s)
@@ -144,17 +146,17 @@ def _ln_fwd_kernel(
 
 @triton.jit
 def _ln_bwd_fused_kernel(
-    DY,  # grad of the output, logical [B0, S, C], strides (sdb, sds, sdc)
-    X,  # input, logical [B0, S, C], strides (sxb, sxs, sxc)
+    DY,  # grad of the output, logical [B0, S, C], strides (sd_b, sd_s, sd_c)
+    X,  # input, logical [B0, S, C], strides (sx_b, sx_s, sx_c)
     W,  # weight [C]; unused when HAS_W is False
     Mean,  # fp32 [B0 * S] from the forward
     Rstd,  # fp32 [B0 * S] from the forward
-    DX,  # grad of the input out, logical [B0, S, C], strides (sgb, sgs, sgc)
+    DX,  # grad of the input out, logical [B0, S, C], strides (sg_b, sg_s, sg_c)
     P,  # fp32 [G, 2, C] out: this program's partial sums of dy*xhat (row 0) and dy (row 1)
     S, C, tiles_per_b, num_tiles,
-    sdb, sds, sdc,
-    sxb, sxs, sxc,
-    sgb, sgs, sgc,
+    sd_b, sd_s, sd_c,
+    sx_b, sx_s, sx_c,
+    sg_b, sg_s, sg_c,
     HAS_W: tl.constexpr,
     NEED_P: tl.constexpr,  # write partial sums (dW or dB requested)
     REDUCE_EACH: tl.constexpr,  # fold the tile into [BLOCK_C] accumulators every step (else [BLOCK_S, BLOCK_C])
@@ -181,8 +183,8 @@ def _ln_bwd_fused_kernel(
         mask_s = offs_s < S
         s64 = offs_s.to(tl.int64)
         mask = mask_s[:, None] & mask_c[None, :]
-        x = tl.load((X + b * sxb + s64 * sxs)[:, None] + cols64[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load((DY + b * sdb + s64 * sds)[:, None] + cols64[None, :] * sdc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load((X + b * sx_b + s64 * sx_s)[:, None] + cols64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load((DY + b * sd_b + s64 * sd_s)[:, None] + cols64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(Mean + b * S + s64, mask=mask_s, other=0.0)
         rstd = tl.load(Rstd + b * S + s64, mask=mask_s, other=0.0)
         xhat = (x - mean[:, None]) * rstd[:, None]
@@ -201,7 +203,7 @@ def _ln_bwd_fused_kernel(
         c1 = tl.sum(xhat * wdy, axis=1) / C
         c2 = tl.sum(wdy, axis=1) / C
         dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store((DX + b * sgb + s64 * sgs)[:, None] + cols64[None, :] * sgc, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store((DX + b * sg_b + s64 * sg_s)[:, None] + cols64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
     if NEED_P:
         if REDUCE_EACH:
             pw = acc_w
@@ -216,16 +218,16 @@ def _ln_bwd_fused_kernel(
 
 @triton.jit
 def _ln_bwd_dx_looped_kernel(
-    DY,  # grad of the output, logical [B0, S, C], strides (sdb, sds, sdc)
-    X,  # input, logical [B0, S, C], strides (sxb, sxs, sxc)
+    DY,  # grad of the output, logical [B0, S, C], strides (sd_b, sd_s, sd_c)
+    X,  # input, logical [B0, S, C], strides (sx_b, sx_s, sx_c)
     W,  # weight [C]; unused when HAS_W is False
     Mean,  # fp32 [B0 * S]
     Rstd,  # fp32 [B0 * S]
-    DX,  # grad of the input out, logical [B0, S, C], strides (sgb, sgs, sgc)
+    DX,  # grad of the input out, logical [B0, S, C], strides (sg_b, sg_s, sg_c)
     S, C, tiles_per_b,
-    sdb, sds, sdc,
-    sxb, sxs, sxc,
-    sgb, sgs, sgc,
+    sd_b, sd_s, sd_c,
+    sx_b, sx_s, sx_c,
+    sg_b, sg_s, sg_c,
     HAS_W: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -235,9 +237,9 @@ def _ln_bwd_dx_looped_kernel(
     offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
     mask_s = offs_s < S
     s64 = offs_s.to(tl.int64)
-    x_base = X + b * sxb + s64 * sxs
-    dy_base = DY + b * sdb + s64 * sds
-    dx_base = DX + b * sgb + s64 * sgs
+    x_base = X + b * sx_b + s64 * sx_s
+    dy_base = DY + b * sd_b + s64 * sd_s
+    dx_base = DX + b * sg_b + s64 * sg_s
     mean = tl.load(Mean + b * S + s64, mask=mask_s, other=0.0)
     rstd = tl.load(Rstd + b * S + s64, mask=mask_s, other=0.0)
     cols = tl.arange(0, BLOCK_C)
@@ -249,8 +251,8 @@ def _ln_bwd_dx_looped_kernel(
         mask_c = cc < C
         mask = mask_s[:, None] & mask_c[None, :]
         cc64 = cc.to(tl.int64)
-        x = tl.load(x_base[:, None] + cc64[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_base[:, None] + cc64[None, :] * sdc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_base[:, None] + cc64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_base[:, None] + cc64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
         xhat = (x - mean[:, None]) * rstd[:, None]
@@ -264,25 +266,25 @@ def _ln_bwd_dx_looped_kernel(
         mask_c = cc < C
         mask = mask_s[:, None] & mask_c[None, :]
         cc64 = cc.to(tl.int64)
-        x = tl.load(x_base[:, None] + cc64[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_base[:, None] + cc64[None, :] * sdc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_base[:, None] + cc64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_base[:, None] + cc64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
         xhat = (x - mean[:, None]) * rstd[:, None]
         dx = (dy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store(dx_base[:, None] + cc64[None, :] * sgc, dx.to(DX.dtype.element_ty), mask=mask)
+        tl.store(dx_base[:, None] + cc64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _ln_bwd_dwdb_kernel(
-    DY,  # grad of the output, logical [B0, S, C], strides (sdb, sds, sdc)
-    X,  # input, logical [B0, S, C], strides (sxb, sxs, sxc)
+    DY,  # grad of the output, logical [B0, S, C], strides (sd_b, sd_s, sd_c)
+    X,  # input, logical [B0, S, C], strides (sx_b, sx_s, sx_c)
     Mean,  # fp32 [B0 * S]
     Rstd,  # fp32 [B0 * S]
     P,  # fp32 [G, 2, C] out: partial sums of dy*xhat (row 0) and dy (row 1) of row-group g
     S, C, tiles_per_b, num_tiles,
-    sdb, sds, sdc,
-    sxb, sxs, sxc,
+    sd_b, sd_s, sd_c,
+    sx_b, sx_s, sx_c,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -301,8 +303,8 @@ def _ln_bwd_dwdb_kernel(
         mask_s = offs_s < S
         s64 = offs_s.to(tl.int64)
         mask = mask_s[:, None] & mask_c[None, :]
-        x = tl.load((X + b * sxb + s64 * sxs)[:, None] + cols64[None, :] * sxc, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load((DY + b * sdb + s64 * sds)[:, None] + cols64[None, :] * sdc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load((X + b * sx_b + s64 * sx_s)[:, None] + cols64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load((DY + b * sd_b + s64 * sd_s)[:, None] + cols64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(Mean + b * S + s64, mask=mask_s, other=0.0)
         rstd = tl.load(Rstd + b * S + s64, mask=mask_s, other=0.0)
         acc_w += dy * ((x - mean[:, None]) * rstd[:, None])

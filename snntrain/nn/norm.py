@@ -46,7 +46,9 @@ class LayerNorm(nn.Module):
 
     Normalises over the trailing ``normalized_shape`` dims of ``[*, *normalized_shape]``
     input. With several normalised dims the Triton path flattens them into one (a view
-    when they are contiguous with each other, else a copy).
+    when they are contiguous with each other, else a copy). The Triton path returns the
+    input's dtype (statistics in fp32) also under autocast, where the PyTorch reference
+    returns fp32.
 
     Args:
         normalized_shape: an int or a tuple of positive ints.
