@@ -118,7 +118,7 @@ class SEWResNet(nn.Module):
         stem: ``cifar`` (3x3 conv, no pooling) or ``imagenet`` (7x7 stride 2 + max-pool).
         width: channels of the first stage (64 in the paper); later stages double it.
         neuron: neuron settings, e.g. ``{"type": "LIF", "tau": 2.0, "surrogate": "atan"}``.
-        norm: ``batchnorm`` (or another name from :data:`snntrain.nn.norm.NORMS`).
+        norm: ``batchnorm`` or ``layernorm`` (:data:`snntrain.nn.norm.NORMS`); ``layernorm`` follows ``backend``.
         zero_init_residual: start each block's last norm at zero weight.
         backend: ``auto``, ``torch`` or ``triton`` for every spiking layer.
 

@@ -2,6 +2,10 @@
 
 from . import functional
 from .neurons import IF, LIF, PLIF, BaseNeuron, build_neuron, set_backend
+from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
 from .surrogate import SURROGATES, spike
 
-__all__ = ["IF", "LIF", "PLIF", "BaseNeuron", "SURROGATES", "build_neuron", "functional", "set_backend", "spike"]
+__all__ = [
+    "IF", "LIF", "NORMS", "PLIF", "BaseNeuron", "LayerNorm", "LayerNorm2d", "SURROGATES", "build_neuron",
+    "build_norm2d", "functional", "set_backend", "spike",
+]

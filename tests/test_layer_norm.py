@@ -1,0 +1,386 @@
+"""Triton layer-norm (snntrain.kernels.layer_norm) and the LayerNorm / LayerNorm2d modules.
+
+Everything is checked against torch.nn.functional.layer_norm run in fp64 on the same
+(rounded) inputs, with channels moved last for the channels-first case. On a machine
+without CUDA the kernels run in Triton's interpreter (see conftest.py), so shapes are small.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from snntrain.kernels import layer_norm as K
+from snntrain.models.sew_resnet import SEWResNet
+from snntrain.nn import LayerNorm, LayerNorm2d, build_norm2d, set_backend
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# Tolerances against the fp32 reference: (y, gradients). y is compared elementwise with
+# rtol = atol = tol; gradients with rtol = tol and atol = tol * max(|reference|, 1).
+TOL = {
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (2e-3, 5e-3),
+    torch.bfloat16: (1.6e-2, 3e-2),
+}
+
+
+def _inputs(shape, dim, dtype, device, affine=True, param_dtype=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = shape[dim]
+    x = (torch.randn(shape, generator=g) * 2 + 0.5).to(device=device, dtype=dtype)
+    dy = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    pd = param_dtype or dtype
+    w = (torch.rand(C, generator=g) + 0.5).to(device=device, dtype=pd) if affine else None
+    b = torch.randn(C, generator=g).to(device=device, dtype=pd) if affine else None
+    return x, dy, w, b
+
+
+def _reference(x, dy, w, b, eps, dim):
+    """y, dx, dw, db of F.layer_norm in fp64, channels moved last and back."""
+    xr = x.detach().double().movedim(dim, -1).requires_grad_()
+    wr = None if w is None else w.detach().double().requires_grad_()
+    br = None if b is None else b.detach().double().requires_grad_()
+    y = F.layer_norm(xr, (xr.shape[-1],), wr, br, eps)
+    y.backward(dy.double().movedim(dim, -1))
+    return (y.detach().movedim(-1, dim), xr.grad.movedim(-1, dim), None if w is None else wr.grad,
+            None if b is None else br.grad)
+
+
+def _ours(x, dy, w, b, eps, dim):
+    x = x.detach().requires_grad_()
+    w = None if w is None else w.detach().requires_grad_()
+    b = None if b is None else b.detach().requires_grad_()
+    y = K.layer_norm(x, w, b, eps, dim)
+    y.backward(dy)
+    return y.detach(), x.grad, None if w is None else w.grad, None if b is None else b.grad
+
+
+def _close_grad(got, ref, tol, what):
+    assert got.shape == ref.shape, what
+    atol = tol * max(ref.abs().max().item(), 1.0)
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _check(x, dy, w, b, dim, eps=1e-5):
+    tol_y, tol_g = TOL[x.dtype]
+    y, dx, dw, db = _ours(x, dy, w, b, eps, dim)
+    ry, rdx, rdw, rdb = _reference(x, dy, w, b, eps, dim)
+    assert y.dtype == x.dtype and dx.dtype == x.dtype
+    torch.testing.assert_close(y.double(), ry, rtol=tol_y, atol=tol_y, msg=lambda m: f"y: {m}")
+    _close_grad(dx, rdx, tol_g, "dx")
+    if w is not None:
+        assert dw.dtype == w.dtype and db.dtype == b.dtype
+        _close_grad(dw, rdw, tol_g, "dw")
+        _close_grad(db, rdb, tol_g, "db")
+    return y, dx, dw, db
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Shrink the tiles so that rows of a few hundred channels take the looped path."""
+    monkeypatch.setattr(K.TUNING, "fwd_tile", 128)
+    monkeypatch.setattr(K.TUNING, "bwd_tile", 128)
+    monkeypatch.setattr(K.TUNING, "max_tile", 256)
+    monkeypatch.setattr(K.TUNING, "loop_tile", 128)
+    monkeypatch.setattr(K.TUNING, "min_block_s", 8)
+
+
+# --------------------------------------------------------------------------- rows [*, C]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("C", [1, 3, 67, 1000])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_rows_match_torch(device, dtype, C, affine):
+    shape = (3, 5, C) if C < 1000 else (7, C)
+    _check(*_inputs(shape, -1, dtype, device, affine), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("C", [300, 1000])
+def test_rows_longer_than_one_block(device, dtype, C, small_blocks):
+    x, dy, w, b = _inputs((5, C), -1, dtype, device)
+    plan = K._plan(x, 1, K._split(x, 1), K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
+    assert not plan.single and plan.block_c < C
+    _check(x, dy, w, b, dim=-1)
+
+
+@pytest.mark.parametrize("dim,shape", [(-1, (9, 300)), (-3, (2, 67, 4, 5))], ids=["rows", "channels_first"])
+def test_separate_weight_grad_pass(device, monkeypatch, dim, shape):
+    """Rows longer than fused_dw_max_c: fused dx, dW/dB in a column-split pass of their own."""
+    monkeypatch.setattr(K.TUNING, "fused_dw_max_c", 64)
+    monkeypatch.setattr(K.TUNING, "dw_block_c", 32)
+    monkeypatch.setattr(K.TUNING, "dw_tile", 256)
+    _check(*_inputs(shape, dim, torch.float16, device), dim=dim)
+
+
+def test_mixed_dtypes_params_fp32(device):
+    x, dy, w, b = _inputs((6, 67), -1, torch.bfloat16, device, param_dtype=torch.float32)
+    y, dx, dw, db = _check(x, dy, w, b, dim=-1)
+    assert dw.dtype == torch.float32 and dx.dtype == torch.bfloat16
+
+
+def test_rows_non_contiguous(device):
+    base, dbase, w, b = _inputs((12, 2 * 67), -1, torch.float32, device)
+    _check(base[:, ::2], dbase[:, ::2], w[::2], b[1::2], dim=-1)  # strided channels and parameters
+    base, dbase, w, b = _inputs((67, 40), 0, torch.float32, device)
+    _check(base.t(), dbase.t(), w, b, dim=-1)  # a [C, M] buffer seen as [M, C]
+    base, dbase, w, b = _inputs((4, 9, 33), -1, torch.float16, device)
+    _check(base[:, 2:7], dbase[:, 1:6], w, b, dim=-1)  # rows in two strided groups
+    x, dy, w, b = _inputs((1, 33), -1, torch.float32, device)
+    _check(x.expand(6, 33), dy.expand(6, 33).contiguous(), w, b, dim=-1)  # stride-0 rows
+    x, dy, w, b = _inputs((8, 33), -1, torch.float32, device)
+    _check(x, dy.t().contiguous().t(), w, b, dim=-1)  # dy in another layout than x
+
+
+# --------------------------------------------------------------------------- channels-first
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(2, 1, 5, 7), (2, 3, 5, 7), (2, 67, 3, 6), (2, 3, 1, 5, 7), (2, 2, 67, 4, 5)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_channels_first_match_torch(device, dtype, shape, affine):
+    _check(*_inputs(shape, -3, dtype, device, affine), dim=-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_channels_first_longer_than_one_block(device, dtype, small_blocks):
+    x, dy, w, b = _inputs((2, 2, 67, 4, 5), -3, dtype, device)
+    plan = K._plan(x, 2, 0, K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
+    assert not plan.single and plan.s_unit
+    _check(x, dy, w, b, dim=-3)
+
+
+def test_channels_first_layouts(device):
+    x, dy, w, b = _inputs((2, 12, 5, 6), 1, torch.float32, device)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    y, dx, _, _ = _check(cl, dy, w, b, dim=-3)  # channels-last, read in place
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    _check(x[::2], dy[::2], w, b, dim=-3)  # sliced batch
+    _check(x[:, :, :, :4], dy[:, :, :, :4], w, b, dim=-3)  # H, W do not merge: copied once
+    x5, dy5, w5, b5 = _inputs((3, 4, 12, 4, 5), 2, torch.float16, device)
+    _check(x5[:, ::2], dy5[:, 1:3], w5, b5, dim=-3)  # strided [T, B] (merges); dy's T, B do not merge
+    _check(x5[:, :3], dy5[:, 1:], w5, b5, dim=-3)  # T, B do not merge: x copied once
+
+
+def test_strided_views():
+    """How tensors map onto [B0, S, C] strides; a size-1 group gets stride 0 (keeps Triton's alignment facts)."""
+    x = torch.empty(10, 64)
+    assert K._split(x, 1) == 0 and K._strides3(x, 1, 0) == (0, 64, 1)
+    cf = torch.empty(2, 3, 8, 5, 7)
+    assert K._strides3(cf, 2, 0) == (8 * 35, 1, 35)
+    cl = torch.empty(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    assert K._strides3(cl, 1, 0) == (280, 8, 1)
+    rows = torch.empty(4, 9, 33)[:, 2:7]
+    assert K._split(rows, 2) == 1 and K._strides3(rows, 2, 1) == (297, 33, 1)
+    assert K._split(torch.empty(2, 8, 5, 7)[..., :4], 1) is None
+    plan = K._plan(torch.empty(64, 100).t(), 1, 0, 4096, 512)  # [100, 64] with unit stride along rows
+    assert plan.s_unit and plan.block_s >= K.TUNING.min_block_s
+
+
+def test_other_dims(device):
+    _check(*_inputs((3, 10, 4), 0, torch.float32, device), dim=0)
+    _check(*_inputs((3, 10, 4), 1, torch.float32, device), dim=1)
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("case", ["rows", "channels_first", "looped", "separate_dw"])
+def test_weight_grads_bit_identical(device, monkeypatch, case):
+    if case == "rows":
+        x, dy, w, b = _inputs((2048, 19), -1, torch.float16, device)
+        dim = -1
+    elif case == "channels_first":
+        x, dy, w, b = _inputs((8, 19, 16, 16), 1, torch.bfloat16, device)
+        dim = -3
+    elif case == "separate_dw":
+        monkeypatch.setattr(K.TUNING, "fused_dw_max_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_block_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_tile", 64)
+        x, dy, w, b = _inputs((64, 40), -1, torch.float32, device)
+        dim = -1
+    else:
+        monkeypatch.setattr(K.TUNING, "max_tile", 64)
+        monkeypatch.setattr(K.TUNING, "loop_tile", 32)
+        x, dy, w, b = _inputs((24, 100), -1, torch.float32, device)
+        dim = -1
+    # Few programs, each summing many tiles, on any device.
+    monkeypatch.setattr(K, "_num_sms", lambda _device: 3)
+    monkeypatch.setattr(K.TUNING, "partial_frac", 1e-9)
+    r1, r2 = (_ours(x, dy, w, b, 1e-5, dim) for _ in range(2))
+    for a, c in zip(r1, r2):
+        assert torch.equal(a, c)
+    _check(x, dy, w, b, dim=dim)
+
+
+# --------------------------------------------------------------------------- ops, compile, profiler
+
+
+def test_ops_registered_and_in_profile(device):
+    x, dy, w, b = _inputs((4, 6, 3, 5), 1, torch.float32, device)
+    x.requires_grad_()
+    with torch.profiler.profile() as prof:
+        K.layer_norm(x, w, b, 1e-5, -3).backward(dy)
+    names = {e.key for e in prof.key_averages()}
+    assert "snntrain::layer_norm_fwd" in names and "snntrain::layer_norm_bwd" in names
+
+
+def test_torch_compile_fullgraph(device):
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    x, dy, w, b = _inputs((2, 3, 8, 4, 5), 2, torch.float32, device)
+    w.requires_grad_()
+    b.requires_grad_()
+
+    def fn(x, w, b):
+        return K.layer_norm(x * 2, w, b, 1e-5, -3).relu()
+
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    outs = []
+    for f in (fn, compiled):
+        xi = x.detach().requires_grad_()
+        y = f(xi, w, b)
+        grads = torch.autograd.grad(y, [xi, w, b], dy)
+        outs.append((y, *grads))
+    for a, c in zip(*outs):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture(device):
+    x, dy, w, b = _inputs((64, 8, 7, 7), 1, torch.float16, device)
+    xs = x.detach().requires_grad_()
+    ws, bs = w.detach().requires_grad_(), b.detach().requires_grad_()
+
+    def step():
+        y = K.layer_norm(xs, ws, bs, 1e-5, -3)
+        return (y, *torch.autograd.grad(y, [xs, ws, bs], dy))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    xs.data.copy_(x * 0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = _reference(x * 0.5, dy, w, b, 1e-5, 1)
+    for got, r in zip(outs, ref):
+        _close_grad(got, r, TOL[torch.float16][1], "graph replay")
+
+
+def test_empty_input(device):
+    x, dy, w, b = _inputs((0, 5), -1, torch.float32, device)
+    y, dx, dw, db = _ours(x, dy, w, b, 1e-5, -1)
+    assert y.shape == (0, 5) and dx.shape == (0, 5)
+    assert torch.equal(dw, torch.zeros_like(w)) and torch.equal(db, torch.zeros_like(b))
+
+
+def test_bad_arguments(device):
+    x = torch.randn(4, 6, device=device)
+    with pytest.raises(ValueError, match=r"weight has shape \(5,\).*must have shape \(6,\)"):
+        K.layer_norm(x, torch.ones(5, device=device))
+    with pytest.raises(ValueError, match="eps=-1.0 is not valid"):
+        K.layer_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="dim=2 is out of range"):
+        K.layer_norm(x, dim=2)
+    with pytest.raises(TypeError, match="torch.int64"):
+        K.layer_norm(torch.ones(2, 3, dtype=torch.long, device=device))
+
+
+# --------------------------------------------------------------------------- modules
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_layer_norm_module(device, backend):
+    torch.manual_seed(0)
+    ref = torch.nn.LayerNorm(19).to(device)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.normal_()
+    ours = LayerNorm(19, backend=backend).to(device)
+    ours.load_state_dict(ref.state_dict())
+    assert set(ours.state_dict()) == {"weight", "bias"}
+    x = torch.randn(3, 4, 19, device=device)
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    ref.load_state_dict(ours.state_dict())
+
+    multi = LayerNorm((4, 19), backend=backend, bias=False).to(device)
+    tm = torch.nn.LayerNorm((4, 19), bias=False).to(device)
+    with torch.no_grad():
+        tm.weight.uniform_(0.5, 1.5)
+    multi.load_state_dict(tm.state_dict())
+    torch.testing.assert_close(multi(x), tm(x), rtol=1e-5, atol=1e-5)
+
+    plain = LayerNorm((19,), elementwise_affine=False, backend=backend)
+    assert plain.weight is None and plain.bias is None and len(plain.state_dict()) == 0
+    torch.testing.assert_close(plain(x), F.layer_norm(x, (19,)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 5, 7), (2, 3, 6, 4, 5)], ids=["4d", "5d"])
+def test_layer_norm2d_backends_agree(device, shape):
+    torch.manual_seed(0)
+    m = LayerNorm2d(6, backend="torch").to(device)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.normal_()
+    x = torch.randn(shape, device=device, requires_grad=True)
+    outs = []
+    for backend in ("torch", "triton"):
+        set_backend(m, backend)
+        assert m.backend == backend
+        x.grad = None
+        m.zero_grad()
+        y = m(x)
+        y.pow(2).sum().backward()
+        outs.append((y.detach(), x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone()))
+    for a, c in zip(*outs):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_module_errors(device):
+    with pytest.raises(ValueError, match="num_channels=0"):
+        LayerNorm2d(0)
+    with pytest.raises(ValueError, match="eps=-0.1"):
+        LayerNorm2d(4, eps=-0.1)
+    with pytest.raises(ValueError, match="eps=nan"):
+        LayerNorm(4, eps=float("nan"))
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        LayerNorm(4, backend="cuda")
+    m = LayerNorm2d(4, backend="torch")
+    with pytest.raises(ValueError, match=r"got shape \(4, 5, 6\) \(3 dims\)"):
+        m(torch.randn(4, 5, 6))
+    with pytest.raises(ValueError, match="input has 3 channels.*num_channels=4"):
+        m(torch.randn(2, 3, 5, 5))
+    with pytest.raises(ValueError, match="norm='groupnorm' is not valid; choose one of batchnorm, layernorm"):
+        build_norm2d("groupnorm", 4)
+    with pytest.raises(ValueError, match=r"expects its last 1 dim\(s\) to be \(4,\)"):
+        LayerNorm(4, backend="triton")(torch.randn(2, 5, device=device))
+
+
+def test_sew_resnet_layernorm_both_backends(device):
+    """SEW-ResNet with norm=layernorm; the norms switch backend (the neurons stay on the reference)."""
+    results = []
+    for backend in ("torch", "triton"):
+        torch.manual_seed(0)
+        model = SEWResNet(depth=18, width=4, T=2, norm="layernorm", backend="torch", num_classes=5).to(device)
+        norms = [m for m in model.modules() if isinstance(m, LayerNorm2d)]
+        assert len(norms) > 10 and not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+        for m in norms:
+            m.backend = backend
+        x = torch.randn(2, 3, 16, 16, device=device)
+        out = model(x)
+        out.sum().backward()
+        assert out.shape == (2, 5)
+        grad = model.stem[1].weight.grad
+        assert torch.isfinite(grad).all()
+        results.append((out.detach(), grad.clone()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-3, atol=0)
