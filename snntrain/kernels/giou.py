@@ -220,6 +220,7 @@ def _giou_fwd_kernel(
     FUSED_PRED: tl.constexpr,
     FUSED_TARGET: tl.constexpr,
     SINGLE: tl.constexpr,  # one program reduces everything and writes the result
+    SKIP_PAD: tl.constexpr,  # do not read pred rows whose target is padding (a second, dependent load)
     FP64: tl.constexpr,
     INT64: tl.constexpr,  # 64-bit offsets
     BLOCK: tl.constexpr,
@@ -235,9 +236,10 @@ def _giou_fwd_kernel(
     for start in range(pid * BLOCK, N, nprog * BLOCK):
         rows = start + tl.arange(0, BLOCK)
         inb = rows < N
-        x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, inb, LTRB, FP64, INT64, BLOCK)
         X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, BLOCK)
         valid = inb & (raw3 > 0)
+        x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, valid if SKIP_PAD else inb, LTRB, FP64, INT64,
+                                        BLOCK)
         loss, g_u, g_i, g_c, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
         if HAS_WEIGHT:
             if INT64:
@@ -366,6 +368,7 @@ def _giou_bwd_kernel(
     NEED_PRED: tl.constexpr,
     NEED_TARGET: tl.constexpr,
     NEED_WEIGHT: tl.constexpr,
+    SKIP_PAD: tl.constexpr,  # do not read pred rows whose target is padding (a second, dependent load)
     FP64: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -373,9 +376,9 @@ def _giou_bwd_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     inb = rows < N
-    x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, inb, LTRB, FP64, INT64, BLOCK)
     X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, BLOCK)
     valid = inb & (raw3 > 0)
+    x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, valid if SKIP_PAD else inb, LTRB, FP64, INT64, BLOCK)
     loss, g_u, g_i, g_c, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
     if REDUCTION == 0:
         if INT64:
@@ -411,30 +414,27 @@ def _giou_bwd_kernel(
 #
 # Large inputs: triton.autotune over block size and warps, keyed on a power-of-two bucket
 # of N plus the variant flags (the autotuner adds the argument dtypes), so a training loop
-# tunes once per bucket and never again. Small inputs are launch-bound: they use one fixed
-# configuration (a single-config autotuner, which skips the tuning machinery).
+# tunes once per bucket and never again. Small inputs are launch-bound: they launch the
+# plain kernel with one fixed configuration (no autotuner layer on the host path).
 # Tune before capturing a CUDA graph (call the loss once on the same sizes): tuning
 # launches the kernel many times and measures it, which a capture cannot contain.
 
 if _INTERPRET:  # the interpreter cannot time configurations
     _FWD_CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4)]
     _BWD_CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4)]
-    _SINGLE_CONFIG = triton.Config({"BLOCK": 64}, num_warps=4)
-    _SMALL_CONFIG = triton.Config({"BLOCK": 64}, num_warps=4)
+    _SINGLE_CONFIG = (64, 4)  # (BLOCK, num_warps)
+    _SMALL_CONFIG = (64, 4)
 else:
     _FWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
     _BWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8))]
-    _SINGLE_CONFIG = triton.Config({"BLOCK": 4096}, num_warps=16)
-    _SMALL_CONFIG = triton.Config({"BLOCK": 512}, num_warps=4)
+    _SINGLE_CONFIG = (4096, 16)  # one program: 8 boxes per thread, 4096 boxes per iteration
+    _SMALL_CONFIG = (512, 4)
 
 _FWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "FUSED_PRED", "FUSED_TARGET"]
 _BWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "NEED_PRED", "NEED_TARGET", "NEED_WEIGHT"]
 
 _fwd_tuned = triton.autotune(configs=_FWD_CONFIGS, key=_FWD_KEY)(_giou_fwd_kernel)
-_fwd_single = triton.autotune(configs=[_SINGLE_CONFIG], key=[])(_giou_fwd_kernel)
-_fwd_small = triton.autotune(configs=[_SMALL_CONFIG], key=[])(_giou_fwd_kernel)
 _bwd_tuned = triton.autotune(configs=_BWD_CONFIGS, key=_BWD_KEY)(_giou_bwd_kernel)
-_bwd_small = triton.autotune(configs=[_SMALL_CONFIG], key=[])(_giou_bwd_kernel)
 
 _FINALIZE_BLOCK = 1024
 _SM_COUNT: dict[int, int] = {}
@@ -502,11 +502,10 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     ``reduction``: 0 none, 1 sum, 2 mean. ``fused``: bit 0 asks for the per-box gradient of
     pred, bit 1 for target (unscaled by grad_output and by the mean's denominator).
     ``loss``: ``pred.shape[:-1]`` for none, ``[]`` otherwise, fp32 (fp64 for fp64 boxes).
-    ``denom``: ``[]`` max(#valid, 1) for sum/mean, empty for none. Gradient buffers have
-    their input's shape and dtype when asked for, else are empty. ``wrap`` is applied to
+    ``denom``: ``[]`` max(#valid, 1) for sum/mean, ``None`` for none. Gradient buffers have
+    their input's shape and dtype when asked for, else are ``None``. ``wrap`` is applied to
     each kernel before launching (``torch.library.wrap_triton`` inside the operators).
     """
-    lead = pred.shape[:-1]
     p, stride_p = _rows(pred)
     t, stride_t = _rows(target)
     n = p.shape[0]
@@ -514,36 +513,41 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     fp64 = pred.dtype == torch.float64 or target.dtype == torch.float64
     acc = torch.float64 if fp64 else torch.float32
     if weight is None:
-        w, stride_w, has_w = p, 0, False
+        w, stride_w, has_w = p, 0, False  # p: a placeholder pointer, never read
     else:
         w, stride_w = _vec(weight)
         has_w = True
     fused_pred, fused_target = bool(fused & 1), bool(fused & 2)
-    gp = torch.empty(pred.shape if fused_pred else (0,), dtype=pred.dtype, device=dev)
-    gt = torch.empty(target.shape if fused_target else (0,), dtype=target.dtype, device=dev)
-    flags = dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, FUSED_PRED=fused_pred,
-                 FUSED_TARGET=fused_target, FP64=fp64, INT64=_int64(n, stride_p, stride_t, stride_w))
+    gp = torch.empty(pred.shape, dtype=pred.dtype, device=dev) if fused_pred else None
+    gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if fused_target else None
+    flags = dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, FUSED_PRED=fused_pred, FUSED_TARGET=fused_target,
+                 SKIP_PAD=n > SMALL_MAX, FP64=fp64, INT64=_int64(n, stride_p, stride_t, stride_w))
+    gp_arg = p if gp is None else gp  # placeholders are never written
+    gt_arg = p if gt is None else gt
     if reduction == _NONE:
-        loss = torch.empty(n, dtype=acc, device=dev)
-        denom = torch.empty(0, dtype=acc, device=dev)
+        loss = torch.empty(pred.shape[:-1], dtype=acc, device=dev)
         if n > 0:
             if n <= SMALL_MAX:
-                kernel, nb = _fwd_small, 0
+                block, warps = _SMALL_CONFIG
+                wrap(_giou_fwd_kernel)[(triton.cdiv(n, block),)](
+                    p, t, w, loss, loss, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, 0, SINGLE=False,
+                    BLOCK=block, num_warps=warps, **flags)
             else:
-                kernel, nb = _fwd_tuned, _bucket(n)
-            wrap(kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
-                p, t, w, loss, denom, gp, gt, n, stride_p, stride_t, stride_w, eps, nb, SINGLE=False, **flags)
-        return loss.view(lead), denom, gp, gt
+                wrap(_fwd_tuned)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+                    p, t, w, loss, loss, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, _bucket(n),
+                    SINGLE=False, **flags)
+        return loss, None, gp, gt
     loss = torch.empty((), dtype=acc, device=dev)
     denom = torch.empty((), dtype=acc, device=dev)
     if n <= SINGLE_MAX:
-        wrap(_fwd_single)[(1,)](p, t, w, loss, denom, gp, gt, n, stride_p, stride_t, stride_w, eps, 0,
-                                SINGLE=True, **flags)
+        block, warps = _SINGLE_CONFIG
+        wrap(_giou_fwd_kernel)[(1,)](p, t, w, loss, denom, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, 0,
+                                     SINGLE=True, BLOCK=block, num_warps=warps, **flags)
         return loss, denom, gp, gt
     nprog = min(triton.cdiv(n, 1024), PROGRAMS_PER_SM * _sm_count(dev))
     part_loss = torch.empty(nprog, dtype=acc, device=dev)
     part_count = torch.empty(nprog, dtype=torch.int32, device=dev)
-    wrap(_fwd_tuned)[(nprog,)](p, t, w, part_loss, part_count, gp, gt, n, stride_p, stride_t, stride_w, eps,
+    wrap(_fwd_tuned)[(nprog,)](p, t, w, part_loss, part_count, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps,
                                _bucket(n), SINGLE=False, **flags)
     wrap(_giou_finalize_kernel)[(1,)](part_loss, part_count, loss, denom, nprog, MEAN=reduction == _MEAN,
                                       BLOCK=_FINALIZE_BLOCK, num_warps=4)
@@ -551,12 +555,12 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
 
 
 def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
-                  denom: torch.Tensor, reduction: int, eps: float, ltrb: bool, need_pred: bool, need_target: bool,
-                  need_weight: bool, wrap=_direct):
+                  denom: torch.Tensor | None, reduction: int, eps: float, ltrb: bool, need_pred: bool,
+                  need_target: bool, need_weight: bool, wrap=_direct):
     """Launch the hand-written backward. Returns ``(grad_pred, grad_target, grad_weight)``.
 
     ``grad_out``: the loss's gradient (``pred.shape[:-1]`` for none, ``[]`` otherwise);
-    ``denom``: the forward's second output. Gradients not asked for come back empty.
+    ``denom``: the forward's second output (mean only). Gradients not asked for are ``None``.
     """
     p, stride_p = _rows(pred)
     t, stride_t = _rows(target)
@@ -572,19 +576,20 @@ def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tens
         go, stride_go = _vec(grad_out)
     else:
         go, stride_go = grad_out, 0
-    gp = torch.empty(pred.shape if need_pred else (0,), dtype=pred.dtype, device=dev)
-    gt = torch.empty(target.shape if need_target else (0,), dtype=target.dtype, device=dev)
-    gw = torch.empty(weight.shape if need_weight else (0,), dtype=weight.dtype if has_w else pred.dtype,
-                     device=dev)
+    gp = torch.empty(pred.shape, dtype=pred.dtype, device=dev) if need_pred else None
+    gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if need_target else None
+    gw = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if need_weight else None
     if n > 0 and (need_pred or need_target or need_weight):
+        args = (go, go if denom is None else denom, p, t, w, p if gp is None else gp, p if gt is None else gt,
+                p if gw is None else gw, n, stride_p, stride_t, stride_w, stride_go, eps)
+        flags = dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, NEED_PRED=need_pred, NEED_TARGET=need_target,
+                     NEED_WEIGHT=need_weight, SKIP_PAD=n > SMALL_MAX, FP64=fp64,
+                     INT64=_int64(n, stride_p, stride_t, stride_w, stride_go))
         if n <= SMALL_MAX:
-            kernel, nb = _bwd_small, 0
+            block, warps = _SMALL_CONFIG
+            wrap(_giou_bwd_kernel)[(triton.cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
         else:
-            kernel, nb = _bwd_tuned, _bucket(n)
-        wrap(kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
-            go, denom, p, t, w, gp, gt, gw, n, stride_p, stride_t, stride_w, stride_go, eps, nb,
-            REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, NEED_PRED=need_pred, NEED_TARGET=need_target,
-            NEED_WEIGHT=need_weight, FP64=fp64, INT64=_int64(n, stride_p, stride_t, stride_w, stride_go))
+            wrap(_bwd_tuned)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
     return gp, gt, gw
 
 
@@ -618,25 +623,32 @@ def _no_launch(kernel):
     return _NoLaunch()
 
 
+def _filled(like: torch.Tensor, *tensors):
+    """Operators return tensors only: an output not computed is an empty tensor."""
+    return tuple(like.new_empty(0) if x is None else x for x in tensors)
+
+
 def _fwd_op_impl(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int, eps: float,
                  ltrb: bool, fused: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _op_wrap)
+    loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _op_wrap)
+    return (loss, *_filled(loss, denom, gp, gt))
 
 
 def _fwd_op_fake(pred, target, weight, reduction, eps, ltrb, fused):
-    return giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _no_launch)
+    loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _no_launch)
+    return (loss, *_filled(loss, denom, gp, gt))
 
 
 def _bwd_op_impl(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
                  denom: torch.Tensor, reduction: int, eps: float, ltrb: bool, need_pred: bool, need_target: bool,
                  need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred, need_target,
-                         need_weight, _op_wrap)
+    return _filled(pred, *giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred,
+                                        need_target, need_weight, _op_wrap))
 
 
 def _bwd_op_fake(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred, need_target, need_weight):
-    return giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred, need_target,
-                         need_weight, _no_launch)
+    return _filled(pred, *giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred,
+                                        need_target, need_weight, _no_launch))
 
 
 if _INTERPRET:
