@@ -172,7 +172,8 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
     key = {(r.mode, r.dtype, r.shape, r.provider): r for r in rows}
     cases = list(dict.fromkeys((r.mode, r.dtype, r.shape) for r in rows))
     short = {p: p.replace("torchvision", "tv").replace("-compile", "-cmp").replace("cudagraph", "graph") for p in provs}
-    head = f"{'mode':8s} {'dtype':9s} {'shape':16s}" + "".join(f"{short[p]:>12s}" for p in provs) + f"{'ours roof':>10s}"
+    head = f"{'mode':8s} {'dtype':9s} {'shape':16s}" + "".join(f"{short[p]:>12s}" for p in provs)
+    head += f"{'ours roof':>10s}"
     out.append(f"\nmilliseconds (median); GPU {bu.gpu_name()}; copy bandwidth {copy_gbps:.0f} GB/s")
     out.append(head)
     for mode, dtype, shape in cases:
@@ -231,7 +232,8 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
         a, b = key.get((mode, dtype, shape, "ours")), key.get((mode, dtype, shape, f"ours-{other_mode}"))
         if a and b:
             ratios.append(b.ms / a.ms)
-            out.append(f"  {dtype:9s} {shape:16s} default {a.ms:.4f} ms, {other_mode} {b.ms:.4f} ms ({b.ms / a.ms:.2f}x)")
+            out.append(f"  {dtype:9s} {shape:16s} default {a.ms:.4f} ms, {other_mode} {b.ms:.4f} ms "
+                       f"({b.ms / a.ms:.2f}x)")
     if ratios:
         gm = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         verdict = K.DEFAULT_GRAD_MODE if gm >= 1 else other_mode
@@ -252,7 +254,8 @@ def markdown(rows: list[bu.Row], copy_gbps: float, text: str) -> str:
              f"torch {torch.__version__}, triton {__import__('triton').__version__}", "",
              "| mode | dtype | shape | provider | ms | GB/s | roofline |", "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r.mode} | {r.dtype} | {r.shape} | {r.provider} | {r.ms:.4f} | {r.gbps:.0f} | {r.roofline:.2f} |")
+        lines.append(f"| {r.mode} | {r.dtype} | {r.shape} | {r.provider} | {r.ms:.4f} | {r.gbps:.0f} "
+                     f"| {r.roofline:.2f} |")
     lines += ["", "```", text.strip(), "```"]
     return "\n".join(lines)
 

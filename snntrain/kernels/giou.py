@@ -40,18 +40,23 @@ Two ways to get the gradient (``grad_mode``):
   the (weighted, masked) loss; the backward is then ``buffer * grad_output`` (and
   ``/ denominator`` for ``mean``) in plain PyTorch.
 
-Both move the same number of bytes for a gradient of ``pred`` alone (inputs read twice
-plus one gradient write, versus inputs once plus a gradient written, read and written
-again); ``fused`` costs more when ``target`` also needs a gradient, rounds the gradient
-twice in fp16/bf16 (buffer, then the scaled copy) and slows down forward-only calls of
-inputs that require grad. ``scripts/bench_giou.py`` times both.
+Bytes moved for a gradient of ``pred`` (P, T, G: bytes of pred, target and the gradient;
+v: fraction of valid targets, since above ``SMALL_MAX`` boxes the kernels read ``pred``
+only where the target is not padding): separate 2 (T + vP) + G, fused T + vP + 3G, so
+separate never moves more. Fused also costs more when ``target`` needs a gradient too,
+rounds the gradient twice in fp16/bf16 (buffer, then the scaled copy) and slows down a
+forward whose inputs require grad but whose backward never runs; its backward is a
+native multiply instead of a Triton launch, which can matter when host overhead
+dominates (small inputs). ``scripts/bench_giou.py`` times both.
 
 Eager calls go through a ``torch.autograd.Function`` that launches the same kernels
 directly: the dispatcher path of a registered operator with autograd costs tens of
 microseconds of host time per forward+backward, which would dominate a 32 x 256 box
 loss. Under ``torch.compile`` (and whenever the ops are called by name) the registered
 operators are used. While the profiler is on, the eager path is recorded under the
-operator names.
+operator names. Under ``TRITON_INTERPRET=1`` (CPU tests) the operators are opaque
+``custom_op``s with a shape-only fake implementation, because the interpreter cannot
+run on the fake tensors that tracing uses; with compiled Triton they are ``triton_op``s.
 
 Tie policy (where a min or max has equal arguments): the gradient follows PyTorch's
 autograd of ``torch.maximum`` / ``torch.minimum``, which torchvision's loss uses: half of
@@ -753,10 +758,14 @@ def giou_loss_op(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     under ``torch.compile``).
     """
     red = _REDUCTION_CODE[reduction]
-    fused_mode = (grad_mode or DEFAULT_GRAD_MODE) == "fused"
+    grad_mode = grad_mode or DEFAULT_GRAD_MODE
+    if grad_mode not in GRAD_MODES:
+        raise ValueError(f"grad_mode={grad_mode!r} is not valid; choose one of {', '.join(map(repr, GRAD_MODES))}")
+    fused_mode = grad_mode == "fused"
     if use_op or torch.compiler.is_compiling():
         fused = 0
         if fused_mode and torch.is_grad_enabled():
             fused = (1 if pred.requires_grad else 0) | (2 if target.requires_grad else 0)
         return torch.ops.snntrain.giou_loss(pred, target, weight, red, float(eps), bool(ltrb), fused)[0]
-    return _GIoULossFunction.apply(pred, target, weight, red, float(eps), bool(ltrb), fused_mode)
+    return _GIoULossFunction.apply(pred, target, weight, red, float(eps), bool(ltrb),
+                                   fused_mode and torch.is_grad_enabled())
