@@ -113,7 +113,10 @@ def agreement(pred, target) -> str:
     diffs = []
     for name, fn in (("ours", ours_default), ("fused", ours_mode("fused")), ("separate", ours_mode("separate")),
                      ("seed", seed_padded_loss)):
-        diffs.append(f"{name} {((fn(pred, target).float() - ref).abs() / ref.abs()).item():.1e}")
+        try:
+            diffs.append(f"{name} {((fn(pred, target).float() - ref).abs() / ref.abs()).item():.1e}")
+        except Exception as e:
+            diffs.append(f"{name} FAILED ({type(e).__name__}: {str(e)[:200]})")
     return "loss vs torchvision (rel): " + ", ".join(diffs)
 
 
@@ -291,7 +294,8 @@ def main() -> None:
     other = "fused" if K.DEFAULT_GRAD_MODE == "separate" else "separate"
     shapes = SHAPES[:1] if args.quick else SHAPES
     rows: list[bu.Row] = []
-    skipped = []
+    skipped: list[str] = []
+    failed: list[str] = []
     for b, k in shapes:
         label = shape_label(b, k)
         for dtype in DTYPES:
@@ -302,24 +306,31 @@ def main() -> None:
                 providers.append(("ours-op", ours_op))
             providers += [("torchvision", tv_padded_loss), ("seed", seed_padded_loss)]
             compiled = [("torchvision-compile", tv_padded_loss), ("seed-compile", seed_padded_loss)]
+            dname = str(dtype).replace("torch.", "")
+
+            def record(name, mode, measure, note=""):
+                try:
+                    ms = measure()
+                except Exception as e:  # keep going: one failing provider must not lose the others' rows
+                    failed.append(f"{name} {mode} {label} {dname}: {type(e).__name__}: {str(e)[:200]}")
+                    log(f"FAILED {failed[-1]}")
+                    return
+                rows.append(bu.Row("giou", "giou_loss", mode, name, dname, label, ms, nbytes(pred, target, mode),
+                                   note=note))
+
             for mode in MODES:
                 for name, fn in providers:
-                    ms = timed(fn, pred, target, mode, args.quick)
-                    rows.append(bu.Row("giou", "giou_loss", mode, name, str(dtype).replace("torch.", ""), label, ms,
-                                       nbytes(pred, target, mode)))
+                    record(name, mode, lambda: timed(fn, pred, target, mode, args.quick))
                 if (b, k) == SHAPES[0]:
-                    ms = timed_graph(pred, target, mode, args.quick)
-                    rows.append(bu.Row("giou", "giou_loss", mode, "ours-cudagraph", str(dtype).replace("torch.", ""),
-                                       label, ms, nbytes(pred, target, mode), note="CUDA graph replay"))
+                    record("ours-cudagraph", mode, lambda: timed_graph(pred, target, mode, args.quick),
+                           note="CUDA graph replay")
             for name, fn in compiled:
                 if time.perf_counter() - T0 > args.budget:
-                    skipped.append(f"{name} {label} {dtype}")
+                    skipped.append(f"{name} {label} {dname}")
                     continue
                 cfn = torch.compile(fn, dynamic=False)
                 for mode in MODES:
-                    ms = timed(cfn, pred, target, mode, args.quick)
-                    rows.append(bu.Row("giou", "giou_loss", mode, name, str(dtype).replace("torch.", ""), label, ms,
-                                       nbytes(pred, target, mode)))
+                    record(name, mode, lambda: timed(cfn, pred, target, mode, args.quick))
             log(f"done {label} {dtype}")
             del pred, target
             torch.cuda.empty_cache()
@@ -327,6 +338,8 @@ def main() -> None:
     text = summary(rows, copy_gbps, other)
     if skipped:
         text += "\n\nSkipped over the time budget: " + ", ".join(skipped)
+    if failed:
+        text += "\n\nFailed:\n  " + "\n  ".join(failed)
     md = markdown(rows, copy_gbps, text)
     (Path(args.out) / "giou.md").write_text(md + "\n")
     if args.update_docs:
