@@ -1,6 +1,7 @@
 """Benchmark of the GIoU box loss: our Triton kernels against torchvision and the seed's formulation.
 
     python scripts/bench_giou.py --out DIR [--quick] [--update-docs]
+    python scripts/bench_giou.py --fill-docs DIR/giou.md     # results of a run elsewhere -> docs
 
 Cases: 32 x 256 boxes (the seed's toy detector), 256 x 4096 and 4096 x 4096 (16 M)
 boxes, fp32 and bf16, the trailing half of every image's targets padding (y2 = 0), the
@@ -255,6 +256,7 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
 def markdown(rows: list[bu.Row], copy_gbps: float, text: str) -> str:
     lines = [f"GPU: {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, {rows[0].date if rows else ''}, "
              f"torch {torch.__version__}, triton {__import__('triton').__version__}", "",
+             "Command: `python scripts/bench_giou.py " + " ".join(sys.argv[1:]) + "`", "",
              "| mode | dtype | shape | provider | ms | GB/s | roofline |", "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r.mode} | {r.dtype} | {r.shape} | {r.provider} | {r.ms:.4f} | {r.gbps:.0f} "
@@ -282,8 +284,13 @@ def update_docs(md: str) -> None:
 def main() -> None:
     args = bu.parse_args(__doc__.split("\n\n")[0], extra=lambda p: (
         p.add_argument("--update-docs", action="store_true", help="write the results into docs/benchmarks.md"),
+        p.add_argument("--fill-docs", metavar="GIOU_MD", default=None,
+                       help="no benchmark: copy a previous run's giou.md into docs/benchmarks.md (no GPU needed)"),
         p.add_argument("--budget", type=float, default=210.0,
                        help="seconds after which the torch.compile baselines are skipped")))
+    if args.fill_docs:
+        update_docs(Path(args.fill_docs).read_text().rstrip("\n"))
+        return
     dev = bu.device()
     cfg = torch._dynamo.config
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
