@@ -1,0 +1,538 @@
+"""GIoU loss: Triton kernels (compiled on CUDA, interpreted on CPU) against torchvision's autograd.
+
+The oracle is ``torchvision.ops.generalized_box_iou_loss`` evaluated in float64 on the
+same input values, with the padding / weight / reduction rules of
+:func:`snntrain.losses.giou_loss` applied around it, and differentiated by autograd.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.ops import generalized_box_iou_loss as tv_giou
+
+from snntrain.kernels import giou as K
+from snntrain.losses import GIoULoss, giou_loss, giou_loss_reference
+
+# (rtol, atol) for the loss and for the gradients, against the float64 oracle on the same
+# input values. Low-precision inputs are exact in float64, and the kernels compute in fp32,
+# so the loss is fp32-accurate for every input dtype; gradients are rounded to the input's
+# dtype on the way out.
+TOL = {
+    torch.float32: {"loss": (2e-5, 1e-6), "grad": (1e-4, 1e-5)},
+    torch.float16: {"loss": (2e-5, 1e-6), "grad": (2e-3, 1e-4)},
+    torch.bfloat16: {"loss": (2e-5, 1e-6), "grad": (1.6e-2, 1e-3)},
+    torch.float64: {"loss": (1e-10, 1e-12), "grad": (1e-8, 1e-10)},
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------
+
+
+def rand_boxes(shape, device, dtype=torch.float32, gen=None, scale=10.0):
+    """xyxy boxes with positive size."""
+    xy = torch.rand(*shape, 2, generator=gen) * scale
+    wh = torch.rand(*shape, 2, generator=gen) * scale / 2 + 0.1
+    return torch.cat([xy, xy + wh], -1).to(device=device, dtype=dtype)
+
+
+def pair(shape, device, dtype=torch.float32, seed=0, pad_frac=0.3):
+    """Random overlapping-ish pairs; a fraction of the targets are padding (all zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    target = rand_boxes(shape, "cpu", torch.float64, g)
+    pred = target + torch.randn(*shape, 4, generator=g, dtype=torch.float64) * 1.5
+    pad = torch.rand(*shape, generator=g) < pad_frac
+    target[pad] = 0.0
+    return pred.to(device=device, dtype=dtype), target.to(device=device, dtype=dtype)
+
+
+def ltrb_to_xyxy(b):
+    l, t, r, bo = b.unbind(-1)
+    return torch.stack([-l, -t, r, bo], -1)
+
+
+def oracle(pred, target, weight=None, reduction="mean", box_format="xyxy", eps=1e-7, grad_out=None,
+           wrt=("pred",)):
+    """Loss and gradients from torchvision's autograd in float64 (same input values)."""
+    p = pred.detach().double().requires_grad_("pred" in wrt)
+    t = target.detach().double().requires_grad_("target" in wrt)
+    w = None if weight is None else weight.detach().double().requires_grad_("weight" in wrt)
+    pp, tt = (ltrb_to_xyxy(p), ltrb_to_xyxy(t)) if box_format == "ltrb" else (p, t)
+    loss = tv_giou(pp, tt, reduction="none", eps=eps)
+    valid = t[..., 3] > 0
+    if w is not None:
+        loss = loss * w
+    loss = torch.where(valid, loss, torch.zeros_like(loss))
+    if reduction == "sum":
+        loss = loss.sum()
+    elif reduction == "mean":
+        loss = loss.sum() / valid.sum().clamp(min=1)
+    inputs = [x for x, name in ((p, "pred"), (t, "target"), (w, "weight")) if name in wrt]
+    if grad_out is None:
+        grad_out = torch.ones_like(loss)
+    grads = torch.autograd.grad(loss, inputs, grad_outputs=grad_out.double(), allow_unused=True) if inputs else ()
+    return loss.detach(), grads
+
+
+def ours(pred, target, weight=None, reduction="mean", box_format="xyxy", grad_out=None, wrt=("pred",), **kw):
+    p = pred.detach().clone().requires_grad_("pred" in wrt)
+    t = target.detach().clone().requires_grad_("target" in wrt)
+    w = None if weight is None else weight.detach().clone().requires_grad_("weight" in wrt)
+    if "op" in kw:  # call the kernel-level entry (grad_mode / use_op)
+        kw.pop("op")
+        ww = None if w is None else w.expand(p.shape[:-1])
+        loss = K.giou_loss_op(p, t, ww, reduction, 1e-7, box_format == "ltrb", **kw)
+    else:
+        loss = giou_loss(p, t, w, reduction, box_format=box_format, backend=kw.get("backend", "triton"))
+    inputs = [x for x, name in ((p, "pred"), (t, "target"), (w, "weight")) if name in wrt]
+    if grad_out is None:
+        grad_out = torch.ones_like(loss)
+    grads = torch.autograd.grad(loss, inputs, grad_outputs=grad_out) if inputs else ()
+    return loss.detach(), grads, (p, t, w)
+
+
+def assert_close(a, b, dtype, kind, what=""):
+    rtol, atol = TOL[dtype][kind]
+    torch.testing.assert_close(a.double().cpu(), b.double().cpu(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def compare(pred, target, weight=None, reduction="mean", box_format="xyxy", wrt=("pred",), seed=1, **kw):
+    grad_out = None
+    if reduction == "none":
+        g = torch.Generator().manual_seed(seed)
+        grad_out = torch.rand(pred.shape[:-1], generator=g).to(pred.device) + 0.5
+    elif reduction == "sum":
+        grad_out = torch.tensor(0.75, device=pred.device)
+    lo, go, (p, t, w) = ours(pred, target, weight, reduction, box_format, grad_out, wrt, **kw)
+    lr, gr = oracle(pred, target, weight, reduction, box_format, grad_out=grad_out, wrt=wrt)
+    dtype = pred.dtype
+    expect = torch.float64 if dtype == torch.float64 else torch.float32
+    assert lo.dtype == expect, lo.dtype
+    assert lo.shape == lr.shape
+    assert_close(lo, lr, dtype, "loss", "loss")
+    for name, a, b, x in zip(wrt, go, gr, [{"pred": p, "target": t, "weight": w}[n] for n in wrt]):
+        assert a.dtype == x.dtype and a.shape == x.shape, (name, a.dtype, x.dtype, a.shape, x.shape)
+        assert torch.isfinite(a).all(), name
+        assert_close(a, b, x.dtype, "grad", name)
+    return lo, go
+
+
+# ------------------------------------------------------------------------------------------
+# values and gradients
+# ------------------------------------------------------------------------------------------
+
+CANONICAL = [  # (pred, target, loss)
+    ([0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0], 0.0),  # identical
+    ([0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 2.0, 2.0], 0.75),  # quarter box inside
+    ([0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 2.0, 1.0], 1.0),  # side by side, touching
+    ([0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 2.0, 2.0], 1.5),  # diagonal touch
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_canonical_cases(device, dtype):
+    pred = torch.tensor([c[0] for c in CANONICAL], device=device, dtype=dtype)
+    target = torch.tensor([c[1] for c in CANONICAL], device=device, dtype=dtype)
+    want = torch.tensor([c[2] for c in CANONICAL], dtype=torch.float64)
+    lo, _ = compare(pred, target, reduction="none", wrt=("pred", "target"))
+    torch.testing.assert_close(lo.double().cpu(), want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_random_boxes(device, dtype, reduction, weighted):
+    pred, target = pair((53,), device, dtype, seed=3)
+    weight = None
+    if weighted:
+        weight = (torch.rand(53, generator=torch.Generator().manual_seed(4)) + 0.5).to(device=device, dtype=dtype)
+    compare(pred, target, weight, reduction)
+
+
+@pytest.mark.parametrize("shape", [(37,), (3, 11), (2, 3, 5)])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_shapes(device, shape, reduction):
+    pred, target = pair(shape, device, seed=5)
+    compare(pred, target, None, reduction)
+
+
+def test_target_and_weight_grads(device):
+    pred, target = pair((3, 17), device, seed=6)
+    weight = torch.rand(3, 17, generator=torch.Generator().manual_seed(7)).to(device) + 0.5
+    for reduction in ("none", "sum", "mean"):
+        compare(pred, target, weight, reduction, wrt=("pred", "target", "weight"))
+
+
+def test_broadcast_weight(device):
+    pred, target = pair((4, 9), device, seed=8)
+    weight = torch.rand(4, 1, generator=torch.Generator().manual_seed(9)).to(device) + 0.5
+    lo, go, _ = ours(pred, target, weight, "mean", wrt=("pred", "weight"))
+    lr, gr = oracle(pred, target, weight.expand(4, 9), "mean", wrt=("pred",))
+    assert_close(lo, lr, torch.float32, "loss")
+    assert_close(go[0], gr[0], torch.float32, "grad")
+    assert go[1].shape == (4, 1)
+    # weight grad of the broadcast weight: sum over the broadcast axis of loss_i / #valid
+    per_box = oracle(pred, target, None, "none", wrt=())[0]
+    n_valid = (target[..., 3] > 0).sum().clamp(min=1)
+    assert_close(go[1], (per_box.sum(1, keepdim=True) / n_valid), torch.float32, "grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mixed_dtypes(device, dtype):
+    pred, target = pair((29,), device, torch.float32, seed=10)
+    pred = pred.to(dtype)
+    lo, go, (p, t, _) = ours(pred, target, None, "mean", wrt=("pred", "target"))
+    lr, gr = oracle(pred, target, None, "mean", wrt=("pred", "target"))
+    assert lo.dtype == torch.float32
+    assert go[0].dtype == dtype and go[1].dtype == torch.float32
+    assert_close(lo, lr, dtype, "loss")
+    assert_close(go[0], gr[0], dtype, "grad")
+    assert_close(go[1], gr[1], torch.float32, "grad")
+
+
+def test_ltrb_matches_xyxy(device):
+    g = torch.Generator().manual_seed(11)
+    pred = (torch.rand(41, 4, generator=g) * 5 + 0.05).to(device)
+    target = (torch.rand(41, 4, generator=g) * 5 + 0.05).to(device)
+    target[::5] = 0.0  # padding: b <= 0
+    # against the oracle on the converted boxes, values and gradients (incl. the sign flips)
+    compare(pred, target, None, "mean", box_format="ltrb", wrt=("pred", "target"))
+    # and against our own xyxy path on the converted boxes: same point at the origin, exact
+    a = giou_loss(pred, target, reduction="none", box_format="ltrb", backend="triton")
+    b = giou_loss(ltrb_to_xyxy(pred), ltrb_to_xyxy(target), reduction="none", backend="triton")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # a common point elsewhere: translation-invariant up to rounding (on the non-padding rows,
+    # since padding is decided on the shifted y2)
+    c = torch.tensor([3.0, 7.0], device=device)
+    shift = torch.cat([c, c])
+    d = giou_loss(ltrb_to_xyxy(pred) + shift, ltrb_to_xyxy(target) + shift, reduction="none", backend="triton")
+    keep = target[:, 3] > 0
+    torch.testing.assert_close(a[keep], d[keep], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# degenerate input, ties, padding, empty
+# ------------------------------------------------------------------------------------------
+
+DEGENERATE = [  # (pred, target)
+    ([1.0, 1.0, 1.0, 3.0], [0.0, 0.0, 2.0, 2.0]),  # zero-width pred
+    ([0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.5]),  # zero-width target
+    ([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]),  # identical points
+    ([2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 4.0, 4.0]),  # point inside a box
+    ([3.0, 0.0, 1.0, 2.0], [0.0, 0.0, 2.0, 2.0]),  # inverted pred (x2 < x1)
+    ([0.0, 0.0, 2.0, 2.0], [2.0, 0.0, 4.0, 2.0]),  # touching edge
+    ([0.0, 0.0, 2.0, 2.0], [2.0, 2.0, 4.0, 4.0]),  # touching corner
+    ([0.0, 0.0, 2.0, 2.0], [5.0, 5.0, 6.0, 7.0]),  # far apart
+    ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 2.0]),  # all-zero pred
+    ([1e-4, 1e-4, 2e-4, 2e-4], [1e-4, 1e-4, 2e-4, 2e-4]),  # tiny identical boxes
+    ([0.0, 0.0, 1e4, 1e4], [1.0, 1.0, 2.0, 2.0]),  # huge against small
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_degenerate_boxes(device, dtype):
+    pred = torch.tensor([d[0] for d in DEGENERATE], device=device, dtype=dtype)
+    target = torch.tensor([d[1] for d in DEGENERATE], device=device, dtype=dtype)
+    lo, go = compare(pred, target, None, "none", wrt=("pred", "target"))
+    assert torch.isfinite(lo).all()
+
+
+TIES = [  # coordinates shared between pred and target: min/max ties in every position
+    ([0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0]),
+    ([0.0, 0.0, 2.0, 3.0], [0.0, 1.0, 2.0, 2.0]),
+    ([0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 3.0, 2.0]),
+    ([1.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 1.0]),
+    ([0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ties_follow_torchvision(device, dtype):
+    pred = torch.tensor([t[0] for t in TIES], device=device, dtype=dtype)
+    target = torch.tensor([t[1] for t in TIES], device=device, dtype=dtype)
+    compare(pred, target, None, "sum", wrt=("pred", "target"))
+
+
+def test_tie_policy_is_half_split(device):
+    """Identical boxes: the loss is at its minimum and the corner gradients split evenly."""
+    box = torch.tensor([[0.0, 0.0, 2.0, 4.0]], device=device)
+    _, (gp, gt), _ = ours(box, box.clone(), None, "sum", wrt=("pred", "target"))
+    torch.testing.assert_close(gp, gt)  # symmetric split between the two boxes
+    _, (gr,) = oracle(box, box, None, "sum")
+    torch.testing.assert_close(gp.double().cpu(), gr.cpu(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter computes on the NaN rows too
+def test_padding_rows(device):
+    pred, target = pair((6, 8), device, seed=12, pad_frac=0.5)
+    # padding rows may hold anything, even non-finite values, in either box
+    pad = target[..., 3] <= 0
+    target[pad] = torch.tensor([float("nan"), 1.0, float("inf"), -1.0], device=device)
+    pred[pad] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0], device=device)
+    for reduction in ("none", "sum", "mean"):
+        lo, go, _ = ours(pred, target, None, reduction, wrt=("pred", "target"))
+        assert torch.isfinite(lo).all()
+        for g in go:
+            assert torch.isfinite(g).all()
+            assert (g[pad] == 0).all()
+        keep = ~pad
+        lr, gr = oracle(pred[keep], target[keep], None, reduction if reduction != "none" else "none",
+                        wrt=("pred", "target"))
+        if reduction == "none":
+            assert (lo[pad] == 0).all()
+            assert_close(lo[keep], lr, torch.float32, "loss")
+        else:
+            assert_close(lo, lr, torch.float32, "loss")
+        assert_close(go[0][keep], gr[0], torch.float32, "grad")
+        assert_close(go[1][keep], gr[1], torch.float32, "grad")
+
+
+def test_all_padding(device):
+    pred, target = pair((10,), device, seed=13)
+    target.zero_()
+    for reduction, want in (("sum", 0.0), ("mean", 0.0)):
+        lo, go, _ = ours(pred, target, None, reduction)
+        assert lo.item() == want
+        assert (go[0] == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (2, 0, 4)])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_empty_input(device, shape, reduction):
+    pred = torch.zeros(shape, device=device, requires_grad=True)
+    target = torch.zeros(shape, device=device, requires_grad=True)
+    loss = giou_loss(pred, target, reduction=reduction, backend="triton")
+    assert loss.dtype == torch.float32
+    if reduction == "none":
+        assert loss.shape == shape[:-1]
+    else:
+        assert loss.shape == () and loss.item() == 0.0
+    gp, gt = torch.autograd.grad(loss.sum(), (pred, target))
+    assert gp.shape == shape and gt.shape == shape
+
+
+# ------------------------------------------------------------------------------------------
+# layouts, launch paths, grad modes
+# ------------------------------------------------------------------------------------------
+
+
+def test_strided_and_expanded_inputs(device):
+    pred, target = pair((12,), device, seed=14)
+    wide = torch.zeros(12, 7, device=device)
+    wide[:, 1:5] = pred
+    p_strided = wide[:, 1:5]  # row stride 7
+    t_cols = target.t().contiguous().t()  # last-dim stride 12: copied
+    compare(p_strided, t_cols, None, "mean")
+    t_one = target[3:4].expand(12, 4)  # stride 0 rows
+    compare(pred, t_one, None, "none")
+    p3 = pred.view(3, 4, 4).transpose(0, 1)  # no flat view: copied
+    compare(p3, target.view(3, 4, 4).transpose(0, 1), None, "sum")
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    """Force the multi-program forward (partials + finalize) and the tuned launches on small inputs."""
+    monkeypatch.setattr(K, "SINGLE_MAX", 16)
+    monkeypatch.setattr(K, "SMALL_MAX", 16)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_multi_program_path(device, small_thresholds, reduction):
+    pred, target = pair((300,), device, seed=15)
+    weight = torch.rand(300, generator=torch.Generator().manual_seed(16)).to(device)
+    compare(pred, target, weight, reduction, wrt=("pred", "target"))
+
+
+def test_deterministic(device, small_thresholds):
+    pred, target = pair((500,), device, seed=17)
+    a = [giou_loss(pred, target, backend="triton") for _ in range(3)]
+    assert all(torch.equal(a[0], x) for x in a[1:])
+
+
+@pytest.mark.parametrize("grad_mode", ["separate", "fused"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_grad_modes(device, grad_mode, reduction):
+    pred, target = pair((2, 13), device, seed=18)
+    weight = torch.rand(2, 13, generator=torch.Generator().manual_seed(19)).to(device) + 0.5
+    compare(pred, target, weight, reduction, wrt=("pred", "target"), op=True, grad_mode=grad_mode)
+    compare(pred, target, weight, reduction, wrt=("pred", "weight"), op=True, grad_mode=grad_mode)
+
+
+@pytest.mark.parametrize("grad_mode", ["separate", "fused"])
+def test_registered_op_path(device, grad_mode):
+    pred, target = pair((21,), device, seed=20)
+    compare(pred, target, None, "mean", wrt=("pred", "target"), op=True, grad_mode=grad_mode, use_op=True)
+    assert hasattr(torch.ops.snntrain, "giou_loss") and hasattr(torch.ops.snntrain, "giou_loss_backward")
+
+
+def test_fused_bf16(device):
+    pred, target = pair((33,), device, torch.bfloat16, seed=21)
+    compare(pred, target, None, "mean", op=True, grad_mode="fused")
+
+
+# ------------------------------------------------------------------------------------------
+# hand-written gradient: float64 gradcheck of the kernels
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+@pytest.mark.parametrize("box_format", ["xyxy", "ltrb"])
+def test_gradcheck_float64(device, reduction, box_format):
+    """The Triton kernels run in float64 (backend='triton'); boxes away from ties and kinks."""
+    g = torch.Generator().manual_seed(22)
+    if box_format == "xyxy":
+        pred, target = pair((4,), device, torch.float64, seed=23, pad_frac=0.0)
+        target[3] = torch.tensor([1.0, 1.0, 2.0, -1.0])  # one padding row (away from the y2 = 0 boundary)
+    else:
+        pred = (torch.rand(4, 4, generator=g, dtype=torch.float64) * 3 + 0.3).to(device)
+        target = (torch.rand(4, 4, generator=g, dtype=torch.float64) * 3 + 0.3).to(device)
+    weight = (torch.rand(4, generator=g, dtype=torch.float64) + 0.5).to(device)
+    pred.requires_grad_()
+    target.requires_grad_()
+    weight.requires_grad_()
+
+    def f(p, t, w):
+        return giou_loss(p, t, w, reduction, box_format=box_format, backend="triton")
+
+    assert torch.autograd.gradcheck(f, (pred, target, weight), eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# reference path, module, backends, errors
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_reference_matches_oracle(reduction):
+    pred, target = pair((3, 7), "cpu", seed=24)
+    weight = torch.rand(3, 7, generator=torch.Generator().manual_seed(25)) + 0.5
+    compare(pred, target, weight, reduction, wrt=("pred", "target", "weight"), backend="torch")
+    compare(pred.double(), target.double(), None, reduction, wrt=("pred",), backend="torch")
+    compare(pred, target, None, reduction, box_format="ltrb", backend="torch")
+
+
+def test_reference_matches_kernels(device):
+    pred, target = pair((40,), device, torch.bfloat16, seed=26)
+    for reduction in ("none", "mean"):
+        a = giou_loss(pred, target, reduction=reduction, backend="triton")
+        b = giou_loss_reference(pred, target, reduction=reduction)
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_auto_backend_on_cpu():
+    pred, target = pair((9,), "cpu", seed=27)
+    a = giou_loss(pred, target)  # auto: CPU tensors use the reference
+    b = giou_loss_reference(pred, target)
+    torch.testing.assert_close(a, b)
+
+
+def test_module(device):
+    pred, target = pair((2, 5), device, seed=28)
+    m = GIoULoss(reduction="sum", backend="triton")
+    assert "reduction='sum'" in repr(m)
+    torch.testing.assert_close(m(pred, target), giou_loss(pred, target, reduction="sum", backend="triton"))
+    assert list(m.state_dict()) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, err, match",
+    [
+        (dict(pred=torch.zeros(3, 5)), ValueError, r"shape \[\.\.\., 4\].*\(3, 5\)"),
+        (dict(pred=torch.zeros(())), ValueError, r"shape \[\.\.\., 4\]"),
+        (dict(target=torch.zeros(4, 4)), ValueError, r"same shape as pred \(3, 4\); got \(4, 4\)"),
+        (dict(weight=torch.ones(4)), ValueError, r"weight must have shape \(3,\).*got \(4,\)"),
+        (dict(weight=torch.ones(3, 2)), ValueError, r"weight must have shape \(3,\)"),
+        (dict(weight=[1.0, 2.0, 3.0]), TypeError, r"weight must be a tensor"),
+        (dict(reduction="avg"), ValueError, r"reduction='avg' is not valid; choose one of 'none', 'sum', 'mean'"),
+        (dict(box_format="cxcywh"), ValueError, r"box_format='cxcywh' is not valid; choose one of 'xyxy', 'ltrb'"),
+        (dict(backend="cuda"), ValueError, r"backend='cuda' is not valid"),
+        (dict(eps=-1.0), ValueError, r"eps=-1.0 is not valid"),
+        (dict(pred=torch.zeros(3, 4, dtype=torch.int64)), TypeError, r"float16, bfloat16, float32 or float64"),
+        (dict(pred=[[0.0] * 4] * 3), TypeError, r"must be tensors"),
+    ],
+)
+def test_errors(kwargs, err, match):
+    args = dict(pred=torch.zeros(3, 4), target=torch.zeros(3, 4), weight=None, reduction="mean", eps=1e-7,
+                box_format="xyxy", backend="torch")
+    args.update(kwargs)
+    with pytest.raises(err, match=match):
+        giou_loss(args.pop("pred"), args.pop("target"), args.pop("weight"), args.pop("reduction"), args.pop("eps"),
+                  **args)
+
+
+def test_module_errors():
+    with pytest.raises(ValueError, match="reduction="):
+        GIoULoss(reduction="max")
+    with pytest.raises(ValueError, match="box_format="):
+        GIoULoss(box_format="xywh")
+
+
+# ------------------------------------------------------------------------------------------
+# integration: profiler, torch.compile, CUDA graphs
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_op", [False, True])
+def test_visible_in_profiler(device, use_op):
+    pred, target = pair((16,), device, seed=29)
+    pred.requires_grad_()
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        K.giou_loss_op(pred, target, None, "mean", use_op=use_op).backward()
+    names = {e.key for e in prof.key_averages()}
+    assert "snntrain::giou_loss" in names, sorted(names)
+    assert "snntrain::giou_loss_backward" in names, sorted(names)
+
+
+def test_torch_compile_fullgraph(device):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    pred, target = pair((4, 6), device, seed=30)
+    weight = torch.rand(4, 6, generator=torch.Generator().manual_seed(31)).to(device)
+
+    def loss_fn(p, t, w):
+        return giou_loss(p, t, w, "mean", backend="triton") + 0.5 * giou_loss(p, t, None, "sum", backend="triton")
+
+    # AOTAutograd traces forward and backward together; the backward runs on .backward().
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(loss_fn, fullgraph=True, backend=backend)
+    p1 = pred.clone().requires_grad_()
+    p2 = pred.clone().requires_grad_()
+    l1 = compiled(p1, target, weight)
+    l1.backward()
+    l2 = loss_fn(p2, target, weight)
+    l2.backward()
+    torch.testing.assert_close(l1, l2)
+    torch.testing.assert_close(p1.grad, p2.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_capture(device):
+    pred, target = pair((32, 256), device, seed=32, pad_frac=0.5)
+    p = pred.clone().requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):  # compile and tune outside the capture
+            p.grad = None
+            giou_loss(p, target).backward()
+    torch.cuda.current_stream().wait_stream(s)
+    p.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = giou_loss(p, target)
+        loss.backward()
+    new = rand_boxes((32, 256), device, gen=torch.Generator().manual_seed(33))
+    with torch.no_grad():
+        p.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    lr, (gr,) = oracle(new, target, None, "mean")
+    assert_close(loss, lr, torch.float32, "loss")
+    assert_close(p.grad, gr, torch.float32, "grad")
