@@ -66,8 +66,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from .tasks import TASKS
 
     out = Path(cfg.paths.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _announce(f"snntrain: run directory {out.resolve()}")
     task_name = cfg.task.name
     if task_name not in TASKS:
         raise ValueError(f"task={task_name!r} cannot be trained; trainable tasks: {', '.join(TASKS)}")
@@ -84,6 +82,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with open_dict(cfg):
         if "num_classes" in cfg.data and cfg.data.num_classes is None:
             cfg.data.num_classes = datamodule.num_classes
+        if "classes" not in cfg.data and hasattr(datamodule, "classes"):
+            cfg.data.classes = list(datamodule.classes)
         cfg.backend.resolved = backend
     config = resolved_config(cfg)
     _save_config(config, out / "config.yaml")
@@ -120,19 +120,57 @@ def train(cfg: DictConfig) -> dict[str, float]:
     _announce(f"snntrain: final metrics {shown}")
     if cfg.train and checkpoint.best_model_path:
         _announce(f"snntrain: best {monitor}={float(checkpoint.best_model_score):.4f} at {checkpoint.best_model_path}")
-    _announce(f"snntrain: run directory {out.resolve()}")
     return metrics
 
 
+def export(cfg: DictConfig) -> dict[str, Any]:
+    """Export ``ckpt_path`` into ``export.dir`` (default ``<run dir>/export``)."""
+    from .export import export_checkpoint
+
+    if cfg.ckpt_path is None:
+        raise ValueError("task=export needs ckpt_path=<file.ckpt>")
+    out = Path(cfg.export.dir) if cfg.export.dir else Path(cfg.paths.output_dir) / "export"
+    _announce(f"snntrain: exporting {cfg.ckpt_path} to {out.resolve()}")
+    card = export_checkpoint(cfg.ckpt_path, out, formats=list(cfg.export.formats), backend=cfg.backend.name,
+                             opset=int(cfg.export.opset))
+    _announce(f"snntrain: export written to {out.resolve()}: {', '.join(card['files'])}")
+    return card
+
+
+def predict(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Predict ``input`` (an image or a folder) with ``ckpt_path`` (a checkpoint or an export folder)."""
+    from .predict import predict as run_predict
+
+    if cfg.ckpt_path is None:
+        raise ValueError("task=predict needs ckpt_path=<file.ckpt or export folder>")
+    out = Path(cfg.predict.output_dir) if cfg.predict.output_dir else Path(cfg.paths.output_dir) / "predictions"
+    _announce(f"snntrain: predicting {cfg.input} with {cfg.ckpt_path} into {out.resolve()}")
+    records = run_predict(cfg.ckpt_path, cfg.input, out, backend=cfg.backend.name,
+                          batch_size=int(cfg.predict.batch_size), score_thresh=cfg.predict.score_thresh,
+                          draw=bool(cfg.predict.draw))
+    _announce(f"snntrain: {len(records)} prediction(s) in {(out / 'predictions.json').resolve()}")
+    return records
+
+
 def run(cfg: DictConfig) -> Any:
-    """Dispatch on ``cfg.task.name``."""
+    """Dispatch on ``cfg.task.name``: classify / detect train, export and predict use a checkpoint."""
     name = cfg.task.name
     if name in ("classify", "detect"):
         metrics = train(cfg)
         return metrics.get(cfg.task.monitor)
-    raise ValueError(f"task={name!r} is not valid")
+    if name == "export":
+        return export(cfg)
+    if name == "predict":
+        return predict(cfg)
+    raise ValueError(f"task={name!r} is not valid; choose one of classify, detect, export, predict")
 
 
 @hydra.main(version_base="1.3", config_path="pkg://snntrain.conf", config_name="config")
 def main(cfg: DictConfig) -> Any:
-    return run(cfg)
+    out = Path(cfg.paths.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _announce(f"snntrain: run directory {out.resolve()}")
+    try:
+        return run(cfg)
+    finally:
+        _announce(f"snntrain: run directory {out.resolve()}")

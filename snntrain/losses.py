@@ -1,4 +1,5 @@
-"""Detection losses: generalized-IoU box loss (:func:`giou_loss`, :class:`GIoULoss`).
+"""Detection losses: generalized-IoU box loss (:func:`giou_loss`, :class:`GIoULoss`) and the
+FCOS detector's loss (:func:`fcos_loss`).
 
 Semantics (both backends):
 
@@ -194,3 +195,41 @@ class GIoULoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, eps={self.eps}, box_format={self.box_format!r}, backend={self.backend!r}"
+
+
+def fcos_loss(
+    outputs: dict[str, torch.Tensor],
+    targets: dict[str, torch.Tensor],
+    focal_alpha: float = 0.25,
+    focal_gamma: float = 2.0,
+    box_weight: float = 1.0,
+    ctr_weight: float = 1.0,
+    backend: str = "auto",
+) -> dict[str, torch.Tensor]:
+    """The FCOS detector's loss, all on the device.
+
+    ``outputs``: ``cls_logits`` ``[B, L, K]``, ``box_ltrb`` ``[B, L, 4]``, ``centerness``
+    ``[B, L]`` (logits); ``targets`` from :func:`snntrain.models.detector.fcos_targets`
+    (``labels``, ``ltrb`` with zeros off the positives, ``centerness``, ``positive``).
+
+    Sigmoid focal loss over all locations and classes, GIoU loss (``ltrb`` form: the
+    background rows are padding) and centerness BCE over the positive locations, each
+    divided by the number of positives (at least 1). Returns ``loss`` (the weighted sum),
+    ``loss_cls``, ``loss_box``, ``loss_ctr`` and ``num_pos``.
+    """
+    from torchvision.ops import sigmoid_focal_loss
+
+    positive = targets["positive"]
+    num_pos = positive.sum().clamp(min=1).to(torch.float32)
+    logits = outputs["cls_logits"].float()
+    cls_target = torch.nn.functional.one_hot(targets["labels"].clamp(min=0), logits.shape[-1]).to(logits.dtype)
+    cls_target = cls_target * positive.unsqueeze(-1)
+    loss_cls = sigmoid_focal_loss(logits, cls_target, alpha=focal_alpha, gamma=focal_gamma, reduction="sum") / num_pos
+    loss_box = giou_loss(outputs["box_ltrb"], targets["ltrb"], reduction="sum", box_format="ltrb",
+                         backend=backend) / num_pos
+    ctr_bce = torch.nn.functional.binary_cross_entropy_with_logits(
+        outputs["centerness"].float(), targets["centerness"], reduction="none")
+    loss_ctr = (ctr_bce * positive).sum() / num_pos
+    loss = loss_cls + box_weight * loss_box + ctr_weight * loss_ctr
+    return {"loss": loss, "loss_cls": loss_cls.detach(), "loss_box": loss_box.detach(),
+            "loss_ctr": loss_ctr.detach(), "num_pos": num_pos}

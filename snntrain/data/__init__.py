@@ -22,7 +22,7 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
 }
 
 # Keys of a data config that describe the data for the model rather than configure the module.
-_DESCRIPTIVE = ("name", "num_classes", "in_channels")
+_DESCRIPTIVE = ("name", "num_classes", "in_channels", "classes")
 
 
 def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataModule:

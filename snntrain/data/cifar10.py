@@ -18,10 +18,12 @@ MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 class CIFAR10DataModule(L.LightningDataModule):
     num_classes = 10
     in_channels = 3
+    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
     def __init__(
         self,
         root: str = "data/cifar10",
+        image_size: int = 32,
         batch_size: int = 128,
         num_workers: int = 4,
         download: bool = True,
@@ -31,6 +33,7 @@ class CIFAR10DataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.root = Path(root).expanduser()
+        self.image_size = positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
         self.num_workers = int(num_workers)
         self.download = bool(download)
@@ -67,8 +70,10 @@ class CIFAR10DataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
-        norm = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-        train_tf = v2.Compose(([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if self.augment else []) + norm)
+        resize = [v2.Resize(self.image_size, antialias=True)] if self.image_size != 32 else []
+        norm = [v2.ToImage(), *resize, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        crop = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if self.augment else []
+        train_tf = v2.Compose(crop + norm)
         eval_tf = v2.Compose(norm)
         if self.val_fraction is None:
             self.train_set = self._dataset(True, train_tf)

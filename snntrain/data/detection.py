@@ -410,6 +410,7 @@ class DetectionDataModule(L.LightningDataModule):
 
     num_classes = 1
     in_channels = 3
+    classes = ["face"]
 
     def __init__(self, image_size: int, batch_size: int, num_workers: int, max_boxes: int | None, seed: int) -> None:
         super().__init__()

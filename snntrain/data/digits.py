@@ -19,6 +19,7 @@ from .common import check_fraction, loader_generator, positive_int
 class DigitsDataModule(L.LightningDataModule):
     num_classes = 10
     in_channels = 1
+    classes = [str(i) for i in range(10)]
 
     def __init__(
         self,

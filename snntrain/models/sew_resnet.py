@@ -110,7 +110,8 @@ class SEWResNet(nn.Module):
 
     Args:
         depth: 18, 34 (basic blocks) or 50 (bottlenecks).
-        num_classes: classifier outputs.
+        num_classes: classifier outputs; 0 builds the backbone only (no pooling and classifier),
+            for detectors that read :meth:`forward_features`.
         in_channels: image channels.
         T: time steps for static ``[B, C, H, W]`` input (direct encoding: the image is
             the input current at every step). ``[T, B, C, H, W]`` input is used as is.
@@ -145,7 +146,8 @@ class SEWResNet(nn.Module):
         if stem not in STEMS:
             raise ValueError(f"stem={stem!r} is not valid; choose one of {', '.join(STEMS)}")
         self.T = _positive_int("T", T)
-        num_classes = _positive_int("num_classes", num_classes)
+        if num_classes != 0:
+            num_classes = _positive_int("num_classes", num_classes)
         in_channels = _positive_int("in_channels", in_channels)
         width = _positive_int("width", width)
         connect = check_connect(connect)
@@ -177,8 +179,10 @@ class SEWResNet(nn.Module):
             stages.append(nn.Sequential(*blocks))
             self.stage_channels.append(cin)
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.avgpool = MultiStep(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
-        self.fc = nn.Linear(cin, num_classes)
+        self.num_classes = num_classes
+        if num_classes:
+            self.avgpool = MultiStep(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
+            self.fc = nn.Linear(cin, num_classes)
         self._init_weights(zero_init_residual)
 
     def _init_weights(self, zero_init_residual: bool) -> None:
@@ -208,6 +212,12 @@ class SEWResNet(nn.Module):
             return self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2])
         raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
 
+    @property
+    def stage_strides(self) -> list[int]:
+        """Downsampling factor of each stage's output relative to the input."""
+        first = 1 if isinstance(self.pool, nn.Identity) else 4
+        return [first * 2**i for i in range(4)]
+
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Spike maps ``[T, B, C, H, W]`` after each of the four stages."""
         x = self.pool(self.sn1(self.encode(x)))
@@ -218,6 +228,8 @@ class SEWResNet(nn.Module):
         return feats
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.num_classes:
+            raise RuntimeError("this SEWResNet was built with num_classes=0 (backbone only): use forward_features")
         x = self.forward_features(x)[-1]
         logits = self.fc(self.avgpool(x))  # [T, B, num_classes]
         return logits.mean(0)

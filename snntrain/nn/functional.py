@@ -129,6 +129,10 @@ def _check_input(x: object, v_init: object) -> None:
             raise ValueError(f"v_init has shape {shape}; it must have the shape of one step, {tuple(x.shape[1:])}")
 
 
+def _heaviside(u: torch.Tensor) -> torch.Tensor:
+    return (u >= 0).to(u.dtype)
+
+
 def _reference(
     x: torch.Tensor,
     p: NeuronParams,
@@ -146,6 +150,8 @@ def _reference(
         k = torch.sigmoid(w.to(torch.float32))
     elif p.kind == "lif":
         k = 1.0 / p.tau
+    # the surrogate only matters when a gradient is recorded; inference (and export) uses a plain step
+    fire = (lambda u: SpikeFunction.apply(u, p.surrogate, p.alpha)) if torch.is_grad_enabled() else _heaviside
     spikes, trace = [], []
     for t in range(x.shape[0]):
         xt = x[t].to(torch.float32)
@@ -155,7 +161,7 @@ def _reference(
             h = v + (xt - (v - v_r)) * k
         else:
             h = v - (v - v_r) * k + xt
-        s = SpikeFunction.apply(h - p.v_threshold, p.surrogate, p.alpha)
+        s = fire(h - p.v_threshold)
         s_reset = s.detach() if p.detach_reset else s
         if p.hard_reset:
             v = h * (1.0 - s_reset) + p.v_reset * s_reset

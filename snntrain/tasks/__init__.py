@@ -2,7 +2,8 @@
 
 from .base import SpikingTask
 from .classification import ClassificationTask
+from .detection import DetectionTask
 
-TASKS = {"classify": ClassificationTask}
+TASKS = {"classify": ClassificationTask, "detect": DetectionTask}
 
-__all__ = ["TASKS", "ClassificationTask", "SpikingTask"]
+__all__ = ["TASKS", "ClassificationTask", "DetectionTask", "SpikingTask"]

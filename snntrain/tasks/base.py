@@ -42,4 +42,7 @@ class SpikingTask(L.LightningModule):
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["snntrain"] = {"version": __version__, "backend": self.backend, "task": self.config["task"]["name"]}
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
+                   if hasattr(v, "numel") and v.numel() == 1 and "/" in k and not k.startswith("firing_rate")}
+        checkpoint["snntrain"] = {"version": __version__, "backend": self.backend, "task": self.config["task"]["name"],
+                                  "metrics": metrics}

@@ -1,0 +1,308 @@
+"""Checkpoint export for deployment, and loaders that need neither Hydra nor Lightning.
+
+An export folder holds:
+
+``config.yaml``         the resolved run config (the model section rebuilds the network)
+``model.safetensors``   the weights
+``model_card.json``     task, classes, T, input shape, training backend, metrics, files
+``README.md``           the same card for people
+``model.onnx``          the network with the T loop unrolled (PyTorch backend), opset 18
+``model.pt2``           a ``torch.export`` program (Triton ops when exported on a GPU)
+
+The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
+A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
+(xyxy pixels of the input) and ``scores`` ``[B, L, K]`` for all L locations, before
+thresholding and NMS (see :meth:`snntrain.models.SpikingFCOS.decode`).
+
+Every export is written into a temporary folder that is renamed only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import __version__
+from .backend import check_backend, resolve_backend
+from .checkpoint import CheckpointError, checkpoint_config, read_checkpoint
+from .fileio import atomic_path
+from .models import SpikingFCOS, build_model
+from .nn.neurons import set_backend
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("safetensors", "onnx", "torch_export")
+ONNX_OPSET = 18
+
+
+# ----------------------------------------------------------------------------- inference modules
+
+
+class SpikingClassifier(nn.Module):
+    """A trained classifier: ``forward(images)`` gives logits ``[B, K]``; ``classes`` names them."""
+
+    def __init__(self, model: nn.Module, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.config = config
+        self.classes = list(config.get("data", {}).get("classes") or range(config["model"]["num_classes"]))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    @torch.no_grad()
+    def predict(self, images: torch.Tensor) -> torch.Tensor:
+        """Class probabilities ``[B, K]``."""
+        return self.model(images).float().softmax(-1)
+
+
+class SpikingDetector(nn.Module):
+    """A trained detector: ``forward(images)`` gives one dict per image with ``boxes`` ``[n, 4]``
+    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS."""
+
+    def __init__(self, model: SpikingFCOS, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.config = config
+        self.classes = list(config.get("data", {}).get("classes") or ["face"])
+
+    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        return self.model.decode(self.model(images), image_size=tuple(images.shape[-2:]))
+
+
+class ExportGraph(nn.Module):
+    """Tensor-only forward for ONNX and torch.export (no Python data structures, no NMS)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.detector = isinstance(model, SpikingFCOS)
+
+    def forward(self, images: torch.Tensor):
+        if not self.detector:
+            return self.model(images)
+        out = self.model(images)
+        ltrb, points = out["box_ltrb"].float(), out["points"]
+        boxes = torch.cat([points - ltrb[..., :2], points + ltrb[..., 2:]], -1)
+        scores = torch.sqrt(out["cls_logits"].float().sigmoid() * out["centerness"].float().sigmoid().unsqueeze(-1))
+        return boxes, scores
+
+
+def _wrap(model: nn.Module, config: dict[str, Any]) -> nn.Module:
+    wrapped = SpikingDetector(model, config) if isinstance(model, SpikingFCOS) else SpikingClassifier(model, config)
+    return wrapped.eval()
+
+
+def _model_from(config: dict[str, Any], state_dict: dict[str, torch.Tensor], backend: str, source: Path) -> nn.Module:
+    model = build_model(config["model"], backend=backend)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{source} does not match its model config: missing weights {missing[:5]}"
+            f"{'...' if len(missing) > 5 else ''}, unexpected weights {unexpected[:5]}"
+            f"{'...' if len(unexpected) > 5 else ''}"
+        )
+    return model.eval()
+
+
+def _checkpoint_model(ckpt: dict[str, Any], backend: str, source: Path) -> nn.Module:
+    config = checkpoint_config(ckpt)
+    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    return _model_from(config, state, backend, source)
+
+
+def _backend_for(backend: str) -> str:
+    check_backend(backend)
+    return resolve_backend(backend) if backend == "auto" else backend
+
+
+def load_checkpoint(ckpt_path: str | os.PathLike, backend: str = "auto", map_location: str | torch.device = "cpu"
+                    ) -> nn.Module:
+    """A ready classifier or detector (eval mode) from a Lightning checkpoint written by snntrain."""
+    path = Path(ckpt_path)
+    ckpt = read_checkpoint(path)
+    wrapped = _wrap(_checkpoint_model(ckpt, _backend_for(backend), path), checkpoint_config(ckpt))
+    return wrapped.to(map_location)
+
+
+def load_exported(path: str | os.PathLike, backend: str = "auto", map_location: str | torch.device = "cpu"
+                  ) -> nn.Module:
+    """A ready classifier or detector (eval mode) from an export folder (``config.yaml`` +
+    ``model.safetensors``), without Hydra or Lightning."""
+    import yaml
+    from safetensors import SafetensorsError
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    cfg_file, weights = folder / "config.yaml", folder / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.is_file():
+            raise CheckpointError(f"{folder} is not an snntrain export folder: {f.name} is missing "
+                                  "(export with export.formats including safetensors)")
+    config = yaml.safe_load(cfg_file.read_text())
+    if not isinstance(config, dict) or "model" not in config:
+        raise CheckpointError(f"{cfg_file} has no model section")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorsError, OSError) as err:
+        raise CheckpointError(f"{weights} cannot be read ({err}): truncated or corrupt") from err
+    wrapped = _wrap(_model_from(config, state, _backend_for(backend), weights), config)
+    return wrapped.to(map_location)
+
+
+def load_program(path: str | os.PathLike):
+    """``torch.export.load`` of an exported ``model.pt2`` with snntrain's custom ops registered."""
+    from . import kernels  # noqa: F401  (registers torch.ops.snntrain.*)
+
+    return torch.export.load(str(path))
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def input_shape(config: dict[str, Any]) -> list[int]:
+    """``[1, C, S, S]``: the image batch the model was trained on."""
+    data = config.get("data", {})
+    size = data.get("image_size") or 32
+    return [1, int(config["model"]["in_channels"]), int(size), int(size)]
+
+
+def check_formats(formats: object) -> list[str]:
+    if isinstance(formats, str):
+        formats = [formats]
+    if not isinstance(formats, Sequence) or not formats or any(f not in FORMATS for f in formats):
+        raise ValueError(f"export.formats={formats!r} is not valid; give a list from {', '.join(FORMATS)}")
+    return list(dict.fromkeys(formats))
+
+
+def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source: Path) -> dict[str, Any]:
+    meta = ckpt.get("snntrain", {})
+    task = config["task"]["name"]
+    return {
+        "snntrain_version": __version__,
+        "task": task,
+        "classes": list(config.get("data", {}).get("classes") or []),
+        "T": config["model"].get("T", config.get("T")),
+        "input_shape": shape,
+        "input_normalisation": "as the training data module: see config.yaml's data section",
+        "backend_in_training": config.get("backend", {}).get("resolved", meta.get("backend")),
+        "metrics": meta.get("metrics", {}),
+        "epoch": ckpt.get("epoch"),
+        "global_step": ckpt.get("global_step"),
+        "checkpoint": str(source),
+        "outputs": ("logits [B, K]" if task != "detect"
+                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS)"),
+        "files": {},
+    }
+
+
+def _readme(card: dict[str, Any]) -> str:
+    lines = [f"# snntrain export: {card['task']}", ""]
+    for key in ("task", "classes", "T", "input_shape", "backend_in_training", "epoch", "global_step", "checkpoint",
+                "outputs"):
+        lines.append(f"- {key}: {card[key]}")
+    if card["metrics"]:
+        lines += ["", "## Metrics at the checkpoint", ""]
+        lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]
+    lines += ["", "## Files", ""] + [f"- {k}: {v}" for k, v in card["files"].items()]
+    lines += ["", "Load with `snntrain.load_exported(folder)` (safetensors + config), "
+              "`onnxruntime.InferenceSession('model.onnx')`, or `snntrain.export.load_program('model.pt2')`.", ""]
+    return "\n".join(lines)
+
+
+def _max_diff(a, b) -> float:
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    return max(float((torch.as_tensor(x).float() - torch.as_tensor(y).float()).abs().max()) for x, y in zip(a, b))
+
+
+def export_checkpoint(
+    ckpt_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    formats: Sequence[str] = FORMATS,
+    backend: str = "auto",
+    opset: int = ONNX_OPSET,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Export a checkpoint into ``out_dir`` (replaced atomically); returns the model card.
+
+    ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
+    otherwise); ONNX always goes through the PyTorch backend.
+    """
+    formats = check_formats(formats)
+    source = Path(ckpt_path)
+    ckpt = read_checkpoint(source)
+    config = checkpoint_config(ckpt)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"export.dir={str(out_dir)!r} exists and is not a folder")
+    model = _checkpoint_model(ckpt, "torch", source)
+    shape = input_shape(config)
+    sample = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    card = _card(config, ckpt, shape, source)
+    with torch.no_grad():
+        reference = ExportGraph(model)(sample)
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        import yaml
+
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        card["files"]["config.yaml"] = "resolved run config"
+        if "safetensors" in formats:
+            from safetensors.torch import save_file
+
+            state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+            save_file(state, str(tmp / "model.safetensors"), metadata={"snntrain_version": __version__})
+            card["files"]["model.safetensors"] = f"{len(state)} tensors"
+        if "onnx" in formats:
+            card["onnx_max_abs_diff"] = _export_onnx(model, sample, reference, tmp / "model.onnx", opset)
+            card["files"]["model.onnx"] = f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+        if "torch_export" in formats:
+            prog_backend = _backend_for(backend)
+            card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
+                model, prog_backend, sample, reference, tmp / "model.pt2")
+            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend"
+        (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
+        (tmp / "README.md").write_text(_readme(card))
+    log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
+    return card
+
+
+def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, opset: int) -> float:
+    import onnxruntime as ort
+
+    graph = ExportGraph(set_backend(model, "torch")).eval()
+    detector = graph.detector
+    names = ["boxes", "scores"] if detector else ["logits"]
+    torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
+                      output_names=names, dynamic_shapes={"images": {0: torch.export.Dim("batch", min=1)}},
+                      verbose=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"images": sample.numpy()})
+    diff = _max_diff(tuple(got) if detector else got[0], reference)
+    log.info("snntrain: ONNX check with onnxruntime: largest difference %.3g", diff)
+    print(f"ONNX (onnxruntime) vs PyTorch backend: largest absolute difference {diff:.3g}", flush=True)
+    return diff
+
+
+def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, reference, path: Path):
+    device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    net = ExportGraph(set_backend(model, backend)).to(device).eval()
+    x = sample.to(device)
+    program = torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program, str(path))
+    loaded = load_program(path)
+    with torch.no_grad():
+        got = loaded.module()(x)
+    got = tuple(g.cpu() for g in got) if isinstance(got, (tuple, list)) else got.cpu()
+    set_backend(model, "torch").cpu()
+    diff = _max_diff(got, reference)
+    print(f"torch.export program ({backend} backend) vs PyTorch backend: largest absolute difference {diff:.3g}",
+          flush=True)
+    return backend, diff

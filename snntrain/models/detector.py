@@ -1,0 +1,328 @@
+"""Spiking FCOS-style detector: SEW-ResNet backbone, spiking feature pyramid, spiking head.
+
+The backbone's stage outputs (spikes, ``[T, B, C, H, W]``) feed a small feature pyramid
+(lateral 1x1 convolutions, top-down nearest upsampling and sums, then conv-norm-neuron).
+A head shared by all levels has two towers of conv-norm-neuron layers (classification
+and box) and three prediction convolutions: per-location class logits, ``ltrb``
+distances and centerness (Tian et al., FCOS, 2019).
+
+Readout. The prediction convolutions are linear in their spike inputs; their outputs
+are read either as the **membrane** potential of a non-leaky integrator averaged over
+T (``readout="membrane"``: the mean over T of the convolution output, real-valued), or
+as **rate**s of spiking read-out neurons mapped by a learned per-channel affine map
+(``readout="rate"``). Rates take only T + 1 values per location, which quantises the
+scores and box distances; docs/benchmarks.md records the comparison that made
+``membrane`` the default.
+
+Everything from the input to the losses is tensor code without host synchronisation;
+only :meth:`SpikingFCOS.decode` (inference: thresholding and NMS) leaves the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn.layers import MultiStep
+from ..nn.neurons import build_neuron
+from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
+
+READOUTS = ("membrane", "rate")
+
+
+def _upsample_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    t, b = x.shape[:2]
+    return F.interpolate(x.flatten(0, 1), size=tuple(size), mode="nearest").unflatten(0, (t, b))
+
+
+class SpikingFPN(nn.Module):
+    """Feature pyramid over spike maps; outputs are spike maps with ``channels`` channels."""
+
+    def __init__(self, in_channels: Sequence[int], channels: int, f: _Factory) -> None:
+        super().__init__()
+        self.lateral = nn.ModuleList(MultiStep(nn.Conv2d(c, channels, 1)) for c in in_channels)
+        self.output = nn.ModuleList(f.conv_norm(channels, channels, 3) for _ in in_channels)
+        self.neurons = nn.ModuleList(f.neuron() for _ in in_channels)
+
+    def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        lat = [conv(x) for conv, x in zip(self.lateral, feats)]
+        merged = [lat[-1]]
+        for cur in reversed(lat[:-1]):
+            merged.insert(0, cur + _upsample_to(merged[0], cur.shape[-2:]))
+        return [sn(conv(x)) for sn, conv, x in zip(self.neurons, self.output, merged)]
+
+
+class Readout(nn.Module):
+    """Turns ``[T, B, C, H, W]`` prediction currents into ``[B, C, H, W]`` outputs."""
+
+    def __init__(self, channels: int, mode: str, neuron_cfg: Mapping[str, Any], backend: str) -> None:
+        super().__init__()
+        self.mode = mode
+        if mode == "rate":
+            cfg = dict(neuron_cfg)
+            self.neuron = build_neuron(**cfg, backend=backend)
+            self.weight = nn.Parameter(torch.full((channels, 1, 1), 4.0))
+            self.bias = nn.Parameter(torch.full((channels, 1, 1), -2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "membrane":
+            return x.mean(0)
+        rate = self.neuron(x).mean(0)
+        return rate * self.weight + self.bias
+
+
+class FCOSHead(nn.Module):
+    def __init__(self, channels: int, num_classes: int, num_convs: int, num_levels: int, readout: str,
+                 f: _Factory) -> None:
+        super().__init__()
+
+        def tower() -> nn.Sequential:
+            layers: list[nn.Module] = []
+            for _ in range(num_convs):
+                layers += [f.conv_norm(channels, channels, 3), f.neuron()]
+            return nn.Sequential(*layers)
+
+        self.cls_tower = tower()
+        self.box_tower = tower()
+        self.cls_logits = MultiStep(nn.Conv2d(channels, num_classes, 3, padding=1))
+        self.box_ltrb = MultiStep(nn.Conv2d(channels, 4, 3, padding=1))
+        self.centerness = MultiStep(nn.Conv2d(channels, 1, 3, padding=1))
+        self.cls_readout = Readout(num_classes, readout, f.neuron_cfg, f.backend)
+        self.box_readout = Readout(4, readout, f.neuron_cfg, f.backend)
+        self.ctr_readout = Readout(1, readout, f.neuron_cfg, f.backend)
+        self.scales = nn.Parameter(torch.ones(num_levels))
+        for conv in (self.cls_logits[0], self.box_ltrb[0], self.centerness[0]):
+            nn.init.normal_(conv.weight, std=0.01)
+            nn.init.zeros_(conv.bias)
+        # a prior of 1% foreground keeps the focal loss stable at the start (FCOS, RetinaNet)
+        nn.init.constant_(self.cls_logits[0].bias, -math.log((1 - 0.01) / 0.01))
+        if readout == "rate":
+            nn.init.constant_(self.cls_readout.bias, -math.log((1 - 0.01) / 0.01))
+
+    def forward(self, feats: Sequence[torch.Tensor], strides: Sequence[int]):
+        cls_out, box_out, ctr_out = [], [], []
+        for level, (x, stride) in enumerate(zip(feats, strides)):
+            c = self.cls_tower(x)
+            b = self.box_tower(x)
+            logits = self.cls_readout(self.cls_logits(c))  # [B, K, H, W]
+            raw = self.box_readout(self.box_ltrb(b)) * self.scales[level]
+            ltrb = torch.exp(raw.clamp(max=10.0)) * stride  # pixels, always positive
+            ctr = self.ctr_readout(self.centerness(b))
+            cls_out.append(logits.flatten(2).transpose(1, 2))  # [B, HW, K]
+            box_out.append(ltrb.flatten(2).transpose(1, 2))  # [B, HW, 4]
+            ctr_out.append(ctr.flatten(1))  # [B, HW]
+        return torch.cat(cls_out, 1), torch.cat(box_out, 1), torch.cat(ctr_out, 1)
+
+
+def default_scale_ranges(strides: Sequence[int]) -> list[tuple[float, float]]:
+    """FCOS's ranges: level l takes objects whose largest ltrb distance is up to 8 x its stride."""
+    ranges, lo = [], 0.0
+    for i, s in enumerate(strides):
+        hi = math.inf if i == len(strides) - 1 else 8.0 * s
+        ranges.append((lo, hi))
+        lo = hi
+    return ranges
+
+
+class SpikingFCOS(nn.Module):
+    """Spiking anchor-free detector.
+
+    Args:
+        num_classes: object classes (1 for faces).
+        in_channels, T, depth, width, connect, stem, neuron, norm, zero_init_residual, backend:
+            the SEW-ResNet backbone's settings (:class:`~snntrain.models.sew_resnet.SEWResNet`).
+        head: head settings: ``fpn_levels`` (backbone stages 1-4 to use, fine to coarse),
+            ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
+            ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
+            ``center_sampling_radius`` (in strides), and decoding: ``score_thresh``,
+            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``.
+
+    ``forward(images)`` returns a dict with ``cls_logits`` ``[B, L, K]``, ``box_ltrb``
+    ``[B, L, 4]`` (pixels), ``centerness`` ``[B, L]`` (logits), and the ``points``
+    ``[L, 2]`` (x, y pixel centres), ``strides`` ``[L]`` and scale ``ranges`` ``[L, 2]`` of
+    the L locations.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 1,
+        in_channels: int = 3,
+        T: int = 4,
+        depth: int = 18,
+        width: int = 16,
+        connect: str = "ADD",
+        stem: str = "imagenet",
+        neuron: Mapping[str, Any] | None = None,
+        norm: str = "batchnorm",
+        zero_init_residual: bool = False,
+        head: Mapping[str, Any] | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        head = dict(head or {})
+        levels = list(head.pop("fpn_levels", [2, 3, 4]))
+        channels = int(head.pop("fpn_channels", 64))
+        num_convs = int(head.pop("num_convs", 2))
+        readout = head.pop("readout", "membrane")
+        scale_ranges = head.pop("scale_ranges", None)
+        self.center_sampling_radius = float(head.pop("center_sampling_radius", 1.5))
+        self.score_thresh = float(head.pop("score_thresh", 0.05))
+        self.nms_thresh = float(head.pop("nms_thresh", 0.5))
+        self.pre_nms_top_n = int(head.pop("pre_nms_top_n", 1000))
+        self.max_detections = int(head.pop("max_detections", 100))
+        if head:
+            raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
+                             "num_convs, readout, scale_ranges, center_sampling_radius, score_thresh, nms_thresh, "
+                             "pre_nms_top_n, max_detections")
+        if not levels or any(lv not in (1, 2, 3, 4) for lv in levels) or sorted(set(levels)) != levels:
+            raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
+        if readout not in READOUTS:
+            raise ValueError(f"readout={readout!r} is not valid; choose one of {', '.join(READOUTS)}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes={num_classes!r} must be a positive integer")
+        self.num_classes = num_classes
+        self.backbone = SEWResNet(depth=depth, num_classes=0, in_channels=in_channels, T=T, connect=connect,
+                                  stem=stem, width=width, neuron=neuron, norm=norm,
+                                  zero_init_residual=zero_init_residual, backend=backend)
+        self.levels = levels
+        self.strides = [self.backbone.stage_strides[lv - 1] for lv in levels]
+        if scale_ranges is None:
+            ranges = default_scale_ranges(self.strides)
+        else:
+            ranges = [(float(lo), float(hi)) for lo, hi in scale_ranges]
+            if len(ranges) != len(levels):
+                raise ValueError(f"scale_ranges has {len(ranges)} entries; fpn_levels has {len(levels)}")
+        self.scale_ranges = ranges
+        f = _Factory(DEFAULT_NEURON if neuron is None else neuron, norm, backend)
+        self.fpn = SpikingFPN([self.backbone.stage_channels[lv - 1] for lv in levels], channels, f)
+        self.head = FCOSHead(channels, num_classes, num_convs, len(levels), readout, f)
+        self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+    def locations(self, sizes: Sequence[tuple[int, int]], device: torch.device):
+        """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels."""
+        key = (tuple(sizes), str(device))
+        if key not in self._points_cache:
+            pts, strides, ranges = [], [], []
+            for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
+                ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
+                                        indexing="ij")
+                p = torch.stack([xs.flatten(), ys.flatten()], 1) * s + s // 2
+                pts.append(p)
+                strides.append(torch.full((h * w,), float(s)))
+                ranges.append(torch.tensor([[lo, hi]]).expand(h * w, 2))
+            self._points_cache[key] = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+        return self._points_cache[key]
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        feats = self.backbone.forward_features(images)
+        feats = self.fpn([feats[lv - 1] for lv in self.levels])
+        cls_logits, box_ltrb, centerness = self.head(feats, self.strides)
+        points, strides, ranges = self.locations([tuple(f.shape[-2:]) for f in feats], images.device)
+        return {"cls_logits": cls_logits, "box_ltrb": box_ltrb, "centerness": centerness, "points": points,
+                "strides": strides, "ranges": ranges}
+
+    # ------------------------------------------------------------------ training targets
+
+    @torch.no_grad()
+    def targets(self, outputs: Mapping[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
+                num_boxes: torch.Tensor) -> dict[str, torch.Tensor]:
+        """FCOS targets for padded ground truth; see :func:`fcos_targets`."""
+        return fcos_targets(outputs["points"], outputs["strides"], outputs["ranges"], boxes, labels, num_boxes,
+                            self.center_sampling_radius)
+
+    # ------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def decode(self, outputs: Mapping[str, torch.Tensor], image_size: tuple[int, int] | None = None
+               ) -> list[dict[str, torch.Tensor]]:
+        """Boxes, scores and labels per image: score = sqrt(sigmoid(cls) * sigmoid(centerness)),
+        ``score_thresh``, top ``pre_nms_top_n``, class-wise NMS (``nms_thresh``), top ``max_detections``.
+        Boxes are clipped to ``image_size`` (h, w) when given."""
+        from torchvision.ops import batched_nms
+
+        cls = outputs["cls_logits"].float().sigmoid()
+        ctr = outputs["centerness"].float().sigmoid()
+        scores_all = torch.sqrt(cls * ctr.unsqueeze(-1))  # [B, L, K]
+        points = outputs["points"]
+        ltrb = outputs["box_ltrb"].float()
+        boxes_all = torch.cat([points - ltrb[..., :2], points + ltrb[..., 2:]], -1)  # [B, L, 4]
+        results = []
+        num_classes = scores_all.shape[-1]
+        for scores, boxes in zip(scores_all, boxes_all):
+            flat = scores.flatten()
+            keep = flat > self.score_thresh
+            idx = keep.nonzero().squeeze(1)
+            if idx.numel() > self.pre_nms_top_n:
+                idx = idx[flat[idx].topk(self.pre_nms_top_n).indices]
+            loc, cls_idx = idx // num_classes, idx % num_classes
+            b, s = boxes[loc], flat[idx]
+            if image_size is not None:
+                h, w = image_size
+                b = torch.stack([b[:, 0].clamp(0, w), b[:, 1].clamp(0, h), b[:, 2].clamp(0, w), b[:, 3].clamp(0, h)], 1)
+            kept = batched_nms(b, s, cls_idx, self.nms_thresh)[: self.max_detections]
+            results.append({"boxes": b[kept], "scores": s[kept], "labels": cls_idx[kept]})
+        return results
+
+
+def fcos_targets(
+    points: torch.Tensor,
+    strides: torch.Tensor,
+    ranges: torch.Tensor,
+    boxes: torch.Tensor,
+    labels: torch.Tensor,
+    num_boxes: torch.Tensor,
+    center_sampling_radius: float = 1.5,
+) -> dict[str, torch.Tensor]:
+    """Assign padded ground truth to locations, the FCOS way, without host synchronisation.
+
+    Args:
+        points: ``[L, 2]`` location centres (x, y) in pixels; strides ``[L]``; ranges ``[L, 2]``
+            (each location's level takes boxes whose largest ltrb distance is in ``[lo, hi]``).
+        boxes: ``[B, M, 4]`` xyxy ground truth padded to M; labels ``[B, M]``; num_boxes ``[B]``.
+        center_sampling_radius: a location is positive only inside the box and within this many
+            strides of the box centre (the region is clipped to the box).
+
+    Returns a dict with ``labels`` ``[B, L]`` (class index, -1 for background), ``ltrb``
+    ``[B, L, 4]`` (distances to the assigned box; zeros for background, so the GIoU loss
+    treats them as padding), ``centerness`` ``[B, L]`` and ``positive`` ``[B, L]`` (bool).
+    Among several candidate boxes, the one with the smallest area wins.
+    """
+    B, M = boxes.shape[:2]
+    L = points.shape[0]
+    if M == 0:
+        zeros = points.new_zeros((B, L))
+        return {"labels": torch.full((B, L), -1, dtype=torch.long, device=points.device),
+                "ltrb": points.new_zeros((B, L, 4)), "centerness": zeros, "positive": zeros.bool()}
+    x = points[None, :, None, 0]  # [1, L, 1]
+    y = points[None, :, None, 1]
+    x1, y1, x2, y2 = (boxes[:, None, :, i] for i in range(4))  # [B, 1, M]
+    ltrb = torch.stack([x - x1, y - y1, x2 - x, y2 - y], -1)  # [B, L, M, 4]
+    inside_box = ltrb.amin(-1) > 0
+    radius = strides[None, :, None] * center_sampling_radius
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    inside_center = (
+        (x > torch.maximum(cx - radius, x1)) & (x < torch.minimum(cx + radius, x2))
+        & (y > torch.maximum(cy - radius, y1)) & (y < torch.minimum(cy + radius, y2))
+    )
+    reach = ltrb.amax(-1)
+    in_range = (reach >= ranges[None, :, None, 0]) & (reach <= ranges[None, :, None, 1])
+    valid = torch.arange(M, device=boxes.device)[None, :] < num_boxes[:, None]  # [B, M]
+    candidate = inside_box & inside_center & in_range & valid[:, None, :]
+    area = ((x2 - x1) * (y2 - y1)).expand(B, L, M)
+    area = torch.where(candidate, area, torch.full_like(area, math.inf))
+    min_area, best = area.min(-1)  # ties between equal areas: the lowest box index
+    positive = torch.isfinite(min_area)
+    target = ltrb.gather(2, best[..., None, None].expand(B, L, 1, 4)).squeeze(2)
+    target = torch.where(positive[..., None], target, torch.zeros_like(target))
+    lr, tb = target[..., 0::2], target[..., 1::2]
+    ctr = torch.sqrt(
+        (lr.amin(-1) / lr.amax(-1).clamp(min=1e-6)) * (tb.amin(-1) / tb.amax(-1).clamp(min=1e-6))
+    )
+    ctr = torch.where(positive, ctr, torch.zeros_like(ctr))
+    cls = labels.gather(1, best).masked_fill(~positive, -1)
+    return {"labels": cls, "ltrb": target, "centerness": ctr, "positive": positive}

@@ -1,0 +1,135 @@
+"""Spiking FCOS: structure, target assignment on hand-made cases, decoding and NMS."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from snntrain.models import SpikingFCOS, build_model
+from snntrain.models.detector import default_scale_ranges, fcos_targets
+
+
+def tiny_detector(**head) -> SpikingFCOS:
+    cfg = {"fpn_levels": [1, 2, 3], "fpn_channels": 8, "num_convs": 1}
+    cfg.update(head)
+    return SpikingFCOS(num_classes=1, in_channels=3, T=2, width=4, head=cfg, backend="torch")
+
+
+def test_forward_shapes_and_locations():
+    m = tiny_detector()
+    out = m(torch.randn(2, 3, 64, 64))
+    # imagenet stem: stages 1-3 at strides 4, 8, 16 -> 16x16 + 8x8 + 4x4 locations
+    assert m.strides == [4, 8, 16]
+    L = 16 * 16 + 8 * 8 + 4 * 4
+    assert out["cls_logits"].shape == (2, L, 1) and out["box_ltrb"].shape == (2, L, 4)
+    assert out["centerness"].shape == (2, L) and out["points"].shape == (L, 2)
+    assert (out["box_ltrb"] > 0).all()
+    assert out["points"][0].tolist() == [2.0, 2.0] and out["points"][1].tolist() == [6.0, 2.0]
+    assert out["points"][256].tolist() == [4.0, 4.0]  # first location of the stride-8 level
+    assert out["strides"][:256].eq(4).all() and out["strides"][-16:].eq(16).all()
+    loss = out["cls_logits"].sum() + out["box_ltrb"].sum() + out["centerness"].sum()
+    loss.backward()
+
+
+def test_build_model_picks_detector_when_head_given():
+    m = build_model({"name": "sew_resnet", "depth": 18, "width": 4, "stem": "imagenet", "num_classes": 1,
+                     "in_channels": 3, "T": 2, "head": {"fpn_levels": [2, 3], "fpn_channels": 8}}, backend="torch")
+    assert isinstance(m, SpikingFCOS) and m.strides == [8, 16]
+    assert not hasattr(m.backbone, "fc")
+
+
+def test_rate_readout_runs():
+    m = tiny_detector(readout="rate")
+    out = m(torch.randn(1, 3, 32, 32))
+    assert torch.isfinite(out["cls_logits"]).all()
+
+
+@pytest.mark.parametrize(
+    "head, message",
+    [
+        ({"fpn_levels": [3, 2]}, "fpn_levels=\\[3, 2\\] must be increasing"),
+        ({"fpn_levels": [5]}, "must be increasing backbone stages among 1, 2, 3, 4"),
+        ({"readout": "voltage"}, "readout='voltage' is not valid; choose one of membrane, rate"),
+        ({"scale_ranges": [[0, 10]]}, "scale_ranges has 1 entries; fpn_levels has 3"),
+        ({"anchors": 3}, "unknown detector head setting"),
+    ],
+)
+def test_bad_head_settings(head, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_detector(**head)
+
+
+def test_default_scale_ranges_follow_fcos():
+    assert default_scale_ranges([8, 16, 32]) == [(0.0, 64.0), (64.0, 128.0), (128.0, math.inf)]
+
+
+def grid(stride: int, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = size // stride
+    ys, xs = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    points = torch.stack([xs.flatten(), ys.flatten()], 1).float() * stride + stride // 2
+    strides = torch.full((n * n,), float(stride))
+    ranges = torch.tensor([[0.0, math.inf]]).expand(n * n, 2)
+    return points, strides, ranges
+
+
+def test_targets_centre_sampling_and_values():
+    points, strides, ranges = grid(8, 64)  # centres at 4, 12, ..., 60
+    boxes = torch.tensor([[[8.0, 8.0, 40.0, 24.0]]])  # centre (24, 16), 32 x 16
+    t = fcos_targets(points, strides, ranges, boxes, torch.tensor([[0]]), torch.tensor([1]), 1.5)
+    pos = t["positive"][0].view(8, 8)
+    # centre region: |x - 24| < 12 and |y - 16| < 12, clipped to the box: x in (12, 36), y in (8, 24)
+    expected = torch.zeros(8, 8, dtype=torch.bool)
+    expected[1:3, 2:4] = True  # y = 12, 20 and x = 20, 28
+    assert torch.equal(pos, expected)
+    i = 1 * 8 + 2  # point (20, 12)
+    assert t["ltrb"][0, i].tolist() == [12.0, 4.0, 20.0, 12.0]
+    assert t["centerness"][0, i].item() == pytest.approx(math.sqrt(12 / 20 * 4 / 12))
+    assert t["labels"][0, i].item() == 0 and t["labels"][0, 0].item() == -1
+    assert t["ltrb"][0, 0].tolist() == [0, 0, 0, 0] and t["centerness"][0, 0] == 0
+
+
+def test_targets_smallest_box_wins_and_padding_ignored():
+    points, strides, ranges = grid(8, 64)
+    big = [0.0, 0.0, 64.0, 64.0]
+    small = [16.0, 16.0, 40.0, 40.0]  # centre (28, 28)
+    boxes = torch.tensor([[big, small, [0.0, 0.0, 0.0, 0.0]]])
+    labels = torch.tensor([[0, 0, -1]])
+    t = fcos_targets(points, strides, ranges, boxes, labels, torch.tensor([2]), 10.0)
+    p = 3 * 8 + 3  # point (28, 28): inside both boxes -> the small one
+    assert t["ltrb"][0, p].tolist() == [12.0, 12.0, 12.0, 12.0]
+    q = 0  # point (4, 4): only in the big box
+    assert t["ltrb"][0, q].tolist() == [4.0, 4.0, 60.0, 60.0]
+    # the padding row (index 2) would match nothing even without num_boxes; with num_boxes=0 nothing is positive
+    t0 = fcos_targets(points, strides, ranges, boxes, labels, torch.tensor([0]), 10.0)
+    assert not t0["positive"].any()
+
+
+def test_targets_respect_scale_ranges():
+    points, strides, _ = grid(8, 64)
+    ranges = torch.tensor([[0.0, 10.0]]).expand(points.shape[0], 2)
+    boxes = torch.tensor([[[0.0, 0.0, 48.0, 48.0]]])
+    t = fcos_targets(points, strides, ranges, boxes, torch.tensor([[0]]), torch.tensor([1]), 10.0)
+    assert not t["positive"].any()  # every location's reach exceeds 10 px
+
+
+def test_decode_thresholds_nms_and_clipping():
+    m = tiny_detector(score_thresh=0.3, nms_thresh=0.5, max_detections=2)
+    points = torch.tensor([[10.0, 10.0], [11.0, 10.0], [40.0, 40.0], [60.0, 60.0]])
+    big = 20.0
+    logit = lambda p: math.log(p / (1 - p))  # noqa: E731
+    outputs = {
+        "points": points,
+        "box_ltrb": torch.tensor([[[5.0, 5, 5, 5], [5.0, 5, 5, 5], [5.0, 5, 5, 5], [big, big, big, big]]]),
+        "cls_logits": torch.tensor([[[logit(0.9)], [logit(0.8)], [logit(0.7)], [logit(0.1)]]]),
+        "centerness": torch.full((1, 4), 30.0),  # sigmoid ~ 1: score = sqrt(cls)
+    }
+    det = m.decode(outputs, image_size=(64, 64))[0]
+    # location 1 overlaps location 0 (IoU 0.82) and is suppressed; location 3 is under the threshold
+    assert det["boxes"].tolist() == [[5.0, 5.0, 15.0, 15.0], [35.0, 35.0, 45.0, 45.0]]
+    assert det["scores"].tolist() == pytest.approx([math.sqrt(0.9), math.sqrt(0.7)], rel=1e-5)
+    assert det["labels"].tolist() == [0, 0]
+    outputs["cls_logits"][0, 3, 0] = logit(0.99)
+    det = m.decode(outputs, image_size=(64, 64))[0]
+    assert det["boxes"][0].tolist() == [40.0, 40.0, 64.0, 64.0]  # clipped to the image
