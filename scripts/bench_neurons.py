@@ -332,9 +332,11 @@ def sweep(quick: bool) -> None:
     from snntrain.nn import LIF
 
     module = LIF(backend="triton")
-    default = {"FWD_BLOCK": K.FWD_BLOCK, "FWD_WARPS": K.FWD_WARPS, "BWD_BLOCK": K.BWD_BLOCK, "BWD_WARPS": K.BWD_WARPS}
+    default = {"FWD_BLOCK": K.FWD_BLOCK, "FWD_WARPS": K.FWD_WARPS, "BWD_BLOCK": K.BWD_BLOCK, "BWD_WARPS": K.BWD_WARPS,
+               "BWD16_BLOCK": K.BWD16_BLOCK, "BWD16_WARPS": K.BWD16_WARPS}
     plans = [("fwd", "FWD", cfg) for cfg in ((1024, 8), (1024, 4), (512, 4), (2048, 8), (512, 2))]
-    plans += [("fwd+bwd", "BWD", cfg) for cfg in ((512, 4), (256, 2), (256, 4), (512, 8), (1024, 8), (128, 1))]
+    plans += [("fwd+bwd", "BWD", cfg) for cfg in ((512, 4), (256, 2), (256, 4), (512, 8), (1024, 8), (1024, 16),
+                                                    (128, 1))]
     copy_gbps = bu.copy_bandwidth()
     print(f"sweep on {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s; defaults {default}")
     for T in (4, 32):
@@ -342,8 +344,9 @@ def sweep(quick: bool) -> None:
             shape = (T, 64, 65536)
             line = []
             for mode, which, (block, warps) in plans:
-                setattr(K, f"{which}_BLOCK", block)
-                setattr(K, f"{which}_WARPS", warps)
+                for prefix in ((which, "BWD16") if which == "BWD" else (which,)):
+                    setattr(K, f"{prefix}_BLOCK", block)
+                    setattr(K, f"{prefix}_WARPS", warps)
                 roof = min_bytes(shape, DTYPES[dname].itemsize, mode, False) / copy_gbps / 1e6
                 try:
                     ms = time_module(module, shape, DTYPES[dname], False, quick)[mode][0]

@@ -137,7 +137,7 @@ def load_exported(path: str | os.PathLike, backend: str = "auto", map_location: 
     """A ready classifier or detector (eval mode) from an export folder (``config.yaml`` +
     ``model.safetensors``), without Hydra or Lightning."""
     import yaml
-    from safetensors import SafetensorsError
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(path)
@@ -151,7 +151,7 @@ def load_exported(path: str | os.PathLike, backend: str = "auto", map_location: 
         raise CheckpointError(f"{cfg_file} has no model section")
     try:
         state = load_file(str(weights))
-    except (SafetensorsError, OSError) as err:
+    except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} cannot be read ({err}): truncated or corrupt") from err
     wrapped = _wrap(_model_from(config, state, _backend_for(backend), weights), config)
     return wrapped.to(map_location)
@@ -245,7 +245,8 @@ def export_checkpoint(
         raise ValueError(f"export.dir={str(out_dir)!r} exists and is not a folder")
     model = _checkpoint_model(ckpt, "torch", source)
     shape = input_shape(config)
-    sample = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    # a batch of 2 for tracing: a traced size of 1 would be specialised and not stay dynamic
+    sample = torch.randn([2, *shape[1:]], generator=torch.Generator().manual_seed(seed))
     card = _card(config, ckpt, shape, source)
     with torch.no_grad():
         reference = ExportGraph(model)(sample)
@@ -282,7 +283,7 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     names = ["boxes", "scores"] if detector else ["logits"]
     torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
                       output_names=names, dynamic_shapes={"images": {0: torch.export.Dim("batch", min=1)}},
-                      verbose=False)
+                      external_data=False, verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
     diff = _max_diff(tuple(got) if detector else got[0], reference)

@@ -87,9 +87,12 @@ SHORT_CHUNK = 4
 
 # Launch configuration: BLOCK neurons per program, num_warps warps. The forward
 # keeps one state per neuron; the backward also keeps CHUNK charged states (and X
-# for PLIF) per neuron in registers, so it uses smaller blocks.
-FWD_BLOCK, FWD_WARPS = 1024, 8
-BWD_BLOCK, BWD_WARPS = 512, 4
+# for PLIF) per neuron in registers, so it uses smaller blocks. Chosen from a sweep on
+# an H200 at [32, 64, 65536] (scripts/bench_neurons.py --sweep, docs/benchmarks.md):
+# fwd 512/4 was best for fp32 and bf16; bwd 256/4 for fp32, 512/8 for 16-bit input.
+FWD_BLOCK, FWD_WARPS = 512, 4
+BWD_BLOCK, BWD_WARPS = 256, 4
+BWD16_BLOCK, BWD16_WARPS = 512, 8
 SUM_BLOCK = 1024
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -452,8 +455,15 @@ def _chunk(T: int) -> int:
     return SHORT_CHUNK if T <= SHORT_CHUNK else CHUNK
 
 
+def _direct(kernel):
+    """Launch a kernel as it is (eager calls outside any tracing)."""
+    return kernel
+
+
 def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int,
-              launch: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              launch: bool, wrap=_direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Allocate the outputs and launch the forward. The registered op returns empty tensors for
+    outputs that were not asked for; the ``eager`` path returns None there (fewer allocations)."""
     T = x.shape[0]
     N = math.prod(x.shape[1:])
     if N > _INT32_MAX:
@@ -464,13 +474,17 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
     chunk = _chunk(T)
     n_ckpt = max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
     spikes = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    v_final = torch.empty(x.shape[1:] if return_state else (0,), dtype=torch.float32, device=dev)
     ckpt = torch.empty((n_ckpt, N), dtype=torch.float32, device=dev)
-    v_seq = torch.empty(x.shape if return_membrane else (0,), dtype=torch.float32, device=dev)
+    if eager:
+        v_final = torch.empty(x.shape[1:], dtype=torch.float32, device=dev) if return_state else None
+        v_seq = torch.empty(x.shape, dtype=torch.float32, device=dev) if return_membrane else None
+    else:
+        v_final = torch.empty(x.shape[1:] if return_state else (0,), dtype=torch.float32, device=dev)
+        v_seq = torch.empty(x.shape if return_membrane else (0,), dtype=torch.float32, device=dev)
     if launch and N > 0:
         xk, stride_xt, stride_xn = _time_major(x)
         k, v_threshold, v_reset, _alpha = params
-        _wrap(_neuron_fwd_kernel)[((N + FWD_BLOCK - 1) // FWD_BLOCK,)](
+        wrap(_neuron_fwd_kernel)[((N + FWD_BLOCK - 1) // FWD_BLOCK,)](
             xk, k_tensor, v_init,
             spikes, v_final, ckpt, v_seq,
             T, N, stride_xt, stride_xn, k, v_threshold, v_reset,
@@ -484,16 +498,22 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
 
 def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, grad_spikes: Tensor | None,
               grad_v_final: Tensor | None, grad_v_seq: Tensor | None, params: list[float], flags: int,
-              launch: bool) -> tuple[Tensor, Tensor, Tensor]:
+              launch: bool, wrap=_direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     T = x.shape[0]
     N = math.prod(x.shape[1:])
     dev = x.device
     need_x = bool(flags & F_GRAD_X)
     need_v = bool(flags & F_GRAD_V_INIT) and v_init is not None
     need_k = bool(flags & F_GRAD_K) and k_tensor is not None
-    grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
-    grad_v_init = torch.empty(x.shape[1:] if need_v else (0,), dtype=torch.float32, device=dev)
-    grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
+    if eager:
+        # the kernel takes its output dtype from grad_x: always pass a tensor
+        grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
+        grad_v_init = torch.empty(x.shape[1:], dtype=torch.float32, device=dev) if need_v else None
+        grad_k = torch.empty(k_tensor.shape, dtype=torch.float32, device=dev) if need_k else None
+    else:
+        grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
+        grad_v_init = torch.empty(x.shape[1:] if need_v else (0,), dtype=torch.float32, device=dev)
+        grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
     if not launch:
         return grad_x, grad_v_init, grad_k
     if N == 0:
@@ -513,10 +533,11 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
     gq, stride_gqt, stride_gqn = None, 0, 0
     if grad_v_seq is not None:
         gq, stride_gqt, stride_gqn = _time_major(grad_v_seq)
-    grid_n = (N + BWD_BLOCK - 1) // BWD_BLOCK
-    gk_part = torch.empty((grid_n if need_k else 0,), dtype=torch.float32, device=dev)
+    block, warps = (BWD_BLOCK, BWD_WARPS) if x.element_size() == 4 else (BWD16_BLOCK, BWD16_WARPS)
+    grid_n = (N + block - 1) // block
+    gk_part = torch.empty((grid_n,), dtype=torch.float32, device=dev) if need_k or not eager else None
     k, v_threshold, v_reset, alpha = params
-    _wrap(_neuron_bwd_kernel)[(grid_n,)](
+    wrap(_neuron_bwd_kernel)[(grid_n,)](
         xk, ckpt, v_init, k_tensor,
         gs, gvf, gq, grad_x, grad_v_init, gk_part,
         T, N, stride_xt, stride_xn, stride_gt, stride_gn, stride_gvf, stride_gqt, stride_gqn,
@@ -526,10 +547,10 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
         K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
         GS_MODE=gs_mode, HAS_GVF=grad_v_final is not None, HAS_GVSEQ=grad_v_seq is not None,
         STORE_GX=need_x, STORE_GV_INIT=need_v, STORE_GK=need_k,
-        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
+        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK=block, num_warps=warps,
     )
     if need_k:
-        _wrap(_sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
+        wrap(_sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
     return grad_x, grad_v_init, grad_k
 
 
@@ -561,7 +582,7 @@ def _neuron_fwd(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(spikes [T, ...], v_final, checkpoints, v_seq)``; ``v_final``/``v_seq`` are empty unless
     F_RETURN_STATE/F_RETURN_MEMBRANE, checkpoints empty unless F_SAVE_CKPT and T > CHUNK."""
-    return _fwd_host(x, v_init, k_tensor, params, flags, launch=True)
+    return _fwd_host(x, v_init, k_tensor, params, flags, launch=True, wrap=_wrap)
 
 
 def _neuron_fwd_fake(x, v_init, k_tensor, params, flags):
@@ -580,7 +601,8 @@ def _neuron_bwd(
     flags: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dv_init, dL/dk)``, each empty unless F_GRAD_X/F_GRAD_V_INIT/F_GRAD_K."""
-    return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True)
+    return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True,
+                     wrap=_wrap)
 
 
 def _neuron_bwd_fake(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags):
@@ -599,13 +621,13 @@ def _setup_context(ctx, inputs, output) -> None:
     # Unused outputs get None instead of zero-filled gradients.
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(ckpt)
-    if not flags & F_RETURN_STATE:
+    if not flags & F_RETURN_STATE and v_final is not None:
         ctx.mark_non_differentiable(v_final)
-    if not flags & F_RETURN_MEMBRANE:
+    if not flags & F_RETURN_MEMBRANE and v_seq is not None:
         ctx.mark_non_differentiable(v_seq)
 
 
-def _backward(ctx, grad_spikes, grad_v_final, _grad_ckpt, grad_v_seq):
+def _backward(ctx, grad_spikes, grad_v_final, _grad_ckpt, grad_v_seq, bwd=None):
     x, ckpt, v_init, k_tensor = ctx.saved_tensors
     need_x, need_v, need_k = ctx.needs_input_grad[:3]
     if not (need_x or need_v or need_k):
@@ -615,13 +637,64 @@ def _backward(ctx, grad_spikes, grad_v_final, _grad_ckpt, grad_v_seq):
         grad_v_final = None
     if not ctx.flags & F_RETURN_MEMBRANE:
         grad_v_seq = None
-    grad_x, grad_v_init, grad_k = neuron_bwd(
+    grad_x, grad_v_init, grad_k = (bwd or neuron_bwd)(
         x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, ctx.params, flags
     )
     return grad_x if need_x else None, grad_v_init if need_v else None, grad_k if need_k else None, None, None
 
 
 neuron_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager_bwd(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags):
+    with _profiled("snntrain::neuron_bwd"):
+        return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True,
+                         eager=True)
+
+
+class _EagerNeuron(torch.autograd.Function):
+    """The same forward and backward as the registered ops, launched without the operator
+    machinery: outside torch.compile and torch.export that machinery costs more host time
+    per call than the kernels themselves on small inputs. Profiler traces still show the
+    ``snntrain::neuron_fwd`` / ``snntrain::neuron_bwd`` names."""
+
+    # forward(ctx, ...) rather than a separate setup_context: the latter binds the
+    # arguments through inspect.signature on every call, which costs tens of microseconds.
+    @staticmethod
+    def forward(ctx, x, v_init, k_tensor, params, flags):
+        with _profiled("snntrain::neuron_fwd"):
+            output = _fwd_host(x, v_init, k_tensor, params, flags, launch=True, eager=True)
+        _setup_context(ctx, (x, v_init, k_tensor, params, flags), output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_spikes, grad_v_final, grad_ckpt, grad_v_seq):
+        return _backward(ctx, grad_spikes, grad_v_final, grad_ckpt, grad_v_seq, bwd=_eager_bwd)
+
+
+class _NullContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _NullContext()
+
+
+def _profiled(name: str):
+    """A profiler range named ``name`` while a profiler is recording, else nothing (no host cost)."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return _NULL
+
+
+def _traced(*tensors) -> bool:
+    """True inside torch.compile / torch.export tracing, where the registered ops must be used."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(t is not None and type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
 
 
 def neuron_multistep(
@@ -685,5 +758,6 @@ def neuron_multistep(
     ):
         flags |= F_SAVE_CKPT
     params = [float(k), float(v_threshold), 0.0 if v_reset is None else float(v_reset), float(alpha)]
-    spikes, v_final, _ckpt, v_seq = neuron_fwd(x, v_init, k_tensor, params, flags)
+    fn = neuron_fwd if _traced(x, v_init, k_tensor) else _EagerNeuron.apply
+    spikes, v_final, _ckpt, v_seq = fn(x, v_init, k_tensor, params, flags)
     return spikes, v_final if return_state else None, v_seq if return_membrane else None

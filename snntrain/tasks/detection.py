@@ -26,19 +26,24 @@ def _map_backend() -> str:
 
 
 def draw_detections(image: torch.Tensor, pred: dict[str, torch.Tensor], gt: dict[str, torch.Tensor] | None = None,
-                    ) -> torch.Tensor:
-    """A normalised image ``[3, H, W]`` as float ``[0, 1]`` with ground truth (green) and predictions
-    (red, labelled with their scores) drawn on it."""
+                    min_score: float = 0.3, min_side: int = 256) -> torch.Tensor:
+    """A normalised image ``[3, H, W]`` as float ``[0, 1]``, enlarged (nearest) to at least ``min_side``
+    pixels, with ground truth (green) and predictions scoring at least ``min_score`` (red, with
+    their scores) drawn on it."""
+    import torch.nn.functional as F
     from torchvision.utils import draw_bounding_boxes
 
     from ..data.detection import denormalize_image
 
-    img = (denormalize_image(image.float().cpu()) * 255).round().to(torch.uint8)
+    img = denormalize_image(image.float().cpu())
+    scale = max(1, -(-min_side // min(img.shape[-2:])))
+    img = (F.interpolate(img[None], scale_factor=scale, mode="nearest")[0] * 255).round().to(torch.uint8)
     if gt is not None and len(gt["boxes"]):
-        img = draw_bounding_boxes(img, gt["boxes"].float().cpu(), colors="lime", width=1)
-    if len(pred["boxes"]):
-        labels = [f"{s:.2f}" for s in pred["scores"].tolist()]
-        img = draw_bounding_boxes(img, pred["boxes"].float().cpu(), labels=labels, colors="red", width=1)
+        img = draw_bounding_boxes(img, gt["boxes"].float().cpu() * scale, colors="lime", width=2)
+    keep = pred["scores"] >= min_score
+    if keep.any():
+        boxes, scores = pred["boxes"][keep].float().cpu() * scale, pred["scores"][keep].tolist()
+        img = draw_bounding_boxes(img, boxes, labels=[f"{s:.2f}" for s in scores], colors="red", width=2)
     return img.float() / 255.0
 
 

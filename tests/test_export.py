@@ -1,0 +1,237 @@
+"""Export round trips (safetensors, ONNX, torch.export) and loaders, for a classifier and a detector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from PIL import Image
+
+from snntrain import export as ex
+from snntrain import load_checkpoint, load_exported
+from snntrain.checkpoint import CheckpointError
+from snntrain.cli import run
+
+# ONNX runs the same float32 graph through other kernels: conv results differ in the last
+# bits, so a membrane that lands within ~1e-6 of the threshold may fire in one and not the
+# other. On the small inputs below that never happens; the tolerance covers the rounding.
+ONNX_ATOL = 1e-4
+
+CLASSIFY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32",
+            "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none"]
+DETECT = ["task=detect", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8",
+          "model.head.num_convs=1", "data.num_train=16", "data.num_val=8", "data.num_test=4", "data.image_size=32",
+          "data.face_size=[8,14]", "data.batch_size=8", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+          "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
+          "logger=none"]
+
+
+def compose_cfg(out: Path, overrides: list[str]):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[*overrides, f"paths.output_dir={out}"])
+
+
+@pytest.fixture(scope="module")
+def classifier_ckpt(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cls")
+    run(compose_cfg(out, CLASSIFY))
+    return out / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def detector_ckpt(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("det")
+    run(compose_cfg(out, DETECT))
+    return out / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def classifier_export(classifier_ckpt, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("cls_export") / "export"
+    card = ex.export_checkpoint(classifier_ckpt, out, backend="torch")
+    return out, card
+
+
+@pytest.fixture(scope="module")
+def detector_export(detector_ckpt, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("det_export") / "export"
+    card = ex.export_checkpoint(detector_ckpt, out, backend="torch")
+    return out, card
+
+
+def sample(card: dict, seed: int = 1) -> torch.Tensor:
+    return torch.randn(card["input_shape"], generator=torch.Generator().manual_seed(seed))
+
+
+def test_classifier_export_folder_and_card(classifier_export):
+    out, card = classifier_export
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "model.onnx", "model.pt2",
+                                                    "model.safetensors", "model_card.json"]
+    saved = json.loads((out / "model_card.json").read_text())
+    assert saved["task"] == "classify" and saved["T"] == 2 and saved["input_shape"] == [1, 1, 8, 8]
+    assert saved["classes"] == [str(i) for i in range(10)]
+    assert saved["backend_in_training"] == "torch"
+    assert "val/acc" in saved["metrics"] and saved["epoch"] == 0
+    assert "onnx_max_abs_diff" in saved and saved["onnx_max_abs_diff"] <= ONNX_ATOL
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "temporary folder left behind"
+
+
+def test_classifier_safetensors_reload_is_identical(classifier_ckpt, classifier_export):
+    out, card = classifier_export
+    from_ckpt = load_checkpoint(classifier_ckpt, backend="torch")
+    from_export = load_exported(out, backend="torch")
+    x = sample(card).repeat(3, 1, 1, 1)
+    with torch.no_grad():
+        assert torch.equal(from_ckpt(x), from_export(x))
+    assert not from_export.training and from_export.classes == from_ckpt.classes
+    probs = from_export.predict(x)
+    assert probs.shape == (3, 10) and torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_classifier_onnx_matches_pytorch_backend(classifier_export):
+    import onnxruntime as ort
+
+    out, card = classifier_export
+    model = load_exported(out, backend="torch")
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(4, *card["input_shape"][1:], generator=torch.Generator().manual_seed(3))  # dynamic batch
+    (got,) = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=ONNX_ATOL, rtol=0)
+
+
+def test_classifier_program_loads_and_matches(classifier_export):
+    out, card = classifier_export
+    program = torch.export.load(str(out / "model.pt2"))
+    model = load_exported(out, backend="torch")
+    x = sample(card, 4).repeat(2, 1, 1, 1)
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), model(x), atol=1e-6)
+    assert card["torch_export_backend"] == "torch"
+
+
+def test_detector_round_trips(detector_ckpt, detector_export):
+    import onnxruntime as ort
+
+    out, card = detector_export
+    assert card["task"] == "detect" and card["classes"] == ["face"] and card["input_shape"] == [1, 3, 32, 32]
+    model = load_exported(out, backend="torch")
+    assert isinstance(model, ex.SpikingDetector)
+    x = sample(card, 5).repeat(2, 1, 1, 1)
+    with torch.no_grad():
+        dets = model(x)
+        ref_boxes, ref_scores = ex.ExportGraph(model.model)(x)
+        ckpt_dets = load_checkpoint(detector_ckpt, backend="torch")(x)
+    assert len(dets) == 2 and set(dets[0]) == {"boxes", "scores", "labels"}
+    for a, b in zip(dets, ckpt_dets):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    boxes, scores = session.run(None, {"images": x.numpy()})
+    np.testing.assert_allclose(boxes, ref_boxes.numpy(), atol=ONNX_ATOL * 32, rtol=1e-5)
+    np.testing.assert_allclose(scores, ref_scores.numpy(), atol=ONNX_ATOL, rtol=0)
+    program = torch.export.load(str(out / "model.pt2"))
+    with torch.no_grad():
+        p_boxes, p_scores = program.module()(x)
+    assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
+
+
+def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatch):
+    out = tmp_path / "export"
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash while writing model.onnx")
+
+    monkeypatch.setattr(ex, "_export_onnx", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        ex.export_checkpoint(classifier_ckpt, out, backend="torch")
+    assert list(tmp_path.iterdir()) == []
+    # an existing export is left untouched by a failed one
+    ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors"], backend="torch")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        ex.export_checkpoint(classifier_ckpt, out, backend="torch")
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+
+def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
+    with pytest.raises(CheckpointError, match="nope.ckpt does not exist"):
+        ex.export_checkpoint(tmp_path / "nope.ckpt", tmp_path / "out")
+    data = classifier_ckpt.read_bytes()
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match="cut.ckpt cannot be read.*truncated"):
+        ex.export_checkpoint(cut, tmp_path / "out")
+    with pytest.raises(CheckpointError, match="cut.ckpt cannot be read"):
+        load_checkpoint(cut)
+    with pytest.raises(ValueError, match="export.formats=\\['tflite'\\] is not valid"):
+        ex.export_checkpoint(classifier_ckpt, tmp_path / "out", formats=["tflite"])
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CheckpointError, match="is not an snntrain export folder: config.yaml is missing"):
+        load_exported(tmp_path)
+
+
+def test_mismatched_weights_are_named(classifier_export, tmp_path):
+    import shutil
+
+    import yaml
+
+    out, _ = classifier_export
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    cfg = yaml.safe_load((bad / "config.yaml").read_text())
+    cfg["model"]["width"] = 8
+    (bad / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises((CheckpointError, RuntimeError), match="size mismatch|does not match"):
+        load_exported(bad)
+
+
+def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
+    out = tmp_path / "exported"
+    card = run(compose_cfg(tmp_path / "run", ["task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
+                                              "export.formats=[safetensors]", "backend=torch"]))
+    assert (out / "model.safetensors").exists() and not (out / "model.onnx").exists()
+    assert list(card["files"]) == ["config.yaml", "model.safetensors"]
+
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images / f"img{i}.png")
+    (images / "notes.txt").write_text("not an image")
+
+    records = run(compose_cfg(tmp_path / "run2", ["task=predict", f"ckpt_path={out}", f"input={images}",
+                                                  "backend=torch"]))
+    saved = json.loads((tmp_path / "run2" / "predictions" / "predictions.json").read_text())
+    assert saved == records and len(saved) == 3
+    assert all(0 <= r["label"] < 10 and abs(sum(r["probabilities"]) - 1) < 1e-4 for r in saved)
+
+    det_dir, _ = detector_export
+    pred_out = tmp_path / "det_pred"
+    records = run(compose_cfg(tmp_path / "run3", ["task=predict", f"ckpt_path={det_dir}", f"input={images / 'img0.png'}",
+                                                  f"predict.output_dir={pred_out}", "predict.score_thresh=0.0",
+                                                  "backend=torch"]))
+    saved = json.loads((pred_out / "predictions.json").read_text())
+    assert saved == records and saved[0]["width"] == 50 and saved[0]["height"] == 40
+    for det in saved[0]["detections"]:
+        x1, y1, x2, y2 = det["box"]
+        assert 0 <= x1 <= x2 <= 50 and 0 <= y1 <= y2 <= 40 and det["label"] == "face"
+    assert (pred_out / "images" / "img0.png").exists()
+
+
+def test_predict_input_errors(classifier_ckpt, tmp_path):
+    from snntrain.predict import list_images
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        list_images(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds no images"):
+        list_images(tmp_path)
+    with pytest.raises(ValueError, match="task=predict needs ckpt_path"):
+        run(compose_cfg(tmp_path / "r", ["task=predict", f"input={tmp_path}"]))
