@@ -5,6 +5,15 @@ centerness BCE, each normalised by the number of positive locations; no host
 synchronisation in the step. Validation: the same losses, decoding (score threshold,
 NMS), mAP@0.5 and mAP@[.5:.95] with torchmetrics, and a few images with predicted
 (red) and ground-truth (green) boxes drawn to TensorBoard.
+
+WIDER FACE easy / medium / hard: when the validation set carries the official
+difficulty lists (``eval_tools/ground_truth/wider_{easy,medium,hard}_val.mat``), each
+level is scored like the official protocol does it, on the original image pixels: the
+level's listed faces are the ground truth, every other annotated face is ignored
+(a detection on it is neither a true nor a false positive; torchmetrics' ``iscrowd``),
+and AP is taken at IoU 0.5 (``val/wider_easy`` etc.). The official code draws its own
+precision-recall curve over 1000 score thresholds; COCO-style 101-point interpolation
+here gives close, not identical, numbers.
 """
 
 from __future__ import annotations
@@ -76,6 +85,7 @@ class DetectionTask(SpikingTask):
         self.num_images_logged = int(task.get("num_images_logged", 4))
         self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend())
         self._shown: tuple[torch.Tensor, list, list] | None = None
+        self._wider: dict[str, Any] | None = None  # per-level metrics, when the val set has difficulty lists
 
     def _losses(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
         outputs = self.model(images)
@@ -94,6 +104,40 @@ class DetectionTask(SpikingTask):
         self._log_losses("train", losses, images.shape[0])
         return losses["loss"]
 
+    def _difficulty_records(self) -> list | None:
+        """The val set's WIDER FACE records when they carry the official difficulty lists."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        records = getattr(getattr(dm, "val_set", None), "records", None)
+        if records and getattr(records[0], "difficulty", None) is not None:
+            return records
+        return None
+
+    def on_validation_epoch_start(self) -> None:
+        records = self._difficulty_records()
+        self._wider = None
+        if records is not None:
+            from torchmetrics.detection import MeanAveragePrecision
+
+            self._wider = {"records": records, "levels": {
+                level: MeanAveragePrecision(box_format="xyxy", iou_type="bbox", iou_thresholds=[0.5],
+                                            backend=_map_backend())
+                for level in records[0].difficulty}}
+
+    def _update_wider(self, preds: list[dict[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> None:
+        from ..data.detection import boxes_to_original
+
+        records = self._wider["records"]
+        for i, pred in enumerate(preds):
+            record = records[int(targets["image_id"][i])]
+            boxes = boxes_to_original(pred["boxes"].float().cpu(), targets["scale"][i].cpu(), targets["pad"][i].cpu(),
+                                      tuple(int(v) for v in targets["orig_size"][i]))
+            p = {"boxes": boxes, "scores": pred["scores"].float().cpu(), "labels": pred["labels"].cpu()}
+            gt_boxes = torch.from_numpy(record.boxes).float()
+            for level, metric in self._wider["levels"].items():
+                listed = torch.from_numpy(record.difficulty[level]).bool()
+                metric.update([p], [{"boxes": gt_boxes, "labels": torch.zeros(len(gt_boxes), dtype=torch.long),
+                                     "iscrowd": (~listed).long()}])
+
     def validation_step(self, batch, batch_idx: int) -> None:
         images, targets = batch
         outputs, losses = self._losses(images, targets)
@@ -101,6 +145,8 @@ class DetectionTask(SpikingTask):
         preds = self.model.decode(outputs, image_size=tuple(images.shape[-2:]))
         gts = padded_to_list(targets)
         self.val_map.update(preds, gts)
+        if self._wider is not None:
+            self._update_wider(preds, targets)
         if batch_idx == 0 and self.num_images_logged > 0:
             n = self.num_images_logged
             self._shown = (images[:n].detach().cpu(), [{k: v.cpu() for k, v in p.items()} for p in preds[:n]],
@@ -111,6 +157,10 @@ class DetectionTask(SpikingTask):
         self.val_map.reset()
         for key in ("map", "map_50", "map_75", "mar_100"):
             self.log(f"val/{key}", result[key].float().clamp(min=0.0), prog_bar=key == "map_50")
+        if self._wider is not None:
+            for level, metric in self._wider["levels"].items():
+                self.log(f"val/wider_{level}", metric.compute()["map_50"].float().clamp(min=0.0))
+            self._wider = None
         if self._shown is not None and not self.trainer.sanity_checking:
             self._log_images(*self._shown)
         self._shown = None
