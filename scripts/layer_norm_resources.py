@@ -1,19 +1,22 @@
 """Registers, spills and vectorised loads of the layer-norm kernels, compiled for a GPU target without a GPU.
 
-    python scripts/layer_norm_resources.py [--arch 90]
+    python scripts/layer_norm_resources.py [--arch 90] [--sms 132] [--dtype float16] [--set NAME=VALUE ...]
+                                           [--shape 4096x512 --shape 4x32x256x14x14:-3 ...]
 
-Builds the fused forward and backward kernels with the launch plan the host code
-would pick for a few benchmark shapes (fp16), then reads the cubin's resource usage
-with the ``cuobjdump`` shipped in Triton's NVIDIA backend. Useful when changing
-``snntrain.kernels.layer_norm.TUNING``: it shows registers per thread (hence programs
-per SM), local memory (spills) and how many global loads are vectorised. It uses
-Triton's compiler API (``ASTSource``), which is not a stable interface.
+Runs the host code of ``snntrain.kernels.layer_norm`` on meta tensors with the kernel
+launches intercepted, so every kernel is built with exactly the launch plan, constexprs and
+argument specialisations the host would use (forward, then backward with dW and dB), and
+reads the cubin's resource usage with the ``cuobjdump`` shipped in Triton's NVIDIA backend:
+registers per thread, spill stack (STACK, bytes per thread; > 0 means spills), shared
+memory, resident programs per SM, and how many global loads are vectorised. ``--set``
+overrides fields of ``TUNING`` (for example ``--set bwd_stages=3``) to check a variant
+before timing it. It uses Triton's compiler API (``ASTSource``), which is not a stable
+interface.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import subprocess
@@ -31,32 +34,39 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from snntrain.kernels import layer_norm as K  # noqa: E402
 
-SHAPES = [((4096, 512), -1), ((4096, 4096), -1), ((4096, 16384), -1), ((401408, 64), -1), ((401408, 512), -1),
-          ((4, 32, 64, 56, 56), -3), ((4, 32, 256, 14, 14), -3), ((4, 32, 512, 7, 7), -3)]
+SHAPES = ["4096x512", "4096x4096", "4096x16384", "401408x32", "401408x64", "401408x256", "401408x512",
+          "4x32x32x56x56:-3", "4x32x64x56x56:-3", "4x32x128x28x28:-3", "4x32x256x14x14:-3", "4x32x512x7x7:-3"]
+DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
-    """Compile ``fn`` with argument values like the launcher would specialise them; return resource usage."""
+def compile_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
+    """Compile ``fn`` with argument values specialised like the launcher would; return resource usage."""
     sig, const, attrs = {}, {}, {}
+    values = dict(zip(fn.arg_names, args))
+    values.update(kwargs)
+    options = {"num_warps": values.pop("num_warps", 4)}
+    if "maxnreg" in values:
+        options["maxnreg"] = values.pop("maxnreg")
+    num_warps = options["num_warps"]
     for i, name in enumerate(fn.arg_names):
-        v = args[name]
+        v = values[name]
         if fn.params[i].is_constexpr:
             sig[name], const[name] = "constexpr", v
-        elif isinstance(v, str):  # a pointer: its element type
-            sig[name], attrs[(i,)] = "*" + v, [["tt.divisibility", 16]]
+        elif isinstance(v, torch.Tensor):  # allocations are 16-byte aligned
+            sig[name], attrs[(i,)] = "*" + DTYPES[v.dtype], [["tt.divisibility", 16]]
         elif isinstance(v, bool):
             sig[name] = "i1"
         elif isinstance(v, int):
             if v == 1:  # Triton specialises integer arguments equal to 1
                 sig[name], const[name] = "constexpr", 1
             else:
-                sig[name] = "i32"
+                sig[name] = "i64" if abs(v) >= 2**31 else "i32"
                 if v % 16 == 0:
                     attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32"
     kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": num_warps})
+                            options=options)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
@@ -64,46 +74,69 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
     os.unlink(f.name)
     ptx = kernel.asm["ptx"]
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
+    smem = int(re.search(r"SHARED:(\d+)", usage).group(1))
+    smem = max(smem, getattr(kernel.metadata, "shared", 0) or 0)
     threads = 32 * num_warps
+    by_smem = (228 * 1024) // smem if smem else 32
     n_vec = len(re.findall(r"ld[.]global(?:[.]\w+)*[.]v\d", ptx))
     n_all = len(re.findall(r"ld[.]global", ptx))
+    n_async = len(re.findall(r"cp[.]async[.]c", ptx))
     return {
+        "warps": num_warps,
+        **({"maxnreg": options["maxnreg"]} if "maxnreg" in options else {}),
         "regs": regs,
-        "local": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
-        "programs/SM": min(2048 // threads, 65536 // (regs * threads)),
-        "vector loads": f"{n_vec}/{n_all}",
+        "spill B/thread": stack,
+        "smem": smem,
+        "programs/SM": min(2048 // threads, 65536 // (max(regs, 1) * threads), by_smem, 32),
+        "vector loads": f"{n_vec}/{n_all}" + (f" +{n_async} cp.async" if n_async else ""),
     }
+
+
+def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
+    shape, _, dim = text.partition(":")
+    return tuple(int(v) for v in shape.split("x")), int(dim or -1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
-    arch = ap.parse_args().arch
-    for shape, dim in SHAPES:
-        x = torch.empty(shape, device="meta", dtype=torch.float16)
-        d = dim % len(shape)
-        split = K._split(x, d)
-        s = K._strides3(x, d, split)
-        p = K._plan(x, d, split, K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
-        args = dict(X="fp16", Y="fp16", W="fp16", Bias="fp16", Mean="fp32", Rstd="fp32", S=p.S, C=p.C,
-                    tiles_per_b=p.tiles_per_b, sx_b=s[0], sx_s=s[1], sx_c=s[2], sy_b=s[0], sy_s=s[1], sy_c=s[2], eps=1e-5,
-                    HAS_W=True, HAS_B=True, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single)
-        print(f"fwd {shape} tile {p.block_s}x{p.block_c} warps {p.num_warps} single={p.single}:",
-              compile_stats(K._ln_fwd_kernel, args, p.num_warps, arch), flush=True)
-        p = K._plan(x, d, split, K.TUNING.bwd_tile, K.TUNING.bwd_warp_elems)
-        if p.block_s == 1 or (p.s_unit and s[2] % 16):  # as in the backward launch
-            p = dataclasses.replace(p, num_warps=K._warps(p.block_s * p.block_c, K.TUNING.narrow_warp_elems))
-        if not p.single:
-            print(f"bwd {shape}: looped path")
-            continue
-        args = dict(DY="fp16", X="fp16", W="fp16", Mean="fp32", Rstd="fp32", DX="fp16", P="fp32", S=p.S, C=p.C,
-                    tiles_per_b=p.tiles_per_b, num_tiles=p.num_tiles, sd_b=s[0], sd_s=s[1], sd_c=s[2], sx_b=s[0],
-                    sx_s=s[1], sx_c=s[2], sg_b=s[0], sg_s=s[1], sg_c=s[2], HAS_W=True,
-                    NEED_P=p.block_c <= K.TUNING.fused_dw_max_c,
-                    REDUCE_EACH=p.s_unit or p.block_s == 1 or K.TUNING.rows_reduce_each,
-                    BLOCK_S=p.block_s, BLOCK_C=p.block_c)
-        print(f"bwd {shape} tile {p.block_s}x{p.block_c} warps {p.num_warps}:",
-              compile_stats(K._ln_bwd_fused_kernel, args, p.num_warps, arch), flush=True)
+    ap.add_argument("--sms", type=int, default=132, help="SM count the launch plan assumes (H100/H200 SXM: 132)")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--shape", action="append", help="AxB[:dim] (dim -1 rows, -3 channels-first); repeatable")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a TUNING field")
+    args = ap.parse_args()
+    for item in args.set:
+        name, _, value = item.partition("=")
+        old = getattr(K.TUNING, name)
+        setattr(K.TUNING, name, type(old)(eval(value)) if not isinstance(old, bool) else value in ("1", "True"))
+    K._num_sms = lambda _device: args.sms
+    K._direct_launch = lambda: True  # as in an eager call of the op (launch options such as maxnreg apply)
+    dtype = getattr(torch, args.dtype)
+    launches = []
+
+    class Capture:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: launches.append((self.fn, grid, a, kw))
+
+    K.wrap_triton = Capture
+    for text in args.shape or SHAPES:
+        shape, dim = parse_shape(text)
+        x = torch.empty(shape, device="meta", dtype=dtype)
+        w = torch.empty(shape[dim], device="meta", dtype=dtype)
+        launches.clear()
+        _y, mean, rstd = K._layer_norm_fwd(x, w, w, dim, 1e-5)
+        K._layer_norm_bwd(x, x, w, w, mean, rstd, dim, True, True)
+        print(f"{text} {args.dtype}:")
+        for fn, grid, a, kw in launches:
+            consts = {k: v for k, v in kw.items() if k.isupper() and k not in ("HAS_W", "HAS_B")}
+            name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+            st = compile_stats(fn, a, kw, args.arch)
+            print(f"  {name.removeprefix('_ln_'):22s} grid {str(tuple(grid)):14s} {consts}\n"
+                  f"  {'':22s} {st}", flush=True)
 
 
 if __name__ == "__main__":

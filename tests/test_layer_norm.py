@@ -81,10 +81,11 @@ def _check(x, dy, w, b, dim, eps=1e-5):
 def small_blocks(monkeypatch):
     """Shrink the tiles so that rows of a few hundred channels take the looped path."""
     monkeypatch.setattr(K.TUNING, "fwd_tile", 128)
+    monkeypatch.setattr(K.TUNING, "cf_fwd_tile", 128)
     monkeypatch.setattr(K.TUNING, "bwd_tile", 128)
     monkeypatch.setattr(K.TUNING, "max_tile", 256)
     monkeypatch.setattr(K.TUNING, "loop_tile", 128)
-    monkeypatch.setattr(K.TUNING, "min_block_s", 8)
+    monkeypatch.setattr(K.TUNING, "cf_min_block_s", 8)
 
 
 # --------------------------------------------------------------------------- rows [*, C]
@@ -102,8 +103,9 @@ def test_rows_match_torch(device, dtype, C, affine):
 @pytest.mark.parametrize("C", [300, 1000])
 def test_rows_longer_than_one_block(device, dtype, C, small_blocks):
     x, dy, w, b = _inputs((5, C), -1, dtype, device)
-    plan = K._plan(x, 1, K._split(x, 1), K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
+    plan = K._plan_fwd(x, 1, K._split(x, 1))
     assert not plan.single and plan.block_c < C
+    assert not K._plan_bwd(x, 1, K._split(x, 1), True).single
     _check(x, dy, w, b, dim=-1)
 
 
@@ -114,6 +116,32 @@ def test_separate_weight_grad_pass(device, monkeypatch, dim, shape):
     monkeypatch.setattr(K.TUNING, "dw_block_c", 32)
     monkeypatch.setattr(K.TUNING, "dw_tile", 256)
     _check(*_inputs(shape, dim, torch.float16, device), dim=dim)
+
+
+@pytest.mark.parametrize("which", ["dw", "db"])
+def test_only_one_param_grad(device, which):
+    """The finishing sum writes only the requested gradient (grid of one part, either one)."""
+    x, dy, w, b = _inputs((40, 67), -1, torch.float16, device)
+    x = x.detach().requires_grad_()
+    w = w.detach().requires_grad_(which == "dw")
+    b = b.detach().requires_grad_(which == "db")
+    K.layer_norm(x, w, b, 1e-5, -1).backward(dy)
+    _ry, rdx, rdw, rdb = _reference(x, dy, w, b, 1e-5, -1)
+    tol = TOL[torch.float16][1]
+    _close_grad(x.grad, rdx, tol, "dx")
+    if which == "dw":
+        assert b.grad is None
+        _close_grad(w.grad, rdw, tol, "dw")
+    else:
+        assert w.grad is None
+        _close_grad(b.grad, rdb, tol, "db")
+
+
+def test_stats_outputs_not_differentiable(device):
+    x, dy, w, b = _inputs((6, 33), -1, torch.float32, device)
+    x.requires_grad_()
+    y, mean, rstd = torch.ops.snntrain.layer_norm_fwd(x, w, b, -1, 1e-5)
+    assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
 
 
 def test_mixed_dtypes_params_fp32(device):
@@ -149,8 +177,24 @@ def test_channels_first_match_torch(device, dtype, shape, affine):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_channels_first_longer_than_one_block(device, dtype, small_blocks):
     x, dy, w, b = _inputs((2, 2, 67, 4, 5), -3, dtype, device)
-    plan = K._plan(x, 2, 0, K.TUNING.fwd_tile, K.TUNING.fwd_warp_elems)
+    plan = K._plan_fwd(x, 2, 0)
     assert not plan.single and plan.s_unit
+    _check(x, dy, w, b, dim=-3)
+
+
+@pytest.mark.parametrize("hw", [(5, 7), (3, 6), (4, 5), (4, 4)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("separate", [True, False], ids=["separate_dw", "fused_dw"])
+def test_channels_first_map_sizes(device, monkeypatch, hw, separate):
+    """H*W odd, 2 mod 4, 0 mod 4 (compiled in: not a multiple of 16) and 16; dW/dB fused or in their own pass."""
+    monkeypatch.setattr(K.TUNING, "cf_unaligned_separate_dw", separate)
+    x, dy, w, b = _inputs((3, 2, 24, *hw), -3, torch.float16, device)
+    d = x.dim() - 3
+    split = K._split(x, d)
+    p = K._plan_bwd(x, d, split, True)
+    s3 = K._strides3(x, d, split)
+    S = hw[0] * hw[1]
+    assert K._const_s(p, s3) == (S if S % 16 else 0)
+    assert K._separate_dwdb(x, d, split) == (separate and S % 4 != 0)
     _check(x, dy, w, b, dim=-3)
 
 
@@ -177,8 +221,34 @@ def test_strided_views():
     rows = torch.empty(4, 9, 33)[:, 2:7]
     assert K._split(rows, 2) == 1 and K._strides3(rows, 2, 1) == (297, 33, 1)
     assert K._split(torch.empty(2, 8, 5, 7)[..., :4], 1) is None
-    plan = K._plan(torch.empty(64, 100).t(), 1, 0, 4096, 512)  # [100, 64] with unit stride along rows
-    assert plan.s_unit and plan.block_s >= K.TUNING.min_block_s
+    plan = K._plan_fwd(torch.empty(64, 100).t(), 1, 0)  # [100, 64] with unit stride along rows
+    assert plan.s_unit and plan.block_s >= K.TUNING.cf_min_block_s
+    # H*W compiled in only for dense channels-first maps whose H*W is not a multiple of 16.
+    m = torch.empty(2, 8, 7, 7)
+    p = K._plan_fwd(m, 1, 0)
+    assert K._const_s(p, K._strides3(m, 1, 0)) == 49
+    mcl = m.contiguous(memory_format=torch.channels_last)
+    assert K._const_s(K._plan_fwd(mcl, 1, 0), K._strides3(mcl, 1, 0)) == 0
+    m16 = torch.empty(2, 8, 4, 4)
+    assert K._const_s(K._plan_fwd(m16, 1, 0), K._strides3(m16, 1, 0)) == 0
+
+
+def test_backward_plan(monkeypatch):
+    """Persistent programs: SMs x k, k cut by the partial-sum budget, tiles grown to keep the warps per SM."""
+    monkeypatch.setattr(K, "_num_sms", lambda _device: 100)
+    tn = K.TUNING
+    big = torch.empty(400_000, 64, dtype=torch.float16, device="meta")
+    p = K._plan_bwd(big, 1, 0, True)
+    assert p.per_sm == tn.bwd_programs_per_sm and p.programs == 100 * p.per_sm
+    assert p.block_s * p.block_c == tn.bwd_tile
+    small = torch.empty(4096, 512, dtype=torch.float16, device="meta")
+    p = K._plan_bwd(small, 1, 0, True)
+    assert p.per_sm == 1 and p.programs == 100  # 2 x 512 fp32 partials per program: budget allows ~1 per SM
+    assert p.block_s * p.block_c == tn.bwd_tile * tn.bwd_programs_per_sm
+    assert K._plan_bwd(small, 1, 0, False).per_sm == tn.bwd_programs_per_sm  # no partials, no budget
+    odd = torch.empty(3000, 96, dtype=torch.float16, device="meta")  # budget // SMs = 3: tile stays a power of 2
+    p = K._plan_bwd(odd, 1, 0, True)
+    assert p.block_s & (p.block_s - 1) == 0
 
 
 def test_other_dims(device):

@@ -20,27 +20,34 @@ the tile out along whichever axis has unit stride, so rows coalesce along ``C`` 
 channels-first maps along ``S``. Statistics are fp32 whatever the input dtype
 (fp32, fp16, bf16). When a full ``C`` does not fit one tile, a looped path walks the
 row in chunks: Chan's pairwise update for mean and variance, then a second pass
-that normalises (the second pass mostly hits L2).
+that normalises (the second pass mostly hits L2). Dense channels-first maps whose
+``H*W`` is not a multiple of 16 (14x14, 7x7) get ``H*W`` compiled in (``SC``): the loads
+then vectorise as far as ``H*W`` allows and addresses need fewer registers.
 
-Backward: ``dx = rstd * (w*dy - mean_c(xhat*w*dy) * xhat - mean_c(w*dy))``. On the
-fused path ``G`` programs each loop over a fixed, strided set of tiles and keep fp32
-partial sums of ``dy * xhat`` and ``dy`` in registers; every program writes its own
-row of a ``[G, 2, C]`` fp32 buffer, and ``torch.sum`` over ``G`` gives dW and dB. No
-atomics, no locks: the result depends only on ``G`` (fixed per device and shape),
-so it is the same bits run to run. The looped path (and rows longer than
-``Tuning.fused_dw_max_c``) computes dx per tile and the weight gradients in a
-separate column-split kernel with the same partial-buffer scheme, at the cost of
-reading x and dy a second time. dx comes back in the input dtype, dW and dB in the
-parameters' dtype (fp32 sums, cast once).
+Backward: ``dx = rstd * (w*dy - mean_c(xhat*w*dy) * xhat - mean_c(w*dy))``. The fused
+kernel is persistent: ``G = SMs x k`` programs each loop over a fixed, strided set of
+tiles (the loop software-pipelined, ``TUNING.bwd_stages``, so the loads of the next tile
+are in flight while one is computed) and keep fp32 partial sums of ``dy * xhat`` and
+``dy`` in registers; every program writes its own row of a ``[G, 2, C]`` fp32 buffer and a
+second, small kernel sums it over ``G`` in a fixed order and writes dW and dB in the
+parameters' dtypes. No atomics, no locks: the result depends only on ``G`` (fixed per
+device and shape), so it is the same bits run to run. ``k`` (programs per SM, at most
+``bwd_programs_per_sm``) shrinks when the partial sums would exceed ``partial_frac`` of
+the traffic (short problems, long rows), each program then taking a larger tile; a
+register cap at launch makes the ``k`` programs fit an SM together. Rows longer than
+``fused_dw_max_c`` and channels-first maps with ``H*W % 4 != 0`` compute dx in the fused
+kernel without partial sums and the weight gradients in a separate column-split kernel
+(same partial-buffer scheme), at the cost of reading x and dy a second time; the looped
+path does the same. dx comes back in the input dtype.
 
 The ops ``snntrain::layer_norm_fwd`` and ``snntrain::layer_norm_bwd`` are
 ``torch.library.triton_op``s (visible to ``torch.compile`` and the profiler; plain
-custom ops under ``TRITON_INTERPRET=1``) with autograd registered; they allocate with
-``torch.empty`` and never synchronise with the host, so they can be captured in CUDA
-graphs. Launch sizes come from :data:`TUNING`.
+custom ops under ``TRITON_INTERPRET=1``) with autograd registered (mean and rstd are
+non-differentiable outputs, so a backward is two kernels, main and finishing sum); they
+allocate with ``torch.empty`` and never synchronise with the host, so they can be
+captured in CUDA graphs. Launch sizes come from :data:`TUNING`.
 """
 
-import dataclasses
 import functools
 import math
 import os
@@ -80,7 +87,12 @@ def _ln_fwd_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
     SINGLE: tl.constexpr,  # True: a whole row fits BLOCK_C; False: loop over C in chunks
+    SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see _const_s)
 ):
+    if SC > 0:
+        S = SC
+        sx_c = SC
+        sy_c = SC
     pid = tl.program_id(0)
     b = (pid // tiles_per_b).to(tl.int64)
     offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -162,12 +174,21 @@ def _ln_bwd_fused_kernel(
     REDUCE_EACH: tl.constexpr,  # fold the tile into [BLOCK_C] accumulators every step (else [BLOCK_S, BLOCK_C])
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and every channel stride is SC
+    ONE_B: tl.constexpr,  # B0 == 1: tile t covers positions t * BLOCK_S ... (no outer index)
+    STAGES: tl.constexpr,  # software pipelining depth of the tile loop (loads of later tiles in flight)
 ):
+    if SC > 0:
+        S = SC
+        sd_c = SC
+        sx_c = SC
+        sg_c = SC
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_C)
     mask_c = cols < C
     cols64 = cols.to(tl.int64)
+    inv_c = 1.0 / C
     if HAS_W:
         w = tl.load(W + cols, mask=mask_c, other=0.0).to(tl.float32)
     if REDUCE_EACH:
@@ -177,16 +198,28 @@ def _ln_bwd_fused_kernel(
         acc_w = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     # Fixed, strided tile assignment: the accumulation order never depends on timing.
-    for t in range(pid, num_tiles, G):
-        b = (t // tiles_per_b).to(tl.int64)
-        offs_s = (t % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
+    for t in tl.range(pid, num_tiles, G, num_stages=STAGES):
+        if ONE_B:
+            offs_s = t * BLOCK_S + tl.arange(0, BLOCK_S)
+            s64 = offs_s.to(tl.int64)
+            x_rows = X + s64 * sx_s
+            dy_rows = DY + s64 * sd_s
+            dx_rows = DX + s64 * sg_s
+            stat = s64
+        else:
+            b = (t // tiles_per_b).to(tl.int64)
+            offs_s = (t % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
+            s64 = offs_s.to(tl.int64)
+            x_rows = X + b * sx_b + s64 * sx_s
+            dy_rows = DY + b * sd_b + s64 * sd_s
+            dx_rows = DX + b * sg_b + s64 * sg_s
+            stat = b * S + s64
         mask_s = offs_s < S
-        s64 = offs_s.to(tl.int64)
         mask = mask_s[:, None] & mask_c[None, :]
-        x = tl.load((X + b * sx_b + s64 * sx_s)[:, None] + cols64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load((DY + b * sd_b + s64 * sd_s)[:, None] + cols64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(Mean + b * S + s64, mask=mask_s, other=0.0)
-        rstd = tl.load(Rstd + b * S + s64, mask=mask_s, other=0.0)
+        x = tl.load(x_rows[:, None] + cols64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_rows[:, None] + cols64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + stat, mask=mask_s, other=0.0)
+        rstd = tl.load(Rstd + stat, mask=mask_s, other=0.0)
         xhat = (x - mean[:, None]) * rstd[:, None]
         if NEED_P:
             if REDUCE_EACH:
@@ -200,10 +233,13 @@ def _ln_bwd_fused_kernel(
         else:
             wdy = dy
         # Masked lanes hold dy = 0, so they add nothing to the row sums.
-        c1 = tl.sum(xhat * wdy, axis=1) / C
-        c2 = tl.sum(wdy, axis=1) / C
-        dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-        tl.store((DX + b * sg_b + s64 * sg_s)[:, None] + cols64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
+        c1 = tl.sum(xhat * wdy, axis=1) * inv_c
+        c2 = tl.sum(wdy, axis=1) * inv_c
+        # dx = rstd * (wdy - xhat * c1 - c2), with rstd folded into the per-row terms (two FMAs per element).
+        c1r = c1 * rstd
+        c2r = c2 * rstd
+        dx = wdy * rstd[:, None] - (xhat * c1r[:, None] + c2r[:, None])
+        tl.store(dx_rows[:, None] + cols64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
     if NEED_P:
         if REDUCE_EACH:
             pw = acc_w
@@ -231,7 +267,13 @@ def _ln_bwd_dx_looped_kernel(
     HAS_W: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    SC: tl.constexpr,
 ):
+    if SC > 0:
+        S = SC
+        sd_c = SC
+        sx_c = SC
+        sg_c = SC
     pid = tl.program_id(0)
     b = (pid // tiles_per_b).to(tl.int64)
     offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -258,8 +300,8 @@ def _ln_bwd_dx_looped_kernel(
         xhat = (x - mean[:, None]) * rstd[:, None]
         c1 += tl.sum(xhat * dy, axis=1)
         c2 += tl.sum(dy, axis=1)
-    c1 = c1 / C
-    c2 = c2 / C
+    c1r = c1 / C * rstd
+    c2r = c2 / C * rstd
     # Pass 2: dx.
     for c0 in range(0, C, BLOCK_C):
         cc = c0 + cols
@@ -271,7 +313,7 @@ def _ln_bwd_dx_looped_kernel(
         if HAS_W:
             dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
         xhat = (x - mean[:, None]) * rstd[:, None]
-        dx = (dy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        dx = dy * rstd[:, None] - (xhat * c1r[:, None] + c2r[:, None])
         tl.store(dx_base[:, None] + cc64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
 
 
@@ -287,7 +329,12 @@ def _ln_bwd_dwdb_kernel(
     sx_b, sx_s, sx_c,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    SC: tl.constexpr,
 ):
+    if SC > 0:
+        S = SC
+        sd_c = SC
+        sx_c = SC
     # grid = (cdiv(C, BLOCK_C), G): program (j, g) sums channels j*BLOCK_C.. over tiles g, g+G, ...
     pid_c = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -314,6 +361,35 @@ def _ln_bwd_dwdb_kernel(
     tl.store(row + C + cols, tl.sum(acc_b, axis=0), mask=mask_c)
 
 
+@triton.jit
+def _ln_bwd_finish_kernel(
+    P,  # fp32 [G, 2, C]: partial sums of dy*xhat (part 0) and dy (part 1) per program of the backward
+    DW,  # [C] out, the weight's dtype: sum over G of part 0
+    DB,  # [C] out, the bias's dtype: sum over G of part 1
+    G, C,
+    FIRST: tl.constexpr,  # part handled by grid row 0 (1 when only dB is wanted)
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # grid = (cdiv(C, BLOCK_N), parts): a fixed-order sum over G, cast once (no atomics, same bits every run).
+    pid_n = tl.program_id(0)
+    part = FIRST + tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = cols < C
+    rows = tl.arange(0, BLOCK_G)
+    base = P + part.to(tl.int64) * C + cols
+    acc = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        g = g0 + rows
+        m = (g < G)[:, None] & mask_n[None, :]
+        acc += tl.load(base[None, :] + (g.to(tl.int64) * (2 * C))[:, None], mask=m, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if part == 0:
+        tl.store(DW + cols, total.to(DW.dtype.element_ty), mask=mask_n)
+    else:
+        tl.store(DB + cols, total.to(DB.dtype.element_ty), mask=mask_n)
+
+
 # --------------------------------------------------------------------------- host side
 
 
@@ -321,22 +397,33 @@ def _ln_bwd_dwdb_kernel(
 class Tuning:
     """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path."""
 
-    fwd_tile: int = 4096  # target tile of the fused forward
-    bwd_tile: int = 2048  # target tile of the fused backward (more live values per element)
-    fwd_warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, max_warps]
-    bwd_warp_elems: int = 512
-    # Backward of one-row tiles (whose dW/dB sums take registers) and of channels-first maps whose
-    # channel stride is not a multiple of 16 (scalar loads, one address per element): more warps.
-    narrow_warp_elems: int = 256
-    max_warps: int = 32
+    # Forward: one tile per program.
+    fwd_tile: int = 4096  # rows: target elements per program
+    cf_fwd_tile: int = 2048  # channels-first maps: target elements per program
+    fwd_warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, fwd_max_warps]
+    fwd_max_warps: int = 16
+    # Backward: G persistent programs loop over the tiles and keep dW/dB partial sums in registers.
+    # Up to bwd_programs_per_sm programs of bwd_tile elements run per SM; when the partial-sum
+    # budget (partial_frac) allows only k < bwd_programs_per_sm per SM, each gets a tile
+    # bwd_programs_per_sm / k times larger, so the warps per SM stay the same.
+    bwd_tile: int = 2048
+    bwd_programs_per_sm: int = 4
+    bwd_warp_elems: int = 512  # 16 elements per thread
+    bwd_max_warps: int = 32
+    bwd_stages: int = 2  # software-pipelining depth of the tile loop (1: none)
+    bwd_reg_cap: bool = True  # cap registers so that the planned programs per SM fit (see _reg_cap)
+    partial_frac: float = 1 / 10  # bound on dW/dB partial-sum traffic (written + read) relative to the backward's
+    cf_reduce_each: bool = False  # channels-first: fold dW/dB sums to [C] every tile instead of once per program
+    # Both directions.
+    cf_min_block_s: int = 8  # channels-first: positions per tile at least
     max_tile: int = 16384  # largest tile a fused program holds; longer rows take the looped path
     loop_tile: int = 4096  # tile of one step of the looped path
-    min_block_s: int = 32  # contiguous positions per tile when S is the unit-stride axis
-    partial_frac: float = 1 / 64  # bound on dW/dB partial-sum traffic relative to the backward's traffic
-    rows_reduce_each: bool = False  # rows: fold dW/dB sums to [C] every tile instead of once per program
-    fused_dw_max_c: int = 16384  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
+    const_s_max: int = 4096  # channels-first maps with H*W <= this and not a multiple of 16: H*W compiled in
+    fused_dw_max_c: int = 8192  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
+    cf_unaligned_separate_dw: bool = True  # channels-first, H*W % 4 != 0: dW/dB in a pass of their own
     dw_tile: int = 4096  # tile of the separate dW/dB pass (long rows, looped path)
     dw_block_c: int = 256  # channels per program of that pass
+    finish_tile: int = 8192  # elements per program of the final dW/dB sum over the partials
 
 
 TUNING = Tuning()
@@ -355,6 +442,8 @@ class _Plan:
     num_tiles: int
     num_warps: int
     s_unit: bool  # S is the unit-stride axis (channels-first)
+    programs: int  # backward: persistent programs G (forward: num_tiles)
+    per_sm: int = 0  # backward: programs planned to run at once on one SM (G = SMs x per_sm)
 
 
 def _collapse(t: torch.Tensor, start: int, end: int) -> Optional[tuple[int, int]]:
@@ -405,27 +494,122 @@ def _sizes3(shape: torch.Size, dim: int, split: int) -> tuple[int, int, int]:
     return math.prod(shape[:dim]), math.prod(shape[dim + 1:]), shape[dim]
 
 
-def _plan(x: torch.Tensor, dim: int, split: int, tile: int, warp_elems: int) -> _Plan:
+def _warps(tile: int, warp_elems: int, max_warps: int) -> int:
+    return max(1, min(max_warps, tile // warp_elems))
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def _tile(B0: int, S: int, C: int, s_unit: bool, tile: int) -> tuple[bool, int, int, int]:
+    """(single, block_s, block_c, tiles_per_b) for a target of ``tile`` elements per program."""
     tn = TUNING
-    B0, S, C = _sizes3(x.shape, dim, split)
-    sb, ss, sc = _strides3(x, dim, split)
-    s_unit = ss == 1 and sc != 1 and S > 1
     bc = triton.next_power_of_2(C)
     s_cap = triton.next_power_of_2(S)
-    min_s = tn.min_block_s if s_unit else 1
-    bs = min(s_cap, max(min_s, tile // bc))
+    min_s = _floor_pow2(tn.cf_min_block_s) if s_unit else 1
+    bs = min(s_cap, max(min_s, _floor_pow2(tile // bc)))
     single = bs * bc <= tn.max_tile
     if not single:
         bs = min(s_cap, min_s)
         bc = min(bc, max(16, tn.loop_tile // bs))
         if bs * bc > tn.loop_tile:
             bc = max(1, tn.loop_tile // bs)
-    tiles_per_b = triton.cdiv(S, bs)
-    return _Plan(B0, S, C, split, single, bs, bc, tiles_per_b, B0 * tiles_per_b, _warps(bs * bc, warp_elems), s_unit)
+    return single, bs, bc, triton.cdiv(S, bs)
 
 
-def _warps(tile: int, warp_elems: int) -> int:
-    return max(1, min(TUNING.max_warps, tile // warp_elems))
+def _geometry(x: torch.Tensor, dim: int, split: int) -> tuple[int, int, int, bool]:
+    B0, S, C = _sizes3(x.shape, dim, split)
+    _sb, ss, sc = _strides3(x, dim, split)
+    return B0, S, C, ss == 1 and sc != 1 and S > 1
+
+
+def _plan_fwd(x: torch.Tensor, dim: int, split: int) -> _Plan:
+    tn = TUNING
+    B0, S, C, s_unit = _geometry(x, dim, split)
+    single, bs, bc, tpb = _tile(B0, S, C, s_unit, tn.cf_fwd_tile if s_unit else tn.fwd_tile)
+    n = B0 * tpb
+    return _Plan(B0, S, C, split, single, bs, bc, tpb, n, _warps(bs * bc, tn.fwd_warp_elems, tn.fwd_max_warps),
+                 s_unit, n)
+
+
+def _plan_bwd(x: torch.Tensor, dim: int, split: int, partials: bool) -> _Plan:
+    """Tiles and persistent programs of the backward.
+
+    G = (SMs) x k programs, k <= bwd_programs_per_sm. With ``partials`` (dW/dB summed in the
+    same kernel) k is also small enough that the G x 2 x C fp32 partial sums (written once,
+    read once by the finishing sum) stay within ``partial_frac`` of the backward's traffic;
+    with fewer programs per SM each gets a proportionally larger tile.
+    """
+    tn = TUNING
+    B0, S, C, s_unit = _geometry(x, dim, split)
+    n_sm = _num_sms(x.device)
+    k = tn.bwd_programs_per_sm
+    if partials:
+        traffic = 3 * B0 * S * C * x.element_size()
+        budget = int(tn.partial_frac * traffic / (16 * C))  # programs whose partials fit the budget
+        k = max(1, min(k, budget // n_sm))
+    single, bs, bc, tpb = _tile(B0, S, C, s_unit, tn.bwd_tile * tn.bwd_programs_per_sm // k)
+    warps = _warps(bs * bc, tn.bwd_warp_elems, tn.bwd_max_warps)
+    n = B0 * tpb
+    if single:
+        # A tile larger than planned (a long row, the minimum positions per tile) takes more warps.
+        k = max(1, min(k, tn.bwd_programs_per_sm * _warps(tn.bwd_tile, tn.bwd_warp_elems, 64) // warps))
+        programs = max(1, min(n, n_sm * k))
+    else:
+        programs = n
+    return _Plan(B0, S, C, split, single, bs, bc, tpb, n, warps, s_unit, programs, k)
+
+
+def _reg_cap(p: _Plan) -> dict:
+    """Launch option capping registers per thread so that ``p.per_sm`` programs fit one SM's 64 K registers.
+
+    The persistent backward assumes its G = SMs x per_sm programs all run at once; a program
+    left waiting for a free slot would run after the others and double the kernel's time.
+    Only when the op launches the kernel itself (eager, CUDA graphs): omitted in the
+    interpreter and when torch traces the launch (torch.compile, export), whose kernel
+    wrapper does not take the option.
+    """
+    if not TUNING.bwd_reg_cap or _INTERPRET or not _direct_launch():
+        return {}
+    return {"maxnreg": max(32, min(255, 65536 // (32 * p.num_warps * max(1, p.per_sm)) // 8 * 8))}
+
+
+def _direct_launch() -> bool:
+    """True when ``wrap_triton`` hands back the plain Triton kernel (the op runs eagerly on real tensors)."""
+    try:
+        from torch._library.triton import is_wrap_triton_enabled
+    except ImportError:  # an older torch: no such switch, keep to the plain options
+        return False
+    return not is_wrap_triton_enabled()
+
+
+def _separate_dwdb(x: torch.Tensor, dim: int, split: int) -> bool:
+    """Whether dW/dB take a pass of their own instead of being summed in the fused backward.
+
+    Rows longer than ``fused_dw_max_c`` (2 x C fp32 sums per program do not fit in registers),
+    and channels-first maps whose H*W is not a multiple of 4 (``cf_unaligned_separate_dw``):
+    their loads cannot be vectorised, every element needs its own address, and the fused
+    kernel runs out of registers; the separate pass re-reads x and dy, mostly from L2 for the
+    small maps (7x7) where this happens.
+    """
+    B0, S, C, s_unit = _geometry(x, dim, split)
+    if triton.next_power_of_2(C) > TUNING.fused_dw_max_c:
+        return True
+    return s_unit and S % 4 != 0 and TUNING.cf_unaligned_separate_dw
+
+
+def _const_s(p: _Plan, *strides: tuple[int, int, int]) -> int:
+    """H*W to compile into the kernels (0: none).
+
+    For dense channels-first maps whose H*W is not a multiple of 16 (14x14, 7x7): Triton then
+    knows the channel stride, so loads vectorise as far as H*W allows (4 elements at 14x14)
+    and per-element addresses become immediate offsets instead of registers. One compilation
+    per such H*W.
+    """
+    if not p.s_unit or p.S % 16 == 0 or p.S > TUNING.const_s_max:
+        return 0
+    return p.S if all(st[1] == 1 and st[2] == p.S for st in strides) else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -494,7 +678,7 @@ def _layer_norm_fwd(
     if ys is None:  # y is a fresh dense tensor, so this only guards odd groupings
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         ys = _strides3(y, dim, split)
-    p = _plan(x, dim, split, TUNING.fwd_tile, TUNING.fwd_warp_elems)
+    p = _plan_fwd(x, dim, split)
     xs = _strides3(x, dim, split)
     if _launchable(x):
         wrap_triton(_ln_fwd_kernel)[(p.num_tiles,)](
@@ -503,16 +687,23 @@ def _layer_norm_fwd(
             xs[0], xs[1], xs[2], ys[0], ys[1], ys[2],
             eps,
             HAS_W=weight is not None, HAS_B=bias is not None,
-            BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, num_warps=p.num_warps,
+            BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, SC=_const_s(p, xs, ys), num_warps=p.num_warps,
         )
     return y, mean, rstd
 
 
-def _num_programs(p: _Plan, elem_bytes: int, device: torch.device) -> int:
-    """Programs of a persistent backward: enough to fill the device, few enough that partial sums stay cheap."""
-    per_tile = 3 * p.block_s * elem_bytes  # bytes of x, dy, dx per channel of a tile
-    min_tiles = max(1, math.ceil(8 / (TUNING.partial_frac * per_tile)))  # 8 bytes of partials per channel
-    return max(1, min(p.num_tiles, max(_num_sms(device), triton.cdiv(p.num_tiles, min_tiles))))
+def _finish_dwdb(part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, need_dw: bool, need_db: bool) -> None:
+    """dW, dB = fixed-order sums of the partials ``part`` [G, 2, C] over G, in one small kernel."""
+    G, _, C = part.shape
+    block_n = min(triton.next_power_of_2(C), 16 if C <= 256 else 32)
+    block_g = min(triton.next_power_of_2(G), max(1, TUNING.finish_tile // block_n))
+    grid = (triton.cdiv(C, block_n), int(need_dw) + int(need_db))
+    if _launchable(part):
+        wrap_triton(_ln_bwd_finish_kernel)[grid](
+            part, dw if need_dw else db, db if need_db else dw, G, C,
+            FIRST=0 if need_dw else 1, BLOCK_G=block_g, BLOCK_N=block_n,
+            num_warps=_warps(block_g * block_n, 512, 8),
+        )
 
 
 def _layer_norm_bwd(
@@ -544,6 +735,8 @@ def _layer_norm_bwd(
         dw = torch.zeros(C, dtype=weight.dtype, device=x.device) if need_dw else empty
         db = torch.zeros(C, dtype=bias.dtype, device=x.device) if need_db else empty.clone()
         return dx, dw, db
+    dw = torch.empty(C, dtype=weight.dtype, device=x.device) if need_dw else empty
+    db = torch.empty(C, dtype=bias.dtype, device=x.device) if need_db else empty.clone()
     split = _split(x, dim)
     if split is None:
         x = x.contiguous()
@@ -557,37 +750,37 @@ def _layer_norm_bwd(
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         gs = _strides3(dx, dim, split)
     xs = _strides3(x, dim, split)
-    p = _plan(x, dim, split, TUNING.bwd_tile, TUNING.bwd_warp_elems)
-    if p.block_s == 1 or (p.s_unit and xs[2] % 16):
-        p = dataclasses.replace(p, num_warps=_warps(p.block_s * p.block_c, TUNING.narrow_warp_elems))
     need_p = need_dw or need_db
-    fuse_p = need_p and p.single and p.block_c <= TUNING.fused_dw_max_c
+    fuse_p = need_p and not _separate_dwdb(x, dim, split)
+    p = _plan_bwd(x, dim, split, fuse_p)
+    fuse_p = fuse_p and p.single
+    sc = _const_s(p, xs, ds, gs)
     w_arg = _params(weight, x)
+    part = empty
     if p.single:
-        G = _num_programs(p, x.element_size(), x.device)
-        part = torch.empty((G, 2, C) if fuse_p else (0,), dtype=torch.float32, device=x.device)
-        reduce_each = p.s_unit or p.block_s == 1 or TUNING.rows_reduce_each
+        if fuse_p:
+            part = torch.empty((p.programs, 2, C), dtype=torch.float32, device=x.device)
         if _launchable(x):
-            wrap_triton(_ln_bwd_fused_kernel)[(G,)](
+            wrap_triton(_ln_bwd_fused_kernel)[(p.programs,)](
                 dy, x, w_arg, mean, rstd, dx, part,
                 p.S, C, p.tiles_per_b, p.num_tiles,
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
-                HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=reduce_each,
-                BLOCK_S=p.block_s, BLOCK_C=p.block_c, num_warps=p.num_warps,
+                HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=p.s_unit and TUNING.cf_reduce_each,
+                BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, ONE_B=p.B0 == 1, STAGES=TUNING.bwd_stages,
+                num_warps=p.num_warps, **_reg_cap(p),
             )
-    else:
-        if _launchable(x):
-            wrap_triton(_ln_bwd_dx_looped_kernel)[(p.num_tiles,)](
-                dy, x, w_arg, mean, rstd, dx,
-                p.S, C, p.tiles_per_b,
-                ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
-                HAS_W=weight is not None, BLOCK_S=p.block_s, BLOCK_C=p.block_c, num_warps=p.num_warps,
-            )
+    elif _launchable(x):
+        wrap_triton(_ln_bwd_dx_looped_kernel)[(p.num_tiles,)](
+            dy, x, w_arg, mean, rstd, dx,
+            p.S, C, p.tiles_per_b,
+            ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
+            HAS_W=weight is not None, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, num_warps=p.num_warps,
+        )
     if need_p and not fuse_p:
-        # dW, dB in a column-split pass of their own (rows too long to keep 2 * C sums per program).
-        bc = min(triton.next_power_of_2(C), TUNING.dw_block_c)
-        min_s = TUNING.min_block_s if p.s_unit else 1
-        bs = min(triton.next_power_of_2(p.S), max(min_s, TUNING.dw_tile // bc))
+        # dW, dB in a column-split pass of their own (see _separate_dwdb; also the looped path).
+        bc = min(triton.next_power_of_2(C), _floor_pow2(TUNING.dw_block_c))
+        min_s = _floor_pow2(TUNING.cf_min_block_s) if p.s_unit else 1
+        bs = min(triton.next_power_of_2(p.S), max(min_s, _floor_pow2(TUNING.dw_tile // bc)))
         tiles_per_b = triton.cdiv(p.S, bs)
         n_col = triton.cdiv(C, bc)
         G = max(1, min(p.B0 * tiles_per_b, triton.cdiv(4 * _num_sms(x.device), n_col)))
@@ -597,11 +790,10 @@ def _layer_norm_bwd(
                 dy, x, mean, rstd, part,
                 p.S, C, tiles_per_b, p.B0 * tiles_per_b,
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
-                BLOCK_S=bs, BLOCK_C=bc, num_warps=_warps(bs * bc, TUNING.bwd_warp_elems),
+                BLOCK_S=bs, BLOCK_C=bc, SC=sc, num_warps=_warps(bs * bc, TUNING.bwd_warp_elems, TUNING.bwd_max_warps),
             )
-    # Fixed-order reductions over G (torch.sum uses no atomics); outputs must not alias each other.
-    dw = part[:, 0].sum(dim=0).to(weight.dtype) if need_dw else empty
-    db = part[:, 1].sum(dim=0).to(bias.dtype) if need_db else empty.clone()
+    if need_p:
+        _finish_dwdb(part, dw, db, need_dw, need_db)
     return dx, dw, db
 
 
@@ -627,9 +819,15 @@ def _setup_context(ctx, inputs, output) -> None:
     _y, mean, rstd = output
     ctx.save_for_backward(x, weight, bias, mean, rstd)
     ctx.dim = dim
+    # mean and rstd are not differentiable; without set_materialize_grads(False) autograd
+    # would still fill a zero gradient for each (two extra kernels) before every backward.
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dy, _dmean, _drstd):
+    if dy is None:
+        return None, None, None, None, None
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     dx, dw, db = torch.ops.snntrain.layer_norm_bwd(dy, x, weight, bias, mean, rstd, ctx.dim, need_dw, need_db)
