@@ -8,6 +8,7 @@ CLI resolves ``auto`` once at start and logs the choice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -23,7 +24,9 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
 def triton_importable() -> bool:
+    """Whether the ``triton`` package imports (checked once)."""
     try:
         import triton  # noqa: F401
     except ImportError:  # pragma: no cover - triton ships with Linux torch wheels
