@@ -8,7 +8,6 @@ CLI resolves ``auto`` once at start and logs the choice.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 
@@ -24,14 +23,20 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.lru_cache(maxsize=None)
+_TRITON_IMPORTABLE: bool | None = None
+
+
 def triton_importable() -> bool:
     """Whether the ``triton`` package imports (checked once)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - triton ships with Linux torch wheels
-        return False
-    return True
+    global _TRITON_IMPORTABLE
+    if _TRITON_IMPORTABLE is None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:  # pragma: no cover - triton ships with Linux torch wheels
+            _TRITON_IMPORTABLE = False
+        else:
+            _TRITON_IMPORTABLE = True
+    return _TRITON_IMPORTABLE
 
 
 def check_backend(name: object) -> str:

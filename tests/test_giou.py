@@ -506,17 +506,22 @@ def test_fcos_style_call(device, monkeypatch, multi):
     torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_launch_config_cached(device, small_thresholds):
-    """After the first (tuning) call, large launches reuse the cached configuration."""
+def test_launch_config_cached(device, small_thresholds, monkeypatch):
+    """After the first (tuning) call, large launches reuse the cached configuration; first and later calls agree."""
+    monkeypatch.setattr(K, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
     pred, target = pair((200,), device, seed=49)
     p = pred.clone().requires_grad_()
     K._BEST.clear()
-    giou_loss(p, target, backend="triton").backward()
+    first = giou_loss(p, target, backend="triton")
+    first.backward()
+    g_first = p.grad
     assert len(K._BEST) == 1
     kwargs, block, per_sm = next(iter(K._BEST.values()))
     assert block == K._FWD_CONFIGS[0].kwargs["BLOCK"] and per_sm >= 1
     p.grad = None
-    giou_loss(p, target, backend="triton").backward()
+    again = giou_loss(p, target, backend="triton")
+    again.backward()
+    assert torch.equal(first, again) and torch.equal(g_first, p.grad)
     _, (gr,) = oracle(pred, target, None, "mean")
     assert_close(p.grad, gr, torch.float32, "grad")
 

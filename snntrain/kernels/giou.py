@@ -614,7 +614,12 @@ def _sm_count(device: torch.device) -> int:
 
 def _bucket(n) -> int:
     """Power-of-two bucket (at least 1024) of a box count: the autotune key."""
-    return max(1024, 1 << (n - 1).bit_length())
+    if isinstance(n, int):
+        return max(1024, 1 << (n - 1).bit_length())
+    b = 1024  # a symbolic size (torch.compile with dynamic shapes)
+    while b < n:
+        b *= 2
+    return b
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -642,21 +647,19 @@ def _programs_per_sm(kernel, num_warps: int) -> int:
     return max(1, min(2048 // (32 * num_warps), 65536 // (regs_per_warp * num_warps), 32))
 
 
-def _launch_tuned(tuned, plain, grid, args, n: int, key: tuple, flags: dict, best=None) -> None:
-    """Launch ``plain`` with the configuration ``tuned`` picked for ``key``; tune on the first call.
+def _tuned_best(tuned, grid, args, key: tuple, flags: dict) -> tuple[dict, int, int]:
+    """``_BEST[key]``: the configuration ``tuned`` picked (launch kwargs, BLOCK, programs per SM).
 
-    ``grid(block, per_sm)`` gives the launch grid; ``args`` end before ``n_bucket``;
-    ``best``: ``_BEST[key]`` when the caller already looked it up.
+    On first use the autotuner runs on ``args`` (which end before ``n_bucket``; ``grid(block,
+    per_sm)`` gives its grid) and writes their outputs; callers then launch the plain kernel
+    with the result, so the first call computes exactly what later calls do.
     """
-    if best is None:
-        best = _BEST.get(key)
+    best = _BEST.get(key)
     if best is None:
         kernel = tuned[lambda meta: grid(meta["BLOCK"], PROGRAMS_PER_SM)](*args, key[1], **flags)
         cfg = tuned.best_config
-        _BEST[key] = (cfg.all_kwargs(), cfg.kwargs["BLOCK"], _programs_per_sm(kernel, cfg.num_warps))
-        return
-    kwargs, block, per_sm = best
-    plain[grid(block, per_sm)](*args, key[1], **flags, **kwargs)
+        best = _BEST[key] = (cfg.all_kwargs(), cfg.kwargs["BLOCK"], _programs_per_sm(kernel, cfg.num_warps))
+    return best
 
 
 @functools.lru_cache(maxsize=None)
@@ -731,7 +734,7 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     """
     p, sp = _rows(pred)
     t, st = _rows(target)
-    n = pred.numel() >> 2
+    n = pred.numel() // 4
     dev = pred.device
     fp64 = pred.dtype is _F64 or target.dtype is _F64
     acc = _F64 if fp64 else _F32
@@ -758,8 +761,10 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
                 flags = _fwd_flags(_NONE, has_w, ltrb, fused, False, False, False, False, n > SKIP_PAD_MIN, sp == 4,
                                    st == 4, fp64, int64, FLAG_ROWS)
                 if wrap is _direct:
-                    _launch_tuned(_fwd_tuned, _giou_fwd_kernel, lambda block, per_sm: (_cdiv(n, block),), args, n,
-                                  _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags), flags)
+                    key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
+                    kwargs, block, _ = _tuned_best(_fwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key,
+                                                   flags)
+                    _giou_fwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
                 else:
                     wrap(_fwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
         return loss, None, gp, gt, None
@@ -776,20 +781,26 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     with_flags = eager and fused != 0
     flags = _fwd_flags(reduction, has_w, ltrb, fused, False, False, False, with_flags, n > SKIP_PAD_MIN, sp == 4,
                        st == 4, fp64, int64, FLAG_ROWS)
+    fl = torch.empty(_cdiv(n, FLAG_ROWS), dtype=torch.int8, device=dev) if with_flags else None
+    fl_arg = p if fl is None else fl
     sms = _sm_count(dev)
     if wrap is _direct:
         key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
         best = _BEST.get(key)
-        block, per_sm = (1024, PROGRAMS_PER_SM) if best is None else best[1:]
+        if best is None:  # tune on scratch partials sized for the default grid
+            nprog = min(_cdiv(n, 1024), PROGRAMS_PER_SM * sms)
+            scratch = (torch.empty(nprog, dtype=acc, device=dev), torch.empty(nprog, dtype=torch.int32, device=dev))
+            best = _tuned_best(_fwd_tuned, lambda block, per_sm: (nprog,),
+                               (p, t, w, *scratch, gp_arg, gt_arg, fl_arg, n, sp, st, sw, eps), key, flags)
+        kwargs, block, per_sm = best
+        nprog = min(_cdiv(n, block), per_sm * sms)
     else:
-        block, per_sm = 1024, PROGRAMS_PER_SM
-    nprog = min(_cdiv(n, block), per_sm * sms)
+        nprog = min(_cdiv(n, 1024), PROGRAMS_PER_SM * sms)
     part_loss = torch.empty(nprog, dtype=acc, device=dev)
     part_count = torch.empty(nprog, dtype=torch.int32, device=dev)
-    fl = torch.empty(_cdiv(n, FLAG_ROWS), dtype=torch.int8, device=dev) if with_flags else None
-    args = (p, t, w, part_loss, part_count, gp_arg, gt_arg, p if fl is None else fl, n, sp, st, sw, eps)
+    args = (p, t, w, part_loss, part_count, gp_arg, gt_arg, fl_arg, n, sp, st, sw, eps)
     if wrap is _direct:
-        _launch_tuned(_fwd_tuned, _giou_fwd_kernel, lambda block, per_sm: (nprog,), args, n, key, flags, best)
+        _giou_fwd_kernel[(nprog,)](*args, key[1], **flags, **kwargs)
     else:
         wrap(_fwd_tuned)[(nprog,)](*args, _bucket(n), **flags)
     wrap(_giou_finalize_kernel)[(1,)](part_loss, part_count, loss, denom, nprog, MEAN=reduction == _MEAN,
@@ -807,7 +818,7 @@ def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tens
     """
     p, sp = _rows(pred)
     t, st = _rows(target)
-    n = pred.numel() >> 2
+    n = pred.numel() // 4
     dev = pred.device
     fp64 = pred.dtype is _F64 or target.dtype is _F64
     if weight is None:
@@ -830,8 +841,9 @@ def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tens
             block, warps = _SMALL_CONFIG
             wrap(_giou_bwd_kernel)[(_cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
         elif wrap is _direct:
-            _launch_tuned(_bwd_tuned, _giou_bwd_kernel, lambda block, per_sm: (_cdiv(n, block),), args, n,
-                          _best_key(_bwd_tuned, n, (go.dtype, pred.dtype, target.dtype, w.dtype), flags), flags)
+            key = _best_key(_bwd_tuned, n, (go.dtype, pred.dtype, target.dtype, w.dtype), flags)
+            kwargs, block, _ = _tuned_best(_bwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key, flags)
+            _giou_bwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
         else:
             wrap(_bwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
     return gp, gt, gw
