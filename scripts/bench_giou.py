@@ -1,6 +1,6 @@
 """Benchmark of the GIoU box loss: our Triton kernels against torchvision and the seed's formulation.
 
-    python scripts/bench_giou.py --out DIR [--quick] [--update-docs]
+    python scripts/bench_giou.py --out DIR [--focus | --quick] [--update-docs]
     python scripts/bench_giou.py --fill-docs DIR/giou.md     # results of a run elsewhere -> docs
 
 Cases: 32 x 256 boxes (the seed's toy detector), 256 x 4096 and 4096 x 4096 (16 M)
@@ -11,27 +11,39 @@ and ``fwd+bwd`` (forward and ``.backward()``; pred's ``.grad`` reset between run
 Providers:
   ours            snntrain.losses.giou_loss (default gradient mode)
   ours-<mode>     the other gradient mode (separate backward kernel / gradient in the forward)
+  ours-noskip     ours reading every pred row, padding included (16 M only)
   ours-op         the registered operator called eagerly (dispatcher cost; smallest case only)
-  ours-cudagraph  ours captured in a CUDA graph and replayed (smallest case only)
+  ours-graph      ours captured in a CUDA graph and replayed (smallest case only)
   torchvision     torchvision.ops.generalized_box_iou_loss with the seed's padding mask, eager
   torchvision-compile   the same under torch.compile
   seed            the seed article's padded loss: element-wise GIoU in plain PyTorch ops
                   (input dtype), mask-multiplied, summed and divided by the valid count
   seed-compile    the same under torch.compile
 
+--focus: 32 x 256 and 16 M only; ours, the other mode, ours-graph, and torchvision
+(eager, 32 x 256 only); about a minute.
+
 Roofline: ``bytes`` is pred + target for ``fwd`` and pred + target + pred's gradient for
 ``fwd+bwd``; ``roofline`` is the time those bytes take at the copy bandwidth measured in
 the same run divided by the measured time (1.0 = at the copy ceiling).
+
+Host time: wall-clock microseconds per call over a few hundred calls at 32 x 256 with no
+synchronisation inside the loop (the GPU work per call is far shorter, so this is the
+host's cost), for ours and for two floors: an autograd.Function that launches nothing
+(the autograd engine's own cost) and ``leaf.sum().backward()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 from torchvision.ops import generalized_box_iou_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,9 +55,11 @@ from snntrain.kernels import giou as K  # noqa: E402
 from snntrain.losses import giou_loss  # noqa: E402
 
 SHAPES = [(32, 256), (256, 4096), (4096, 4096)]
+FOCUS_SHAPES = [(32, 256), (4096, 4096)]
 DTYPES = [torch.float32, torch.bfloat16]
 MODES = ["fwd", "fwd+bwd"]
 VALID_FRACTION = 0.5  # the trailing half of every image's targets is padding
+HOST_CALLS = 400
 T0 = time.perf_counter()
 
 
@@ -108,17 +122,53 @@ def ours_op(pred, target):
     return K.giou_loss_op(pred, target, None, "mean", use_op=True)
 
 
-def agreement(pred, target) -> str:
+@contextlib.contextmanager
+def no_skip():
+    """Read every pred row (padding included) while active."""
+    old = K.SKIP_PAD_MIN
+    K.SKIP_PAD_MIN = 1 << 62
+    try:
+        yield
+    finally:
+        K.SKIP_PAD_MIN = old
+
+
+def ours_noskip(pred, target):
+    with no_skip():
+        return giou_loss(pred, target)
+
+
+def agreement(pred, target, with_seed: bool) -> str:
     """Relative difference of every provider's loss value from torchvision's (a sanity check, not timed)."""
     ref = tv_padded_loss(pred.float(), target.float())
     diffs = []
-    for name, fn in (("ours", ours_default), ("fused", ours_mode("fused")), ("separate", ours_mode("separate")),
-                     ("seed", seed_padded_loss)):
+    providers = [("ours", ours_default), ("fused", ours_mode("fused")), ("separate", ours_mode("separate"))]
+    if with_seed:
+        providers.append(("seed", seed_padded_loss))
+    for name, fn in providers:
         try:
             diffs.append(f"{name} {((fn(pred, target).float() - ref).abs() / ref.abs()).item():.1e}")
         except Exception as e:
             diffs.append(f"{name} FAILED ({type(e).__name__}: {str(e)[:200]})")
     return "loss vs torchvision (rel): " + ", ".join(diffs)
+
+
+def grad_agreement(pred, target) -> str:
+    """Max |difference| of pred's gradient between the gradient modes (and no-skip), relative to max |grad|."""
+    grads = {}
+    for name, fn in (("fused", ours_mode("fused")), ("separate", ours_mode("separate")), ("noskip", ours_noskip)):
+        p = pred.detach().clone().requires_grad_()
+        try:
+            fn(p, target).backward()
+            grads[name] = p.grad.float()
+        except Exception as e:
+            return f"gradient check FAILED in {name} ({type(e).__name__}: {str(e)[:200]})"
+    ref = grads["separate"]
+    scale = ref.abs().max().clamp(min=1e-30)
+    parts = [f"{k} {((g - ref).abs().max() / scale).item():.1e}" for k, g in grads.items() if k != "separate"]
+    pad = target[..., 3] <= 0
+    zeros = all(bool((g[pad] == 0).all()) for g in grads.values())
+    return "grad vs separate (max rel): " + ", ".join(parts) + f"; padding rows all zero: {zeros}"
 
 
 # ---- timing -----------------------------------------------------------------------------
@@ -167,15 +217,119 @@ def nbytes(pred, target, mode: str) -> int:
     return n
 
 
+# ---- host time ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _noop_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+class _NoKernelLoss(torch.autograd.Function):
+    """Floor of any autograd.Function loss: no kernels, allocations only (forward: the loss, backward: the gradient)."""
+
+    @staticmethod
+    def forward(ctx, pred):
+        ctx.pred_shape = pred.shape
+        return pred.new_empty(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty(ctx.pred_shape)
+
+
+def host_us(fn, calls: int = HOST_CALLS) -> tuple[float, float]:
+    """(host us per call: wall clock of the loop, no sync inside; us per call including the final sync)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def host_times(dev, other: str) -> list[tuple[str, float, float]]:
+    """Host cost per call at 32 x 256 fp32 (see the module docstring)."""
+    pred, target = make_case(*SHAPES[0], torch.float32, dev)
+    p = pred.detach().clone().requires_grad_()
+    leaf = pred.detach().clone().requires_grad_()
+    x = torch.empty(1024, device=dev)
+    out = []
+
+    def fb(loss_fn):
+        def fn():
+            loss_fn(p, target).backward()
+            p.grad = None
+        return fn
+
+    def fb_floor():
+        _NoKernelLoss.apply(p).backward()
+        p.grad = None
+
+    def fb_sum():
+        leaf.sum().backward()
+        leaf.grad = None
+
+    def fwd_nograd():
+        with torch.no_grad():
+            giou_loss(p, target)
+
+    items = [
+        ("ours fwd+bwd", fb(ours_default)),
+        (f"ours-{other} fwd+bwd", fb(ours_mode(other))),
+        ("ours fwd (training: pred requires grad)", lambda: giou_loss(p, target)),
+        ("ours fwd under no_grad", fwd_nograd),
+        ("floor: autograd.Function fwd+bwd, no kernels", fb_floor),
+        ("floor: leaf.sum().backward()", fb_sum),
+        ("torch.empty", lambda: torch.empty(1024, device=dev)),
+        ("empty Triton kernel launch", lambda: _noop_kernel[(1,)](x, 1024, BLOCK=128)),
+    ]
+    for name, fn in items:
+        try:
+            h, w = host_us(fn)
+            out.append((name, h, w))
+        except Exception as e:
+            log(f"host time of {name} FAILED: {type(e).__name__}: {str(e)[:200]}")
+    return out
+
+
 # ---- summary -----------------------------------------------------------------------------
 
 
-def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
+def traffic(provider: str, mode: str, v: float, b: float) -> tuple[float, str] | None:
+    """Bytes the provider must move, in units of one box tensor (pred, target and the gradient have equal size).
+
+    T, P, G: target, pred, gradient; v: fraction of valid targets (pred rows of padding
+    targets are not read above SKIP_PAD_MIN boxes); b: fraction of FLAG_ROWS-row blocks
+    holding a valid target (the fused backward scales only those).
+    """
+    default_fused = K.DEFAULT_GRAD_MODE == "fused"
+    fused = provider == "ours-fused" or (provider in ("ours", "ours-noskip") and default_fused)
+    separate = provider == "ours-separate" or (provider in ("ours", "ours-noskip") and not default_fused)
+    vp = 1.0 if provider == "ours-noskip" else v
+    pt = "T+P" if provider == "ours-noskip" else "T+vP"
+    if fused:
+        if mode == "fwd":
+            return 2 + vp, f"{pt}+G"
+        return 2 + vp + 2 * b, f"fwd {pt}+G, bwd 2bG"
+    if separate:
+        if mode == "fwd":
+            return 1 + vp, pt
+        return 3 + 2 * vp, f"fwd {pt}, bwd {pt}+G"
+    return None
+
+
+def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str, fractions: dict,
+            host: list[tuple[str, float, float]], checks: list[str]) -> str:
     out = []
     provs = list(dict.fromkeys(r.provider for r in rows))
     key = {(r.mode, r.dtype, r.shape, r.provider): r for r in rows}
     cases = list(dict.fromkeys((r.mode, r.dtype, r.shape) for r in rows))
-    short = {p: p.replace("torchvision", "tv").replace("-compile", "-cmp").replace("cudagraph", "graph") for p in provs}
+    short = {p: p.replace("torchvision", "tv").replace("-compile", "-cmp").replace("separate", "sep") for p in provs}
     head = f"{'mode':8s} {'dtype':9s} {'shape':16s}" + "".join(f"{short[p]:>12s}" for p in provs)
     head += f"{'ours roof':>10s}"
     out.append(f"\nmilliseconds (median); GPU {bu.gpu_name()}; copy bandwidth {copy_gbps:.0f} GB/s")
@@ -191,42 +345,57 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
 
     out.append("\nTargets")
     small = shape_label(*SHAPES[0])
+    floor = {name: h for name, h, _ in host}
     for dtype in ("float32", "bfloat16"):
         o = key.get(("fwd+bwd", dtype, small, "ours"))
         tv = key.get(("fwd+bwd", dtype, small, "torchvision"))
         tvc = key.get(("fwd+bwd", dtype, small, "torchvision-compile"))
-        gr = key.get(("fwd+bwd", dtype, small, "ours-cudagraph"))
+        gr = key.get(("fwd+bwd", dtype, small, "ours-graph"))
         if o:
             us = o.ms * 1e3
-            msg = f"  {small} {dtype} fwd+bwd: ours {us:.1f} us (target <= 40 us: {'met' if us <= 40 else 'MISSED'})"
-            if tv:
-                msg += f"; torchvision {tv.ms:.3f} ms = {tv.ms / o.ms:.1f}x"
-            if tvc:
-                msg += f"; tv-compile {tvc.ms:.3f} ms = {tvc.ms / o.ms:.1f}x"
+            msg = f"  {small} {dtype} fwd+bwd: ours {us:.1f} us eager (target <= 40 us: {'met' if us <= 40 else 'MISSED'})"
             if gr:
-                msg += f"; graph replay {gr.ms * 1e3:.1f} us (GPU time without host overhead)"
+                msg += f"; CUDA graph {gr.ms * 1e3:.1f} us ({'met' if gr.ms * 1e3 <= 40 else 'MISSED'})"
+            if tv:
+                msg += f"; torchvision {tv.ms:.3f} ms = {tv.ms / o.ms:.1f}x eager"
+            if tvc:
+                msg += f", tv-compile {tvc.ms:.3f} ms = {tvc.ms / o.ms:.1f}x"
             out.append(msg)
+    f1 = floor.get("floor: autograd.Function fwd+bwd, no kernels")
+    f2 = floor.get("floor: leaf.sum().backward()")
+    if f1 is not None and f2 is not None:
+        out.append(f"  eager floor on this host: an autograd.Function that launches nothing costs {f1:.1f} us per "
+                   f"fwd+bwd, leaf.sum().backward() {f2:.1f} us: an eager loss.backward() cannot meet 40 us "
+                   f"here" if min(f1, f2) > 40 else
+                   f"  eager floor on this host: autograd.Function without kernels {f1:.1f} us, "
+                   f"leaf.sum().backward() {f2:.1f} us")
     big = shape_label(*SHAPES[-1])
-    v = VALID_FRACTION
     for dtype in ("float32", "bfloat16"):
+        v, b = fractions.get(dtype, (VALID_FRACTION, VALID_FRACTION))
+        lines = []
         for mode in MODES:
-            o = key.get((mode, dtype, big, "ours"))
-            if not o:
-                continue
-            factor = 1 / o.roofline if o.roofline > 0 else float("inf")
-            msg = f"  {big} {dtype} {mode}: {factor:.2f}x the roofline time (target <= 1.5x: " \
-                  f"{'met' if factor <= 1.5 else 'MISSED'})"
-            # Bytes ours must move, in units of one box tensor (pred, target and the gradient have equal size):
-            # target, plus the pred rows whose target is valid (padded rows are not read), in each pass,
-            # plus the gradient write in the backward.
-            if mode == "fwd":
-                least, why = (1 + v) / 2, "target plus the pred rows of valid targets"
-            else:
-                least, why = (2 * (1 + v) + 1) / 3, "forward and backward each read the inputs, padded pred rows " \
-                    "skipped, plus the gradient"
-            msg += f"; ours must move {least:.2f}x the counted bytes ({why}), so it runs at " \
-                   f"{factor / least:.2f}x its own traffic's copy time"
-            out.append(msg)
+            for prov in ("ours", f"ours-{other_mode}", "ours-noskip"):
+                o = key.get((mode, dtype, big, prov))
+                if not o:
+                    continue
+                factor = 1 / o.roofline if o.roofline > 0 else float("inf")
+                msg = f"  {mode:7s} {prov:13s} {o.ms:.4f} ms = {factor:.2f}x roofline"
+                if prov == "ours":
+                    msg += f" (target <= 1.5x: {'met' if factor <= 1.5 else 'MISSED'})"
+                t = traffic(prov, mode, v, b)
+                if t:
+                    least = t[0] / (2 if mode == "fwd" else 3)
+                    msg += f"; moves {least:.2f}x the counted bytes ({t[1]}): {factor / least:.2f}x its own traffic"
+                lines.append(msg)
+        if lines:
+            out.append(f"  {big} {dtype} (v={v:.2f} valid rows, b={b:.2f} blocks with a valid row; T, P, G: "
+                       f"target, pred, gradient bytes)")
+            out += lines
+    if host:
+        out.append(f"\nHost time per call, {small} float32 (us; wall clock over {HOST_CALLS} calls without a "
+                   f"sync inside / with the final sync)")
+        for name, h, w in host:
+            out.append(f"  {name:48s} {h:8.1f} {w:8.1f}")
 
     out.append("\nGradient mode (fwd+bwd, ours default vs ours-" + other_mode + ")")
     ratios = []
@@ -244,18 +413,25 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str) -> str:
         out.append(f"  geometric mean {other_mode}/default = {gm:.3f}: faster mode here is '{verdict}'"
                    + ("" if verdict == K.DEFAULT_GRAD_MODE else " -> switch DEFAULT_GRAD_MODE"))
 
+    if checks:
+        out.append("\nChecks\n  " + "\n  ".join(checks))
+
     tuned = []
     for name, kern in (("fwd", K._fwd_tuned), ("bwd", K._bwd_tuned)):
         for k, cfg in getattr(kern, "cache", {}).items():
             tuned.append(f"{name} bucket {k[0]}: BLOCK={cfg.kwargs.get('BLOCK')} warps={cfg.num_warps}")
     if tuned:
         out.append("\nAutotuned configs: " + "; ".join(sorted(set(tuned))))
+    per_sm = sorted({f"{'fwd' if k[0] is K._fwd_tuned else 'bwd'} bucket {k[1]}: BLOCK={blk} programs/SM={n}"
+                     for k, (_, blk, n) in K._BEST.items()})
+    if per_sm:
+        out.append("Cached launches: " + "; ".join(per_sm))
     return "\n".join(out)
 
 
 def markdown(rows: list[bu.Row], copy_gbps: float, text: str) -> str:
     lines = [f"GPU: {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, {rows[0].date if rows else ''}, "
-             f"torch {torch.__version__}, triton {__import__('triton').__version__}", "",
+             f"torch {torch.__version__}, triton {triton.__version__}", "",
              "Command: `python scripts/bench_giou.py " + " ".join(sys.argv[1:]) + "`", "",
              "| mode | dtype | shape | provider | ms | GB/s | roofline |", "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
@@ -283,10 +459,12 @@ def update_docs(md: str) -> None:
 
 def main() -> None:
     args = bu.parse_args(__doc__.split("\n\n")[0], extra=lambda p: (
+        p.add_argument("--focus", action="store_true",
+                       help="32x256 and 16M only, ours / other mode / graph, torchvision eager at 32x256 (~1 min)"),
         p.add_argument("--update-docs", action="store_true", help="write the results into docs/benchmarks.md"),
         p.add_argument("--fill-docs", metavar="GIOU_MD", default=None,
                        help="no benchmark: copy a previous run's giou.md into docs/benchmarks.md (no GPU needed)"),
-        p.add_argument("--budget", type=float, default=210.0,
+        p.add_argument("--budget", type=float, default=120.0,
                        help="seconds after which the torch.compile baselines are skipped")))
     if args.fill_docs:
         update_docs(Path(args.fill_docs).read_text().rstrip("\n"))
@@ -298,22 +476,39 @@ def main() -> None:
             setattr(cfg, name, max(getattr(cfg, name), 256))
     copy_gbps = bu.copy_bandwidth()
     log(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}")
-    other = "fused" if K.DEFAULT_GRAD_MODE == "separate" else "separate"
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    other = "separate" if K.DEFAULT_GRAD_MODE == "fused" else "fused"
+    focus = args.focus
+    shapes = SHAPES[:1] if args.quick else FOCUS_SHAPES if focus else SHAPES
     rows: list[bu.Row] = []
     skipped: list[str] = []
     failed: list[str] = []
+    fractions: dict[str, tuple[float, float]] = {}
+    checks: list[str] = []
     for b, k in shapes:
         label = shape_label(b, k)
+        smallest = (b, k) == SHAPES[0]
+        biggest = (b, k) == SHAPES[-1]
         for dtype in DTYPES:
-            pred, target = make_case(b, k, dtype, dev)
-            log(f"{label} {dtype}: {agreement(pred, target)}")
-            providers = [("ours", ours_default), (f"ours-{other}", ours_mode(other))]
-            if (b, k) == SHAPES[0]:
-                providers.append(("ours-op", ours_op))
-            providers += [("torchvision", tv_padded_loss), ("seed", seed_padded_loss)]
-            compiled = [("torchvision-compile", tv_padded_loss), ("seed-compile", seed_padded_loss)]
             dname = str(dtype).replace("torch.", "")
+            pred, target = make_case(b, k, dtype, dev)
+            checks.append(f"{label} {dname}: {agreement(pred, target, not focus)}")
+            log(checks[-1])
+            if biggest:
+                valid = target[..., 3] > 0
+                fractions[dname] = (valid.float().mean().item(),
+                                    valid.reshape(-1, K.FLAG_ROWS).any(1).float().mean().item())
+                checks.append(f"{label} {dname}: {grad_agreement(pred, target)}")
+                log(checks[-1])
+            providers = [("ours", ours_default), (f"ours-{other}", ours_mode(other))]
+            if biggest and not focus:
+                providers.append(("ours-noskip", ours_noskip))
+            if smallest and not focus:
+                providers.append(("ours-op", ours_op))
+            if smallest or not focus:
+                providers.append(("torchvision", tv_padded_loss))
+            if not focus:
+                providers.append(("seed", seed_padded_loss))
+            compiled = [] if focus else [("torchvision-compile", tv_padded_loss), ("seed-compile", seed_padded_loss)]
 
             def record(name, mode, measure, note=""):
                 try:
@@ -328,8 +523,8 @@ def main() -> None:
             for mode in MODES:
                 for name, fn in providers:
                     record(name, mode, lambda: timed(fn, pred, target, mode, args.quick))
-                if (b, k) == SHAPES[0]:
-                    record("ours-cudagraph", mode, lambda: timed_graph(pred, target, mode, args.quick),
+                if smallest:
+                    record("ours-graph", mode, lambda: timed_graph(pred, target, mode, args.quick),
                            note="CUDA graph replay")
             for name, fn in compiled:
                 if time.perf_counter() - T0 > args.budget:
@@ -341,8 +536,10 @@ def main() -> None:
             log(f"done {label} {dtype}")
             del pred, target
             torch.cuda.empty_cache()
+    host = host_times(dev, other)
+    log("host times measured")
     bu.finish(rows, copy_gbps, args.out, "giou", "GIoU loss, mean over valid boxes, half the targets padding")
-    text = summary(rows, copy_gbps, other)
+    text = summary(rows, copy_gbps, other, fractions, host, checks)
     if skipped:
         text += "\n\nSkipped over the time budget: " + ", ".join(skipped)
     if failed:

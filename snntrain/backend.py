@@ -23,12 +23,20 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_TRITON_IMPORTABLE: bool | None = None
+
+
 def triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - triton ships with Linux torch wheels
-        return False
-    return True
+    """Whether the ``triton`` package imports (checked once)."""
+    global _TRITON_IMPORTABLE
+    if _TRITON_IMPORTABLE is None:
+        try:
+            import triton  # noqa: F401
+        except ImportError:  # pragma: no cover - triton ships with Linux torch wheels
+            _TRITON_IMPORTABLE = False
+        else:
+            _TRITON_IMPORTABLE = True
+    return _TRITON_IMPORTABLE
 
 
 def check_backend(name: object) -> str:

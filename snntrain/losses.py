@@ -45,11 +45,11 @@ import math
 import torch
 from torch import nn
 
-from .backend import check_backend, use_triton
+from .backend import check_backend, triton_importable, use_triton
 
 REDUCTIONS = ("none", "sum", "mean")
 BOX_FORMATS = ("xyxy", "ltrb")
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 def _check_reduction(reduction: object) -> str:
@@ -74,15 +74,18 @@ def _check_boxes(pred: object, target: object, weight: object) -> torch.Tensor |
     """Validate the tensors; return ``weight`` expanded to ``pred.shape[:-1]`` (a view), or None."""
     if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor):
         raise TypeError(f"pred and target must be tensors; got {type(pred).__name__} and {type(target).__name__}")
-    if pred.dim() == 0 or pred.shape[-1] != 4:
+    shape = pred.shape
+    if not shape or shape[-1] != 4:
         raise ValueError(f"pred must have shape [..., 4] (4 box coordinates in the last dimension); "
-                         f"got shape {tuple(pred.shape)}")
-    if target.shape != pred.shape:
-        raise ValueError(f"target must have the same shape as pred {tuple(pred.shape)}; got {tuple(target.shape)}")
+                         f"got shape {tuple(shape)}")
+    if target.shape != shape:
+        raise ValueError(f"target must have the same shape as pred {tuple(shape)}; got {tuple(target.shape)}")
     if pred.dtype not in _FLOAT_DTYPES or target.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"pred and target must be float16, bfloat16, float32 or float64; "
                         f"got {pred.dtype} and {target.dtype}")
-    if target.device != pred.device:
+    # Device: compare indices and CUDA-ness first (no torch.device objects on the common path).
+    if (target.is_cuda is not pred.is_cuda or target.get_device() != pred.get_device()
+            or (not pred.is_cuda and target.device != pred.device)):
         raise ValueError(f"pred and target must be on the same device; got {pred.device} and {target.device}")
     if weight is None:
         return None
@@ -92,7 +95,7 @@ def _check_boxes(pred: object, target: object, weight: object) -> torch.Tensor |
         raise TypeError(f"weight must be a floating tensor; got {weight.dtype}")
     if weight.device != pred.device:
         raise ValueError(f"weight must be on pred's device {pred.device}; got {weight.device}")
-    lead = pred.shape[:-1]
+    lead = shape[:-1]
     if weight.shape != lead:
         try:
             ok = torch.broadcast_shapes(weight.shape, lead) == lead
@@ -103,6 +106,30 @@ def _check_boxes(pred: object, target: object, weight: object) -> torch.Tensor |
                              f"broadcast to it; got {tuple(weight.shape)}")
         weight = weight.expand(lead)
     return weight
+
+
+#: Validated option sets: (reduction, box_format, backend, type(eps), eps) -> (eps as float, ltrb).
+_OPTIONS: dict[tuple, tuple[float, bool]] = {}
+_OPTIONS_MAX = 64
+
+
+def _check_options(reduction: object, box_format: object, eps: object, backend: object) -> tuple[float, bool]:
+    """Validate the non-tensor arguments (cached: a training loop passes the same ones every call)."""
+    try:
+        key = (reduction, box_format, backend, eps.__class__, eps)
+        hit = _OPTIONS.get(key)
+    except TypeError:  # unhashable argument: validation below raises
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    _check_reduction(reduction)
+    fmt = _check_box_format(box_format)
+    eps = _check_eps(eps)
+    check_backend(backend)
+    out = (eps, fmt == "ltrb")
+    if key is not None and len(_OPTIONS) < _OPTIONS_MAX:
+        _OPTIONS[key] = out
+    return out
 
 
 def giou_loss_reference(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
@@ -168,13 +195,14 @@ def giou_loss(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | N
         fp32 (fp64 for fp64 boxes): shape ``pred.shape[:-1]`` for ``none``, a scalar otherwise.
     """
     weight = _check_boxes(pred, target, weight)
-    _check_reduction(reduction)
-    _check_box_format(box_format)
-    eps = _check_eps(eps)
-    check_backend(backend)
-    fp64 = pred.dtype == torch.float64 or target.dtype == torch.float64
-    if (backend != "auto" or not fp64) and use_triton(backend, pred):
-        return _giou_kernels().giou_loss_op(pred, target, weight, reduction, eps, box_format == "ltrb")
+    eps, ltrb = _check_options(reduction, box_format, eps, backend)
+    if backend == "auto":
+        triton_path = pred.is_cuda and pred.dtype is not torch.float64 and target.dtype is not torch.float64 \
+            and triton_importable()
+    else:
+        triton_path = use_triton(backend, pred)
+    if triton_path:
+        return _giou_kernels().giou_loss_op(pred, target, weight, reduction, eps, ltrb)
     return giou_loss_reference(pred, target, weight, reduction, eps, box_format=box_format)
 
 

@@ -334,9 +334,11 @@ def test_strided_and_expanded_inputs(device):
 
 @pytest.fixture
 def small_thresholds(monkeypatch):
-    """Force the multi-program forward (partials + finalize) and the tuned launches on small inputs."""
+    """Force the multi-program forward (partials + finalize, per-block flags and the scale kernel in the
+    fused backward), the tuned launches and the skipped pred rows of padding targets on small inputs."""
     monkeypatch.setattr(K, "SINGLE_MAX", 16)
     monkeypatch.setattr(K, "SMALL_MAX", 16)
+    monkeypatch.setattr(K, "SKIP_PAD_MIN", 16)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -371,6 +373,169 @@ def test_registered_op_path(device, grad_mode):
 def test_fused_bf16(device):
     pred, target = pair((33,), device, torch.bfloat16, seed=21)
     compare(pred, target, None, "mean", op=True, grad_mode="fused")
+
+
+def test_default_grad_mode_is_fused():
+    assert K.DEFAULT_GRAD_MODE == "fused"
+
+
+def padded_runs(b, k, device, dtype=torch.float32, seed=40, valid=0.5):
+    """[b, k] pairs whose trailing part of every row of targets is padding (runs of padding rows)."""
+    pred, target = pair((b, k), device, dtype, seed=seed, pad_frac=0.0)
+    target[:, round(k * valid):] = 0.0
+    return pred, target
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fused_flags_skip_padding_blocks(device, small_thresholds, reduction, weighted):
+    """Multi-program fused path: blocks of FLAG_ROWS padding rows are skipped by the backward scale kernel."""
+    pred, target = padded_runs(3, 4 * K.FLAG_ROWS, device)  # each row: 2 blocks valid, 2 blocks padding
+    weight = None
+    if weighted:
+        weight = torch.rand(3, 4 * K.FLAG_ROWS, generator=torch.Generator().manual_seed(41)).to(device) + 0.5
+    lo, go = compare(pred, target, weight, reduction, wrt=("pred", "target"))
+    pad = target[..., 3] <= 0
+    assert (go[0][pad] == 0).all() and (go[1][pad] == 0).all()
+
+
+def test_fused_flags_values(device, small_thresholds):
+    """The forward's flags say which FLAG_ROWS-row blocks hold a valid target; the scale kernel leaves the others."""
+    pred, target = padded_runs(2, 4 * K.FLAG_ROWS, device, seed=50, valid=0.3)
+    target[1, :3] = 0.0
+    loss, denom, gp, gt, flags = K.giou_forward(pred, target, None, K._MEAN, 1e-7, False, 1, eager=True)
+    want = (target[..., 3] > 0).reshape(-1, K.FLAG_ROWS).any(1)
+    assert flags.dtype == torch.int8 and torch.equal(flags.bool(), want)
+    buf = gp.clone()
+    buf.view(-1, K.FLAG_ROWS, 4)[~want] = 7.0  # marks: a skipped block must keep them
+    K._scale_in_place(buf, torch.tensor(2.0, device=device), denom, flags, K._MEAN)
+    assert (buf.view(-1, K.FLAG_ROWS, 4)[~want] == 7.0).all()
+    torch.testing.assert_close(buf.view(-1, K.FLAG_ROWS, 4)[want], (gp * 2.0 / denom).view(-1, K.FLAG_ROWS, 4)[want])
+
+
+def test_fused_flags_one_per_block(device, small_thresholds, monkeypatch):
+    """FLAG_ROWS equal to the forward's block (one flag per tile), padding scattered and in runs."""
+    monkeypatch.setattr(K, "FLAG_ROWS", K._FWD_CONFIGS[0].kwargs["BLOCK"])
+    pred, target = padded_runs(2, 3 * K.FLAG_ROWS + 5, device, seed=42)
+    target[0, :7] = 0.0
+    for reduction in ("sum", "mean"):
+        compare(pred, target, None, reduction, wrt=("pred",))
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_fused_strided_multi_program(device, small_thresholds, reduction):
+    """Runtime row stride (no ROW4) on the multi-program fused path."""
+    pred, target = padded_runs(4, 40, device, seed=43)
+    wide = torch.zeros(4, 40, 6, device=device)
+    wide[..., 1:5] = pred
+    compare(wide[..., 1:5], target, None, reduction, wrt=("pred", "target"))
+
+
+def test_fused_gradient_not_copied(device, monkeypatch):
+    """The fused buffer becomes pred.grad itself: scaled in place, handed to autograd without a copy."""
+    seen = []
+    real = K.giou_forward
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out[2].data_ptr())
+        return out
+
+    monkeypatch.setattr(K, "giou_forward", spy)
+    pred, target = pair((5, 7), device, seed=44)
+    p = pred.clone().requires_grad_()
+    giou_loss(p, target, backend="triton").backward()
+    assert p.grad is not None and p.grad.data_ptr() == seen[0]
+    _, (gr,) = oracle(pred, target, None, "mean")
+    assert_close(p.grad, gr, torch.float32, "grad")
+
+
+@pytest.mark.parametrize("multi", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_retain_graph_second_backward(device, monkeypatch, multi, reduction):
+    """A second backward through a retained graph (the fused buffer is consumed) gives the same gradient."""
+    if multi:
+        monkeypatch.setattr(K, "SINGLE_MAX", 16)
+        monkeypatch.setattr(K, "SMALL_MAX", 16)
+    pred, target = pair((3, 30), device, seed=45)
+    p = pred.clone().requires_grad_()
+    t = target.clone().requires_grad_()
+    loss = giou_loss(p, t, reduction=reduction, backend="triton")
+    g = torch.rand(loss.shape, generator=torch.Generator().manual_seed(46)).to(device) + 0.5
+    g1 = torch.autograd.grad(loss, (p, t), g, retain_graph=True)
+    g2 = torch.autograd.grad(loss, (p, t), g)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _, gr = oracle(pred, target, None, reduction, grad_out=g, wrt=("pred", "target"))
+    assert_close(g1[0], gr[0], torch.float32, "grad")
+    assert_close(g1[1], gr[1], torch.float32, "grad")
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_no_grad_forward_skips_autograd(device, reduction):
+    pred, target = pair((4, 9), device, seed=47)
+    want = giou_loss_reference(pred, target, reduction=reduction)
+    with torch.no_grad():
+        a = giou_loss(pred.clone().requires_grad_(), target, reduction=reduction, backend="triton")
+    b = giou_loss(pred, target, reduction=reduction, backend="triton")  # nothing requires grad
+    for x in (a, b):
+        assert x.grad_fn is None and not x.requires_grad
+        torch.testing.assert_close(x, want, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_fcos_style_call(device, monkeypatch, multi):
+    """As fcos_loss calls it: ltrb [B, L, 4], background rows all zeros (padding), sum."""
+    if multi:
+        monkeypatch.setattr(K, "SINGLE_MAX", 16)
+        monkeypatch.setattr(K, "SMALL_MAX", 16)
+        monkeypatch.setattr(K, "SKIP_PAD_MIN", 16)
+    g = torch.Generator().manual_seed(48)
+    pred = (torch.rand(2, 150, 4, generator=g) * 5 + 0.05).to(device)
+    target = (torch.rand(2, 150, 4, generator=g) * 5 + 0.05).to(device)
+    target[torch.rand(2, 150, generator=g) < 0.8] = 0.0  # background
+    target[1, 40:] = 0.0  # and a long run of it
+    compare(pred, target, None, "sum", box_format="ltrb", wrt=("pred",))
+    p = pred.clone().requires_grad_()
+    r = pred.clone().requires_grad_()
+    a = giou_loss(p, target, reduction="sum", box_format="ltrb", backend="triton")
+    b = giou_loss(r, target, reduction="sum", box_format="ltrb", backend="torch")
+    (a / 7.0).backward()
+    (b / 7.0).backward()
+    torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-5)
+    torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_launch_config_cached(device, small_thresholds, monkeypatch):
+    """After the first (tuning) call, large launches reuse the cached configuration; first and later calls agree."""
+    monkeypatch.setattr(K, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
+    pred, target = pair((200,), device, seed=49)
+    p = pred.clone().requires_grad_()
+    K._BEST.clear()
+    first = giou_loss(p, target, backend="triton")
+    first.backward()
+    g_first = p.grad
+    assert len(K._BEST) == 1
+    kwargs, block, per_sm = next(iter(K._BEST.values()))
+    assert block == K._FWD_CONFIGS[0].kwargs["BLOCK"] and per_sm >= 1
+    p.grad = None
+    again = giou_loss(p, target, backend="triton")
+    again.backward()
+    assert torch.equal(first, again) and torch.equal(g_first, p.grad)
+    _, (gr,) = oracle(pred, target, None, "mean")
+    assert_close(p.grad, gr, torch.float32, "grad")
+
+
+def test_programs_per_sm():
+    class Kern:
+        n_regs = 128
+
+    assert K._programs_per_sm(Kern(), 4) == 4  # 128 regs x 128 threads: 4 of 64 K registers
+    Kern.n_regs = 133  # rounded up per warp to 136
+    assert K._programs_per_sm(Kern(), 4) == 3
+    Kern.n_regs = 32
+    assert K._programs_per_sm(Kern(), 4) == 16  # thread limit 2048
+    assert K._programs_per_sm(object(), 4) == K.PROGRAMS_PER_SM
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Generalized-IoU loss for element-wise box pairs: Triton kernels, forward and hand-written backward.
+"""Generalized-IoU loss for element-wise box pairs: Triton kernels, forward and backward.
 
 Box ``i`` of ``pred`` is paired with box ``i`` of ``target``; both are ``[..., 4]``
 tensors, either corners ``(x1, y1, x2, y2)`` or, for anchor-free heads, ``ltrb``
@@ -11,11 +11,13 @@ counted by ``mean``.
 
 What is here (and nothing else):
 
-* the kernels: ``_giou_fwd_kernel`` (loss, optional per-box gradients: the "fused"
-  mode), ``_giou_finalize_kernel`` (fixed-order reduction of per-program partials) and
-  ``_giou_bwd_kernel`` (the analytic gradient, derived in the comment above it);
-* host launch functions ``giou_forward`` / ``giou_backward`` that flatten ``[..., 4]``
-  to ``[N, 4]`` rows (through strides, copying only when no flat view exists), allocate
+* the kernels: ``_giou_fwd_kernel`` (loss, and in the "fused" gradient mode the per-box
+  gradient as well), ``_giou_finalize_kernel`` (fixed-order reduction of per-program
+  partials), ``_giou_scale_kernel`` (the fused mode's backward on large inputs: the
+  stored gradient times ``grad_output``, in place) and ``_giou_bwd_kernel`` (the
+  hand-written analytic gradient, derived in the comment above it);
+* host launch functions ``giou_forward`` / ``giou_backward`` that see ``[..., 4]`` as
+  ``[N, 4]`` rows (through strides, copying only when no flat view exists), allocate
   outputs and launch; they never convert dtypes and never synchronise with the host;
 * the operators ``torch.ops.snntrain.giou_loss`` and ``torch.ops.snntrain.giou_loss_backward``
   (``torch.library.triton_op``, so ``torch.compile`` sees the kernels) with autograd;
@@ -25,38 +27,68 @@ Dtypes: fp16, bf16 and fp32 boxes are loaded as they are and the math runs in fp
 the loss comes back in fp32 and gradients in each input's dtype. float64 boxes run the
 same kernels with fp64 math and an fp64 loss (used by the gradcheck tests).
 
+Loads: a program reads a ``[BLOCK, 4]`` tile, one box per row. For the usual
+contiguous ``[..., 4]`` tensor the row stride 4 is a compile-time constant (``ROW4_*``),
+so each thread loads a whole box with one vector instruction (16 bytes for fp32,
+8 bytes for fp16/bf16) and a warp reads one contiguous run; with a runtime stride the
+compiler cannot prove the alignment and falls back to one load per coordinate, which
+for 16-bit boxes costs more instructions than the memory system needs.
+``scripts/giou_resources.py`` shows the vector widths of the sm_90 builds.
+
 Reductions (``none`` / ``sum`` / ``mean``) stay on the device: a small problem
 (``N <= SINGLE_MAX``) is reduced by one program in one launch; a larger one writes one
 partial sum and one valid count per program, and ``_giou_finalize_kernel`` adds them in a
 fixed order, so results are deterministic for a given launch configuration. ``mean``
-divides by ``max(#valid, 1)``; that denominator is a second output, which the backward
-reads from device memory.
+divides by ``max(#valid, 1)``.
 
 Two ways to get the gradient (``grad_mode``):
 
-* ``"separate"`` (default): the forward computes only the loss; the backward kernel reads
-  the boxes again and writes the gradients already scaled by ``grad_output``.
-* ``"fused"``: when a gradient is needed, the forward also writes the per-box gradient of
-  the (weighted, masked) loss; the backward is then ``buffer * grad_output`` (and
-  ``/ denominator`` for ``mean``) in plain PyTorch.
+* ``"fused"`` (default): when a gradient is needed, the forward also writes the per-box
+  gradient of the (weighted, masked) loss into a buffer; the backward multiplies that
+  buffer by ``grad_output`` in place and hands it to autograd (no copy). Single-program
+  ``mean``: the forward counts the valid boxes first and writes the gradient already
+  divided by the count, so the backward is one ``mul_`` by ``grad_output``. Larger
+  ``sum``/``mean``: the forward also writes one byte per ``FLAG_ROWS`` rows saying whether
+  any of them is valid, and ``_giou_scale_kernel`` (one launch) applies
+  ``grad_output / max(#valid, 1)`` only to those blocks: blocks of padding already hold
+  0 and are neither read nor written again. ``none``: one ``mul_`` by ``grad_output``.
+  A second backward through the same graph (``retain_graph=True``) finds the buffer
+  consumed and runs the hand-written backward kernel instead.
+* ``"separate"``: the forward computes only the loss; ``_giou_bwd_kernel`` reads the boxes
+  again and writes the gradients already scaled by ``grad_output``.
 
-Bytes moved for a gradient of ``pred`` (P, T, G: bytes of pred, target and the gradient;
-v: fraction of valid targets, since above ``SMALL_MAX`` boxes the kernels read ``pred``
-only where the target is not padding): separate 2 (T + vP) + G, fused T + vP + 3G, so
-separate never moves more. Fused also costs more when ``target`` needs a gradient too,
-rounds the gradient twice in fp16/bf16 (buffer, then the scaled copy) and slows down a
-forward whose inputs require grad but whose backward never runs; its backward is a
-native multiply instead of a Triton launch, which can matter when host overhead
-dominates (small inputs). ``scripts/bench_giou.py`` times both.
+Bytes moved for a gradient of ``pred`` (P, T, G: bytes of pred, target and the gradient,
+all the same size; v: fraction of valid targets, since above ``SKIP_PAD_MIN`` boxes the
+kernels read ``pred`` only where the target is not padding; b: fraction of
+``FLAG_ROWS``-row blocks that hold a valid target, b >= v):
 
-Eager calls go through a ``torch.autograd.Function`` that launches the same kernels
-directly: the dispatcher path of a registered operator with autograd costs tens of
-microseconds of host time per forward+backward, which would dominate a 32 x 256 box
-loss. Under ``torch.compile`` (and whenever the ops are called by name) the registered
-operators are used. While the profiler is on, the eager path is recorded under the
-operator names. Under ``TRITON_INTERPRET=1`` (CPU tests) the operators are opaque
-``custom_op``s with a shape-only fake implementation, because the interpreter cannot
-run on the fake tensors that tracing uses; with compiled Triton they are ``triton_op``s.
+* fused ``sum``/``mean``: forward T + vP + G, backward 2bG (read and write the blocks
+  with valid rows): T + vP + (1 + 2b) G in all;
+* fused ``none``: T + vP + 3G;
+* separate: forward T + vP, backward T + vP + G: 2 (T + vP) + G.
+
+So with padding in runs (b = v) fused moves less than separate; with padding scattered
+one box at a time (b = 1) it moves T + vP + 3G, more than separate. The gradient cannot
+be final in the forward, because autograd supplies ``grad_output`` only afterwards, so no
+design moves just T + P + G. Fused also costs more when ``target`` needs a gradient too,
+rounds the gradient twice in fp16/bf16 (buffer, then the scaled value) and slows down a
+forward whose inputs require grad but whose backward never runs. ``scripts/bench_giou.py``
+times both modes.
+
+Host path. Eager calls go through a ``torch.autograd.Function`` that launches the
+kernels directly: the dispatcher path of a registered operator with autograd costs tens
+of microseconds of host time per forward+backward, which would dominate a 32 x 256 box
+loss. Per call the forward does one launch for ``N <= SINGLE_MAX`` (two above: kernel
+and finalize), allocates the loss and the gradient buffer, and looks up its
+compile-time flags in a small cache; the autotuned kernels are launched with the
+configuration cached after their first call, without the autotuner's own lookup. The
+backward is one ``mul_`` (or one scale launch on large inputs). Calls whose inputs do
+not require grad (or run under ``no_grad``) skip autograd altogether. Under
+``torch.compile`` (and whenever the ops are called by name) the registered operators
+are used. While the profiler is on, the eager path is recorded under the operator
+names. Under ``TRITON_INTERPRET=1`` (CPU tests) the operators are opaque ``custom_op``s
+with a shape-only fake implementation, because the interpreter cannot run on the fake
+tensors that tracing uses; with compiled Triton they are ``triton_op``s.
 
 Tie policy (where a min or max has equal arguments): the gradient follows PyTorch's
 autograd of ``torch.maximum`` / ``torch.minimum``, which torchvision's loss uses: half of
@@ -67,17 +99,19 @@ as torchvision's boolean mask does.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+from torch.autograd import profiler as _profiler
 
 NAMESPACE = "snntrain"
 REDUCTIONS = ("none", "sum", "mean")
 GRAD_MODES = ("separate", "fused")
 #: The default way to compute the gradient; see the module docstring and scripts/bench_giou.py.
-DEFAULT_GRAD_MODE = "separate"
+DEFAULT_GRAD_MODE = "fused"
 
 _NONE, _SUM, _MEAN = 0, 1, 2
 
@@ -85,11 +119,20 @@ _NONE, _SUM, _MEAN = 0, 1, 2
 SINGLE_MAX = 8192
 #: Up to this many boxes the element-wise launches use a fixed configuration (no autotune).
 SMALL_MAX = 16384
-#: Programs per streaming multiprocessor for the reducing forward on large inputs.
+#: Above this many boxes the kernels do not read the pred rows whose target is padding
+#: (a masked load that depends on the target load); below, they read every row.
+SKIP_PAD_MIN = 16384
+#: Programs per streaming multiprocessor for the reducing forward on large inputs, until the
+#: compiled kernel's register count gives the number that fits (one full wave, see _programs_per_sm).
 PROGRAMS_PER_SM = 8
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _INT32_MAX = 2**31 - 1
+_F32, _F64 = torch.float32, torch.float64
+
+#: Rows per "has a valid box" flag written by the fused forward on large inputs; the tuned
+#: forward block sizes are multiples of it, and it is the backward scale kernel's block.
+FLAG_ROWS = 32 if _INTERPRET else 512
 
 
 # --------------------------------------------------------------------------------------
@@ -98,17 +141,29 @@ _INT32_MAX = 2**31 - 1
 
 
 @triton.jit
+def _row_offsets(rows, row_stride, ROW4: tl.constexpr, INT64: tl.constexpr):
+    """Element offset of the first coordinate of each row; ROW4: the row stride is the constant 4."""
+    if INT64:
+        r = rows.to(tl.int64)
+    else:
+        r = rows
+    if ROW4:
+        off = r * 4
+    else:
+        off = r * row_stride
+    return off
+
+
+@triton.jit
 def _load_boxes(ptr, rows, row_stride, inb, LTRB: tl.constexpr, FP64: tl.constexpr, INT64: tl.constexpr,
-                BLOCK: tl.constexpr):
+                ROW4: tl.constexpr, BLOCK: tl.constexpr):
     """Load rows ``rows`` of an ``[N, 4]`` box tensor (last-dim stride 1) as corners x1, y1, x2, y2.
 
+    One ``[BLOCK, 4]`` tile: with ``ROW4`` every thread reads whole boxes with vector loads.
     Also returns the raw index-3 value (``y2`` or ``b``), which decides padding.
     """
     cols = tl.arange(0, 4)
-    if INT64:
-        base = rows.to(tl.int64) * row_stride
-    else:
-        base = rows * row_stride
+    base = _row_offsets(rows, row_stride, ROW4, INT64)
     tile = tl.load(ptr + base[:, None] + cols[None, :], mask=inb[:, None], other=0.0)
     if FP64:
         tile = tile.to(tl.float64)
@@ -128,10 +183,7 @@ def _store_boxes(ptr, rows, inb, g0, g1, g2, g3, INT64: tl.constexpr, BLOCK: tl.
     """Store four per-box columns into rows ``rows`` of a contiguous ``[N, 4]`` tensor (its dtype)."""
     cols = tl.arange(0, 4)
     tile = tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), (BLOCK, 4))
-    if INT64:
-        base = rows.to(tl.int64) * 4
-    else:
-        base = rows * 4
+    base = _row_offsets(rows, 4, True, INT64)
     tl.store(ptr + base[:, None] + cols[None, :], tile.to(ptr.dtype.element_ty), mask=inb[:, None])
 
 
@@ -139,7 +191,8 @@ def _store_boxes(ptr, rows, inb, g0, g1, g2, g3, INT64: tl.constexpr, BLOCK: tl.
 def _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps):
     """Loss 1 - GIoU of pred (x1, y1, x2, y2) against target (X1, Y1, X2, Y2), plus what its gradient needs.
 
-    Same operation order as torchvision's generalized_box_iou_loss.
+    Same operation order as torchvision's generalized_box_iou_loss (the loss-only
+    variants do not use the extra values; the compiler drops them).
     """
     wp = x2 - x1
     hp = y2 - y1
@@ -155,12 +208,20 @@ def _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps):
     encl = cw * ch
     ud = union + eps
     cd = encl + eps
-    loss = 1.0 - (inter / ud - (encl - union) / cd)
-    # Partial derivatives of the loss (derivation above _giou_bwd_kernel).
-    g_u = inter / (ud * ud) - 1.0 / cd
-    g_i = tl.where(hit, -1.0 / ud - g_u, 0.0)
-    g_c = ud / (cd * cd)
-    return loss, g_u, g_i, g_c, wp, hp, wg, hg, iw, ih, cw, ch
+    iou = inter / ud
+    loss = 1.0 - (iou - (encl - union) / cd)
+    return loss, iou, ud, cd, hit, wp, hp, wg, hg, iw, ih, cw, ch
+
+
+@triton.jit
+def _giou_partials(iou, ud, cd, hit, scale):
+    """``scale`` times dL/dU, dL/dI (total) and dL/dC (derivation above _giou_bwd_kernel), with two reciprocals."""
+    r_u = 1.0 / ud
+    r_c = 1.0 / cd
+    g_u = iou * r_u - r_c  # I / (U + e)^2 - 1 / (C + e)
+    g_i = tl.where(hit, -r_u - g_u, 0.0)
+    g_c = ud * (r_c * r_c)  # (U + e) / (C + e)^2
+    return g_u * scale, g_i * scale, g_c * scale
 
 
 @triton.jit
@@ -176,27 +237,58 @@ def _sel_min(a, b):
 
 
 @triton.jit
-def _side_grad(x1, y1, x2, y2, X1, Y1, X2, Y2, w, h, iw, ih, cw, ch, g_u, g_i, g_c):
-    """Gradient of the loss with respect to box (x1, y1, x2, y2) of width w, height h, paired with (X1..Y2)."""
-    gx1 = -(g_u * h) - g_i * ih * _sel_max(x1, X1) - g_c * ch * _sel_min(x1, X1)
-    gy1 = -(g_u * w) - g_i * iw * _sel_max(y1, Y1) - g_c * cw * _sel_min(y1, Y1)
-    gx2 = g_u * h + g_i * ih * _sel_min(x2, X2) + g_c * ch * _sel_max(x2, X2)
-    gy2 = g_u * w + g_i * iw * _sel_min(y2, Y2) + g_c * cw * _sel_max(y2, Y2)
-    return gx1, gy1, gx2, gy2
+def _shares(x1, y1, x2, y2, X1, Y1, X2, Y2):
+    """Pred's share of the intersection's edges: max(x1, X1), max(y1, Y1), min(x2, X2), min(y2, Y2).
+
+    The other shares follow (no NaN on valid rows): pred's share of the enclosing box's
+    edges min(x1, X1), ... is one minus these, and the target's shares are the complements.
+    """
+    return _sel_max(x1, X1), _sel_max(y1, Y1), _sel_min(x2, X2), _sel_min(y2, Y2)
 
 
 @triton.jit
-def _store_grad(ptr, rows, inb, valid, scale, g0, g1, g2, g3, LTRB: tl.constexpr, INT64: tl.constexpr,
+def _side_grad(s0, s1, s2, s3, w, h, g_u, g_c_ch, g_c_cw, bx, by):
+    """Corner gradient of one box of width w, height h, whose intersection-edge shares are s0..s3.
+
+    With e = g_c * ch (x) or g_c * cw (y) and b = g_i * ih - g_c * ch (x) or g_i * iw - g_c * cw (y):
+    dL/dx1 = -(g_u h + e) - s0 b, dL/dx2 = g_u h + e + s2 b, and likewise for y with w.
+    """
+    ax = g_u * h + g_c_ch
+    ay = g_u * w + g_c_cw
+    return -ax - s0 * bx, -ay - s1 * by, ax + s2 * bx, ay + s3 * by
+
+
+@triton.jit
+def _store_grad(ptr, rows, inb, valid, g0, g1, g2, g3, LTRB: tl.constexpr, INT64: tl.constexpr,
                 BLOCK: tl.constexpr):
-    """Scale a per-box corner gradient, zero it on padding, map it to ltrb if needed and store it."""
-    g0 = tl.where(valid, g0 * scale, 0.0)
-    g1 = tl.where(valid, g1 * scale, 0.0)
-    g2 = tl.where(valid, g2 * scale, 0.0)
-    g3 = tl.where(valid, g3 * scale, 0.0)
+    """Zero a per-box corner gradient on padding, map it to ltrb if needed and store it."""
+    g0 = tl.where(valid, g0, 0.0)
+    g1 = tl.where(valid, g1, 0.0)
+    g2 = tl.where(valid, g2, 0.0)
+    g3 = tl.where(valid, g3, 0.0)
     if LTRB:  # x1 = -l, y1 = -t
         g0 = -g0
         g1 = -g1
     _store_boxes(ptr, rows, inb, g0, g1, g2, g3, INT64, BLOCK)
+
+
+@triton.jit
+def _store_box_grads(gpred_ptr, gtarget_ptr, rows, inb, valid, scale, x1, y1, x2, y2, X1, Y1, X2, Y2, iou, ud, cd,
+                     hit, wp, hp, wg, hg, iw, ih, cw, ch, PRED: tl.constexpr, TARGET: tl.constexpr,
+                     LTRB: tl.constexpr, INT64: tl.constexpr, BLOCK: tl.constexpr):
+    """Store ``scale`` times the gradient of the per-box loss for pred and/or target (0 on padding rows)."""
+    g_u, g_i, g_c = _giou_partials(iou, ud, cd, hit, scale)
+    g_c_ch = g_c * ch
+    g_c_cw = g_c * cw
+    bx = g_i * ih - g_c_ch
+    by = g_i * iw - g_c_cw
+    s0, s1, s2, s3 = _shares(x1, y1, x2, y2, X1, Y1, X2, Y2)
+    if PRED:
+        a0, a1, a2, a3 = _side_grad(s0, s1, s2, s3, wp, hp, g_u, g_c_ch, g_c_cw, bx, by)
+        _store_grad(gpred_ptr, rows, inb, valid, a0, a1, a2, a3, LTRB, INT64, BLOCK)
+    if TARGET:
+        b0, b1, b2, b3 = _side_grad(1.0 - s0, 1.0 - s1, 1.0 - s2, 1.0 - s3, wg, hg, g_u, g_c_ch, g_c_cw, bx, by)
+        _store_grad(gtarget_ptr, rows, inb, valid, b0, b1, b2, b3, LTRB, INT64, BLOCK)
 
 
 # --------------------------------------------------------------------------------------
@@ -210,9 +302,10 @@ def _giou_fwd_kernel(
     target_ptr,  # [N, 4] boxes, row stride stride_t, last-dim stride 1
     weight_ptr,  # [N] per-box weights, stride stride_w (read only if HAS_WEIGHT)
     loss_ptr,  # none: [N] per-box loss; sum/mean: [num_programs] partial sums, or [1] the result if SINGLE
-    count_ptr,  # sum/mean: [num_programs] int32 partial valid counts, or [1] max(#valid, 1) if SINGLE
+    count_ptr,  # sum/mean: [num_programs] int32 partial valid counts, or [1] max(#valid, 1) if STORE_DENOM
     gpred_ptr,  # FUSED_PRED: [N, 4] contiguous, pred's dtype: d(weighted masked per-box loss) / d pred
     gtarget_ptr,  # FUSED_TARGET: [N, 4] contiguous, target's dtype: the same for target
+    flags_ptr,  # FLAGS: [cdiv(N, FLAG_ROWS)] int8, 1 where a block of FLAG_ROWS rows has a valid target
     N,  # number of boxes
     stride_p,
     stride_t,
@@ -225,7 +318,13 @@ def _giou_fwd_kernel(
     FUSED_PRED: tl.constexpr,
     FUSED_TARGET: tl.constexpr,
     SINGLE: tl.constexpr,  # one program reduces everything and writes the result
+    STORE_DENOM: tl.constexpr,  # SINGLE: also write max(#valid, 1) to count_ptr
+    PRESCALE: tl.constexpr,  # SINGLE mean: count first, write the fused gradients divided by max(#valid, 1)
+    FLAGS: tl.constexpr,  # write the per-block valid flags
+    FLAG_ROWS: tl.constexpr,  # rows per flag; divides BLOCK
     SKIP_PAD: tl.constexpr,  # do not read pred rows whose target is padding (a second, dependent load)
+    ROW4_P: tl.constexpr,  # stride_p == 4 (contiguous rows: vector loads)
+    ROW4_T: tl.constexpr,  # stride_t == 4
     FP64: tl.constexpr,
     INT64: tl.constexpr,  # 64-bit offsets
     BLOCK: tl.constexpr,
@@ -237,15 +336,24 @@ def _giou_fwd_kernel(
     else:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
     cnt = tl.zeros([BLOCK], dtype=tl.int32)
+    if PRESCALE:
+        # Count the valid boxes before the main loop (one read of the targets' index-3 column,
+        # L2-resident afterwards), so that the gradients can be written already divided by it.
+        for start in range(0, N, BLOCK):
+            rows = start + tl.arange(0, BLOCK)
+            y2 = tl.load(target_ptr + _row_offsets(rows, stride_t, ROW4_T, INT64) + 3, mask=rows < N, other=0.0)
+            cnt += (y2 > 0).to(tl.int32)
+        inv_denom = 1.0 / tl.maximum(tl.sum(cnt, axis=0), 1).to(acc.dtype)
+        cnt = tl.zeros([BLOCK], dtype=tl.int32)
     # Grid-stride loop over tiles of BLOCK boxes (one iteration when the grid covers N).
     for start in range(pid * BLOCK, N, nprog * BLOCK):
         rows = start + tl.arange(0, BLOCK)
         inb = rows < N
-        X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, BLOCK)
+        X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, ROW4_T, BLOCK)
         valid = inb & (raw3 > 0)
         x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, valid if SKIP_PAD else inb, LTRB, FP64, INT64,
-                                        BLOCK)
-        loss, g_u, g_i, g_c, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
+                                        ROW4_P, BLOCK)
+        loss, iou, ud, cd, hit, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
         if HAS_WEIGHT:
             if INT64:
                 w = tl.load(weight_ptr + rows.to(tl.int64) * stride_w, mask=inb, other=0.0)
@@ -256,17 +364,22 @@ def _giou_fwd_kernel(
         else:
             w = 1.0
             lw = tl.where(valid, loss, 0.0)
+        if PRESCALE:
+            s = w * inv_denom
+        else:
+            s = w
         if REDUCTION == 0:
             tl.store(loss_ptr + rows, lw, mask=inb)
         else:
             acc += lw
             cnt += valid.to(tl.int32)
-        if FUSED_PRED:
-            a0, a1, a2, a3 = _side_grad(x1, y1, x2, y2, X1, Y1, X2, Y2, wp, hp, iw, ih, cw, ch, g_u, g_i, g_c)
-            _store_grad(gpred_ptr, rows, inb, valid, w, a0, a1, a2, a3, LTRB, INT64, BLOCK)
-        if FUSED_TARGET:
-            b0, b1, b2, b3 = _side_grad(X1, Y1, X2, Y2, x1, y1, x2, y2, wg, hg, iw, ih, cw, ch, g_u, g_i, g_c)
-            _store_grad(gtarget_ptr, rows, inb, valid, w, b0, b1, b2, b3, LTRB, INT64, BLOCK)
+        if FUSED_PRED or FUSED_TARGET:
+            _store_box_grads(gpred_ptr, gtarget_ptr, rows, inb, valid, s, x1, y1, x2, y2, X1, Y1, X2, Y2, iou, ud, cd,
+                             hit, wp, hp, wg, hg, iw, ih, cw, ch, FUSED_PRED, FUSED_TARGET, LTRB, INT64, BLOCK)
+        if FLAGS:
+            per_block = tl.max(tl.reshape(valid.to(tl.int32), (BLOCK // FLAG_ROWS, FLAG_ROWS)), axis=1)
+            fidx = start // FLAG_ROWS + tl.arange(0, BLOCK // FLAG_ROWS)
+            tl.store(flags_ptr + fidx, per_block.to(tl.int8), mask=fidx * FLAG_ROWS < N)
     if REDUCTION != 0:
         total = tl.sum(acc, axis=0)
         n_valid = tl.sum(cnt, axis=0)
@@ -275,7 +388,8 @@ def _giou_fwd_kernel(
             if REDUCTION == 2:
                 total = total / denom
             tl.store(loss_ptr, total)
-            tl.store(count_ptr, denom)
+            if STORE_DENOM:
+                tl.store(count_ptr, denom)
         else:
             tl.store(loss_ptr + pid, total)
             tl.store(count_ptr + pid, n_valid)
@@ -306,8 +420,38 @@ def _giou_finalize_kernel(
     tl.store(denom_ptr, denom)
 
 
+@triton.jit
+def _giou_scale_kernel(
+    g_ptr,  # [N, 4] contiguous fused gradient (fp16 / bf16 / fp32 / fp64), scaled in place
+    flags_ptr,  # [num_programs] int8 from the forward: 0 where the block is all padding (gradient already 0)
+    grad_out_ptr,  # [1] the loss's gradient
+    denom_ptr,  # MEAN: [1] max(#valid, 1)
+    n_elem,  # 4 N
+    MEAN: tl.constexpr,
+    FP64: tl.constexpr,
+    INT64: tl.constexpr,
+    BLOCK: tl.constexpr,  # 4 * FLAG_ROWS elements: one flag's rows
+):
+    """Fused mode's backward on large inputs: g *= grad_output (/ max(#valid, 1)), blocks without valid rows untouched."""
+    pid = tl.program_id(0)
+    if tl.load(flags_ptr + pid) != 0:
+        if FP64:
+            s = tl.load(grad_out_ptr).to(tl.float64)
+        else:
+            s = tl.load(grad_out_ptr).to(tl.float32)
+        if MEAN:
+            s = s / tl.load(denom_ptr).to(s.dtype)
+        if INT64:
+            offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        else:
+            offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n_elem
+        g = tl.load(g_ptr + offs, mask=m, other=0.0)
+        tl.store(g_ptr + offs, (g.to(s.dtype) * s).to(g_ptr.dtype.element_ty), mask=m)
+
+
 # --------------------------------------------------------------------------------------
-# Backward
+# Backward (hand-written)
 # --------------------------------------------------------------------------------------
 #
 # Gradient of the per-pair loss. Pred box (x1, y1, x2, y2), target box (X1, Y1, X2, Y2):
@@ -342,6 +486,11 @@ def _giou_finalize_kernel(
 #   dL/dy2 =  g_u wp + g_i iw smin(y2, Y2) + g_c cw smax(y2, Y2)
 # and for the target the same with (wg, hg) and the two boxes swapped in smax / smin
 # (which gives the complementary share on ties).
+# Since smin(a, b) = 1 - smax(a, b) (no NaN on valid rows), with s = smax(x1, X1) and
+# e = g_c ch, b = g_i ih - g_c ch:  dL/dx1 = -(g_u hp + e) - s b, and for the target
+# dL/dX1 = -(g_u hg + e) - (1 - s) b; the other coordinates alike (_side_grad). The kernels
+# compute 1 / (U + e) and 1 / (C + e) once: g_u = IoU / (U + e) - 1 / (C + e),
+# g_c = (U + e) (1 / (C + e))^2 (_giou_partials).
 # ltrb boxes: x1 = -l, y1 = -t, x2 = r, y2 = b, so dL/dl = -dL/dx1, dL/dt = -dL/dy1,
 # dL/dr = dL/dx2, dL/db = dL/dy2.
 # Reduction and weights: the loss is sum_i s_i L_i with s_i = valid_i * w_i * k_i where
@@ -374,6 +523,8 @@ def _giou_bwd_kernel(
     NEED_TARGET: tl.constexpr,
     NEED_WEIGHT: tl.constexpr,
     SKIP_PAD: tl.constexpr,  # do not read pred rows whose target is padding (a second, dependent load)
+    ROW4_P: tl.constexpr,
+    ROW4_T: tl.constexpr,
     FP64: tl.constexpr,
     INT64: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -381,10 +532,11 @@ def _giou_bwd_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     inb = rows < N
-    X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, BLOCK)
+    X1, Y1, X2, Y2, raw3 = _load_boxes(target_ptr, rows, stride_t, inb, LTRB, FP64, INT64, ROW4_T, BLOCK)
     valid = inb & (raw3 > 0)
-    x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, valid if SKIP_PAD else inb, LTRB, FP64, INT64, BLOCK)
-    loss, g_u, g_i, g_c, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
+    x1, y1, x2, y2, _ = _load_boxes(pred_ptr, rows, stride_p, valid if SKIP_PAD else inb, LTRB, FP64, INT64, ROW4_P,
+                                    BLOCK)
+    loss, iou, ud, cd, hit, wp, hp, wg, hg, iw, ih, cw, ch = _giou_terms(x1, y1, x2, y2, X1, Y1, X2, Y2, eps)
     if REDUCTION == 0:
         if INT64:
             k = tl.load(grad_out_ptr + rows.to(tl.int64) * stride_go, mask=inb, other=0.0)
@@ -405,12 +557,9 @@ def _giou_bwd_kernel(
         s = k * w.to(loss.dtype)
     else:
         s = k
-    if NEED_PRED:
-        a0, a1, a2, a3 = _side_grad(x1, y1, x2, y2, X1, Y1, X2, Y2, wp, hp, iw, ih, cw, ch, g_u, g_i, g_c)
-        _store_grad(gpred_ptr, rows, inb, valid, s, a0, a1, a2, a3, LTRB, INT64, BLOCK)
-    if NEED_TARGET:
-        b0, b1, b2, b3 = _side_grad(X1, Y1, X2, Y2, x1, y1, x2, y2, wg, hg, iw, ih, cw, ch, g_u, g_i, g_c)
-        _store_grad(gtarget_ptr, rows, inb, valid, s, b0, b1, b2, b3, LTRB, INT64, BLOCK)
+    if NEED_PRED or NEED_TARGET:
+        _store_box_grads(gpred_ptr, gtarget_ptr, rows, inb, valid, s, x1, y1, x2, y2, X1, Y1, X2, Y2, iou, ud, cd, hit,
+                         wp, hp, wg, hg, iw, ih, cw, ch, NEED_PRED, NEED_TARGET, LTRB, INT64, BLOCK)
 
 
 # --------------------------------------------------------------------------------------
@@ -419,8 +568,9 @@ def _giou_bwd_kernel(
 #
 # Large inputs: triton.autotune over block size and warps, keyed on a power-of-two bucket
 # of N plus the variant flags (the autotuner adds the argument dtypes), so a training loop
-# tunes once per bucket and never again. Small inputs are launch-bound: they launch the
-# plain kernel with one fixed configuration (no autotuner layer on the host path).
+# tunes once per bucket and never again. Eager calls then launch the plain kernel with the
+# cached configuration (no autotuner layer on the host path). Small inputs are
+# launch-bound: they launch the plain kernel with one fixed configuration.
 # Tune before capturing a CUDA graph (call the loss once on the same sizes): tuning
 # launches the kernel many times and measures it, which a capture cannot contain.
 
@@ -430,19 +580,26 @@ if _INTERPRET:  # the interpreter cannot time configurations
     _SINGLE_CONFIG = (64, 4)  # (BLOCK, num_warps)
     _SMALL_CONFIG = (64, 4)
 else:
+    # Forward blocks are multiples of FLAG_ROWS (the per-block flags).
     _FWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (1024, 8), (2048, 8))]
     _BWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8))]
     _SINGLE_CONFIG = (4096, 16)  # one program: 8 boxes per thread, 4096 boxes per iteration
     _SMALL_CONFIG = (512, 4)
+_SCALE_WARPS = 4
 
-_FWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "FUSED_PRED", "FUSED_TARGET"]
-_BWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "NEED_PRED", "NEED_TARGET", "NEED_WEIGHT"]
+_FWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "FUSED_PRED", "FUSED_TARGET", "FLAGS", "SKIP_PAD", "ROW4_P",
+            "ROW4_T"]
+_BWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "NEED_PRED", "NEED_TARGET", "NEED_WEIGHT", "SKIP_PAD",
+            "ROW4_P", "ROW4_T"]
 
 _fwd_tuned = triton.autotune(configs=_FWD_CONFIGS, key=_FWD_KEY)(_giou_fwd_kernel)
 _bwd_tuned = triton.autotune(configs=_BWD_CONFIGS, key=_BWD_KEY)(_giou_bwd_kernel)
 
 _FINALIZE_BLOCK = 1024
 _SM_COUNT: dict[int, int] = {}
+#: Configuration chosen by the autotuner, per (kernel, bucket, dtypes, flags): launch kwargs, BLOCK and the
+#: number of its programs that fit on one streaming multiprocessor.
+_BEST: dict[tuple, tuple[dict, int, int]] = {}
 
 
 def _sm_count(device: torch.device) -> int:
@@ -457,10 +614,67 @@ def _sm_count(device: torch.device) -> int:
 
 def _bucket(n) -> int:
     """Power-of-two bucket (at least 1024) of a box count: the autotune key."""
-    b = 1024
+    if isinstance(n, int):
+        return max(1024, 1 << (n - 1).bit_length())
+    b = 1024  # a symbolic size (torch.compile with dynamic shapes)
     while b < n:
         b *= 2
     return b
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _best_key(tuned, n: int, dtypes: tuple, flags: dict) -> tuple:
+    return (tuned, _bucket(n), dtypes, id(flags))  # flags: one cached dict per variant (_fwd_flags / _bwd_flags)
+
+
+def _programs_per_sm(kernel, num_warps: int) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers and threads; no shared memory used).
+
+    A persistent grid of exactly that many programs per SM runs in one wave: with more
+    programs than fit, the last ones start only when others finish and the grid-stride
+    loop gives each the same work, so a fractional extra wave costs a whole one.
+    """
+    try:
+        regs = int(kernel.n_regs)
+    except (AttributeError, TypeError, ValueError):  # interpreter, or a Triton without the attribute
+        return PROGRAMS_PER_SM
+    if regs <= 0:
+        return PROGRAMS_PER_SM
+    regs_per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
+    return max(1, min(2048 // (32 * num_warps), 65536 // (regs_per_warp * num_warps), 32))
+
+
+def _tuned_best(tuned, grid, args, key: tuple, flags: dict) -> tuple[dict, int, int]:
+    """``_BEST[key]``: the configuration ``tuned`` picked (launch kwargs, BLOCK, programs per SM).
+
+    On first use the autotuner runs on ``args`` (which end before ``n_bucket``; ``grid(block,
+    per_sm)`` gives its grid) and writes their outputs; callers then launch the plain kernel
+    with the result, so the first call computes exactly what later calls do.
+    """
+    best = _BEST.get(key)
+    if best is None:
+        kernel = tuned[lambda meta: grid(meta["BLOCK"], PROGRAMS_PER_SM)](*args, key[1], **flags)
+        cfg = tuned.best_config
+        best = _BEST[key] = (cfg.all_kwargs(), cfg.kwargs["BLOCK"], _programs_per_sm(kernel, cfg.num_warps))
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_flags(reduction, has_w, ltrb, fused, single, store_denom, prescale, flags, skip_pad, row4_p, row4_t, fp64,
+               int64, flag_rows) -> dict:
+    return dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, FUSED_PRED=bool(fused & 1),
+                FUSED_TARGET=bool(fused & 2), SINGLE=single, STORE_DENOM=store_denom, PRESCALE=prescale, FLAGS=flags,
+                FLAG_ROWS=flag_rows, SKIP_PAD=skip_pad, ROW4_P=row4_p, ROW4_T=row4_t, FP64=fp64, INT64=int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_flags(reduction, has_w, ltrb, need_pred, need_target, need_weight, skip_pad, row4_p, row4_t, fp64,
+               int64) -> dict:
+    return dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, NEED_PRED=need_pred, NEED_TARGET=need_target,
+                NEED_WEIGHT=need_weight, SKIP_PAD=skip_pad, ROW4_P=row4_p, ROW4_T=row4_t, FP64=fp64, INT64=int64)
 
 
 # --------------------------------------------------------------------------------------
@@ -473,17 +687,21 @@ def _direct(kernel):
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``[..., 4]`` -> ``[N, 4]`` with last-dim stride 1, as a view when one exists (a copy otherwise)."""
+    """``[..., 4]`` -> a tensor whose rows of 4 have last-dim stride 1, and the row stride.
+
+    A contiguous tensor is used as it is (the kernels only need its pointer); otherwise a
+    ``[N, 4]`` view when one exists, a copy when not.
+    """
     if x.is_contiguous():
-        x = x.view(-1, 4)
         return x, 4
     if x.stride(-1) != 1:
         x = x.contiguous()
+        return x, 4
     try:
         x = x.view(-1, 4)
     except RuntimeError:
         x = x.reshape(-1, 4)
-    return x, x.stride(0)
+    return x, x.stride(0) if x.shape[0] > 1 else 4
 
 
 def _vec(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -495,68 +713,99 @@ def _vec(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x, x.stride(0)
 
 
-def _int64(n, *strides) -> bool:
-    return n * max(4, *strides) > _INT32_MAX
-
-
 def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
-                 eps: float, ltrb: bool, fused: int, wrap=_direct):
-    """Launch the forward. Returns ``(loss, denom, grad_pred_buf, grad_target_buf)``.
+                 eps: float, ltrb: bool, fused: int, wrap=_direct, eager: bool = False, need_denom: bool = True):
+    """Launch the forward. Returns ``(loss, denom, grad_pred_buf, grad_target_buf, flags)``.
 
     ``pred``/``target``: ``[..., 4]``; ``weight``: ``None`` or shape ``pred.shape[:-1]``.
     ``reduction``: 0 none, 1 sum, 2 mean. ``fused``: bit 0 asks for the per-box gradient of
-    pred, bit 1 for target (unscaled by grad_output and by the mean's denominator).
+    pred, bit 1 for target (not scaled by grad_output).
     ``loss``: ``pred.shape[:-1]`` for none, ``[]`` otherwise, fp32 (fp64 for fp64 boxes).
-    ``denom``: ``[]`` max(#valid, 1) for sum/mean, ``None`` for none. Gradient buffers have
-    their input's shape and dtype when asked for, else are ``None``. ``wrap`` is applied to
-    each kernel before launching (``torch.library.wrap_triton`` inside the operators).
+    ``denom``: ``[]`` max(#valid, 1) for sum/mean, ``None`` for none (and, single-program,
+    when ``need_denom`` is false). Gradient buffers have their input's shape and dtype
+    when asked for, else are ``None``. ``wrap`` is applied to each kernel before launching
+    (``torch.library.wrap_triton`` inside the operators).
+
+    ``eager`` (the autograd Function's forward; ``wrap`` must be the default) enables the
+    fused mode's shortcuts for :func:`_scale_in_place`: single-program ``mean`` gradients
+    come back already divided by max(#valid, 1); multi-program sum/mean also return
+    ``flags`` (int8, one per ``FLAG_ROWS`` rows: any valid target). Otherwise the buffers
+    hold the gradient of the weighted, masked per-box loss and ``flags`` is ``None``.
     """
-    p, stride_p = _rows(pred)
-    t, stride_t = _rows(target)
-    n = p.shape[0]
+    p, sp = _rows(pred)
+    t, st = _rows(target)
+    n = pred.numel() // 4
     dev = pred.device
-    fp64 = pred.dtype == torch.float64 or target.dtype == torch.float64
-    acc = torch.float64 if fp64 else torch.float32
+    fp64 = pred.dtype is _F64 or target.dtype is _F64
+    acc = _F64 if fp64 else _F32
     if weight is None:
-        w, stride_w, has_w = p, 0, False  # p: a placeholder pointer, never read
+        w, sw = p, 0  # p: a placeholder pointer, never read
     else:
-        w, stride_w = _vec(weight)
-        has_w = True
-    fused_pred, fused_target = bool(fused & 1), bool(fused & 2)
-    gp = torch.empty(pred.shape, dtype=pred.dtype, device=dev) if fused_pred else None
-    gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if fused_target else None
-    flags = dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, FUSED_PRED=fused_pred, FUSED_TARGET=fused_target,
-                 SKIP_PAD=n > SMALL_MAX, FP64=fp64, INT64=_int64(n, stride_p, stride_t, stride_w))
+        w, sw = _vec(weight)
+    gp = torch.empty(pred.shape, dtype=pred.dtype, device=dev) if fused & 1 else None
+    gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if fused & 2 else None
     gp_arg = p if gp is None else gp  # placeholders are never written
     gt_arg = p if gt is None else gt
+    int64 = n * max(4, sp, st, sw) > _INT32_MAX
+    has_w = weight is not None
     if reduction == _NONE:
         loss = torch.empty(pred.shape[:-1], dtype=acc, device=dev)
         if n > 0:
+            args = (p, t, w, loss, loss, gp_arg, gt_arg, p, n, sp, st, sw, eps)
             if n <= SMALL_MAX:
+                flags = _fwd_flags(_NONE, has_w, ltrb, fused, False, False, False, False, n > SKIP_PAD_MIN, sp == 4,
+                                   st == 4, fp64, int64, FLAG_ROWS)
                 block, warps = _SMALL_CONFIG
-                wrap(_giou_fwd_kernel)[(triton.cdiv(n, block),)](
-                    p, t, w, loss, loss, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, 0, SINGLE=False,
-                    BLOCK=block, num_warps=warps, **flags)
+                wrap(_giou_fwd_kernel)[(_cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
             else:
-                wrap(_fwd_tuned)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
-                    p, t, w, loss, loss, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, _bucket(n),
-                    SINGLE=False, **flags)
-        return loss, None, gp, gt
+                flags = _fwd_flags(_NONE, has_w, ltrb, fused, False, False, False, False, n > SKIP_PAD_MIN, sp == 4,
+                                   st == 4, fp64, int64, FLAG_ROWS)
+                if wrap is _direct:
+                    key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
+                    kwargs, block, _ = _tuned_best(_fwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key,
+                                                   flags)
+                    _giou_fwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
+                else:
+                    wrap(_fwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
+        return loss, None, gp, gt, None
     loss = torch.empty((), dtype=acc, device=dev)
-    denom = torch.empty((), dtype=acc, device=dev)
     if n <= SINGLE_MAX:
+        denom = torch.empty((), dtype=acc, device=dev) if need_denom else None
+        flags = _fwd_flags(reduction, has_w, ltrb, fused, True, need_denom, eager and fused != 0 and reduction == _MEAN,
+                           False, n > SKIP_PAD_MIN, sp == 4, st == 4, fp64, int64, FLAG_ROWS)
         block, warps = _SINGLE_CONFIG
-        wrap(_giou_fwd_kernel)[(1,)](p, t, w, loss, denom, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps, 0,
-                                     SINGLE=True, BLOCK=block, num_warps=warps, **flags)
-        return loss, denom, gp, gt
-    nprog = min(triton.cdiv(n, 1024), PROGRAMS_PER_SM * _sm_count(dev))
+        wrap(_giou_fwd_kernel)[(1,)](p, t, w, loss, loss if denom is None else denom, gp_arg, gt_arg, p, n, sp, st, sw,
+                                     eps, 0, BLOCK=block, num_warps=warps, **flags)
+        return loss, denom, gp, gt, None
+    denom = torch.empty((), dtype=acc, device=dev)
+    with_flags = eager and fused != 0
+    flags = _fwd_flags(reduction, has_w, ltrb, fused, False, False, False, with_flags, n > SKIP_PAD_MIN, sp == 4,
+                       st == 4, fp64, int64, FLAG_ROWS)
+    fl = torch.empty(_cdiv(n, FLAG_ROWS), dtype=torch.int8, device=dev) if with_flags else None
+    fl_arg = p if fl is None else fl
+    sms = _sm_count(dev)
+    if wrap is _direct:
+        key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
+        best = _BEST.get(key)
+        if best is None:  # tune on scratch partials sized for the default grid
+            nprog = min(_cdiv(n, 1024), PROGRAMS_PER_SM * sms)
+            scratch = (torch.empty(nprog, dtype=acc, device=dev), torch.empty(nprog, dtype=torch.int32, device=dev))
+            best = _tuned_best(_fwd_tuned, lambda block, per_sm: (nprog,),
+                               (p, t, w, *scratch, gp_arg, gt_arg, fl_arg, n, sp, st, sw, eps), key, flags)
+        kwargs, block, per_sm = best
+        nprog = min(_cdiv(n, block), per_sm * sms)
+    else:
+        nprog = min(_cdiv(n, 1024), PROGRAMS_PER_SM * sms)
     part_loss = torch.empty(nprog, dtype=acc, device=dev)
     part_count = torch.empty(nprog, dtype=torch.int32, device=dev)
-    wrap(_fwd_tuned)[(nprog,)](p, t, w, part_loss, part_count, gp_arg, gt_arg, n, stride_p, stride_t, stride_w, eps,
-                               _bucket(n), SINGLE=False, **flags)
+    args = (p, t, w, part_loss, part_count, gp_arg, gt_arg, fl_arg, n, sp, st, sw, eps)
+    if wrap is _direct:
+        _giou_fwd_kernel[(nprog,)](*args, key[1], **flags, **kwargs)
+    else:
+        wrap(_fwd_tuned)[(nprog,)](*args, _bucket(n), **flags)
     wrap(_giou_finalize_kernel)[(1,)](part_loss, part_count, loss, denom, nprog, MEAN=reduction == _MEAN,
                                       BLOCK=_FINALIZE_BLOCK, num_warps=4)
-    return loss, denom, gp, gt
+    return loss, denom, gp, gt, fl
 
 
 def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
@@ -565,47 +814,68 @@ def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tens
     """Launch the hand-written backward. Returns ``(grad_pred, grad_target, grad_weight)``.
 
     ``grad_out``: the loss's gradient (``pred.shape[:-1]`` for none, ``[]`` otherwise);
-    ``denom``: the forward's second output (mean only). Gradients not asked for are ``None``.
+    ``denom``: max(#valid, 1) (mean only). Gradients not asked for are ``None``.
     """
-    p, stride_p = _rows(pred)
-    t, stride_t = _rows(target)
-    n = p.shape[0]
+    p, sp = _rows(pred)
+    t, st = _rows(target)
+    n = pred.numel() // 4
     dev = pred.device
-    fp64 = pred.dtype == torch.float64 or target.dtype == torch.float64
+    fp64 = pred.dtype is _F64 or target.dtype is _F64
     if weight is None:
-        w, stride_w, has_w = p, 0, False
+        w, sw = p, 0
     else:
-        w, stride_w = _vec(weight)
-        has_w = True
+        w, sw = _vec(weight)
     if reduction == _NONE:
-        go, stride_go = _vec(grad_out)
+        go, sgo = _vec(grad_out)
     else:
-        go, stride_go = grad_out, 0
+        go, sgo = grad_out, 0
     gp = torch.empty(pred.shape, dtype=pred.dtype, device=dev) if need_pred else None
     gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if need_target else None
     gw = torch.empty(weight.shape, dtype=weight.dtype, device=dev) if need_weight else None
     if n > 0 and (need_pred or need_target or need_weight):
         args = (go, go if denom is None else denom, p, t, w, p if gp is None else gp, p if gt is None else gt,
-                p if gw is None else gw, n, stride_p, stride_t, stride_w, stride_go, eps)
-        flags = dict(REDUCTION=reduction, HAS_WEIGHT=has_w, LTRB=ltrb, NEED_PRED=need_pred, NEED_TARGET=need_target,
-                     NEED_WEIGHT=need_weight, SKIP_PAD=n > SMALL_MAX, FP64=fp64,
-                     INT64=_int64(n, stride_p, stride_t, stride_w, stride_go))
+                p if gw is None else gw, n, sp, st, sw, sgo, eps)
+        flags = _bwd_flags(reduction, weight is not None, ltrb, need_pred, need_target, need_weight, n > SKIP_PAD_MIN,
+                           sp == 4, st == 4, fp64, n * max(4, sp, st, sw, sgo) > _INT32_MAX)
         if n <= SMALL_MAX:
             block, warps = _SMALL_CONFIG
-            wrap(_giou_bwd_kernel)[(triton.cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
+            wrap(_giou_bwd_kernel)[(_cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
+        elif wrap is _direct:
+            key = _best_key(_bwd_tuned, n, (go.dtype, pred.dtype, target.dtype, w.dtype), flags)
+            kwargs, block, _ = _tuned_best(_bwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key, flags)
+            _giou_bwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
         else:
-            wrap(_bwd_tuned)[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
+            wrap(_bwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
     return gp, gt, gw
 
 
+def _scale_in_place(buf: torch.Tensor, grad: torch.Tensor, denom: torch.Tensor | None, flags: torch.Tensor | None,
+                    reduction: int) -> torch.Tensor:
+    """Fused mode's eager backward: ``buf`` (from :func:`giou_forward` with ``eager``) times grad_output, in place."""
+    if reduction == _NONE:
+        return buf.mul_(grad.unsqueeze(-1))
+    if flags is None:  # single program: sum, or mean already divided by max(#valid, 1)
+        return buf.mul_(grad)
+    n_elem = buf.numel()
+    _giou_scale_kernel[(flags.shape[0],)](buf, flags, grad, grad if denom is None else denom, n_elem,
+                                          MEAN=reduction == _MEAN, FP64=buf.dtype is _F64,
+                                          INT64=n_elem + 4 * FLAG_ROWS > _INT32_MAX, BLOCK=4 * FLAG_ROWS,
+                                          num_warps=_SCALE_WARPS)
+    return buf
+
+
 def _scale_fused(buf: torch.Tensor, grad_out: torch.Tensor, denom: torch.Tensor, reduction: int) -> torch.Tensor:
-    """Backward of the fused mode: the stored per-box gradient times grad_output (/ denom for mean)."""
+    """Fused mode's backward in the registered operators: a new tensor, buffer times grad_output (/ denom for mean)."""
     if reduction == _NONE:
         return (buf * grad_out.unsqueeze(-1)).to(buf.dtype)
     if reduction == _MEAN:
-        return buf * (grad_out / denom)
-    return buf * grad_out
+        return (buf * (grad_out / denom)).to(buf.dtype)
+    return (buf * grad_out).to(buf.dtype)
 
+
+def _valid_denom(target: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """max(#valid, 1) from the targets (when the forward did not store it)."""
+    return (target[..., 3] > 0).sum().clamp_(min=1).to(dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -615,6 +885,10 @@ def _scale_fused(buf: torch.Tensor, grad_out: torch.Tensor, denom: torch.Tensor,
 # Triton's CPU interpreter cannot run on the fake tensors that tracing uses, so under
 # TRITON_INTERPRET=1 they are opaque custom ops with a fake implementation that only
 # allocates (same schema, same eager behaviour).
+
+
+_FWD_NAME = f"{NAMESPACE}::giou_loss"
+_BWD_NAME = f"{NAMESPACE}::giou_loss_backward"
 
 
 class _NoLaunch:
@@ -635,12 +909,12 @@ def _filled(like: torch.Tensor, *tensors):
 
 def _fwd_op_impl(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int, eps: float,
                  ltrb: bool, fused: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _op_wrap)
+    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _op_wrap)
     return (loss, *_filled(loss, denom, gp, gt))
 
 
 def _fwd_op_fake(pred, target, weight, reduction, eps, ltrb, fused):
-    loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _no_launch)
+    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _no_launch)
     return (loss, *_filled(loss, denom, gp, gt))
 
 
@@ -678,27 +952,28 @@ def _op_setup_context(ctx, inputs, output):
 
 
 def _op_backward(ctx, grad_loss, _g_denom, _g_gp, _g_gt):
+    if _profiler._is_profiler_enabled:  # the fused mode's backward launches no operator of its own: name it
+        with torch.profiler.record_function(_BWD_NAME):
+            return _op_backward_impl(ctx, grad_loss)
+    return _op_backward_impl(ctx, grad_loss)
+
+
+def _op_backward_impl(ctx, grad_loss):
     pred, target, weight, denom, gp_buf, gt_buf = ctx.saved_tensors
     need_pred, need_target, need_weight = ctx.needs_input_grad[:3]
-    return _backward(grad_loss, pred, target, weight, denom, gp_buf, gt_buf, ctx.reduction, ctx.eps, ctx.ltrb,
-                     ctx.fused, need_pred, need_target, need_weight, giou_loss_bwd_op)
-
-
-def _backward(grad_loss, pred, target, weight, denom, gp_buf, gt_buf, reduction, eps, ltrb, fused, need_pred,
-              need_target, need_weight, bwd):
-    """Shared backward: fused buffers are scaled, whatever is left goes to the backward kernel."""
     gp = gt = gw = None
     if grad_loss is None:
         return gp, gt, gw, None, None, None, None
+    fused = ctx.fused
     if need_pred and fused & 1:
-        gp = _scale_fused(gp_buf, grad_loss, denom, reduction)
+        gp = _scale_fused(gp_buf, grad_loss, denom, ctx.reduction)
         need_pred = False
     if need_target and fused & 2:
-        gt = _scale_fused(gt_buf, grad_loss, denom, reduction)
+        gt = _scale_fused(gt_buf, grad_loss, denom, ctx.reduction)
         need_target = False
     if need_pred or need_target or need_weight:
-        kp, kt, kw = bwd(grad_loss, pred, target, weight, denom, reduction, eps, ltrb, need_pred, need_target,
-                         need_weight)
+        kp, kt, kw = giou_loss_bwd_op(grad_loss, pred, target, weight, denom, ctx.reduction, ctx.eps, ctx.ltrb,
+                                      need_pred, need_target, need_weight)
         gp = kp if need_pred else gp
         gt = kt if need_target else gt
         gw = kw if need_weight else gw
@@ -712,38 +987,68 @@ giou_loss_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context
 # Eager path and entry point
 # --------------------------------------------------------------------------------------
 
-from torch.autograd import profiler as _profiler  # noqa: E402
-
-
 class _GIoULossFunction(torch.autograd.Function):
     """The eager path: the same host functions and kernels as the operators, without the dispatcher."""
 
     @staticmethod
     def forward(ctx, pred, target, weight, reduction, eps, ltrb, fused_mode):
-        fused = 0
-        if fused_mode:
-            fused = (1 if ctx.needs_input_grad[0] else 0) | (2 if ctx.needs_input_grad[1] else 0)
+        ng = ctx.needs_input_grad
+        fused = ng[0] + 2 * ng[1] if fused_mode else 0
+        # mean's denominator is needed by the hand-written backward: separate mode, or a weight gradient
+        need_denom = reduction == _MEAN and (not fused_mode or ng[2])
         if _profiler._is_profiler_enabled:
-            with torch.profiler.record_function(f"{NAMESPACE}::giou_loss"):
-                loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused)
+            with torch.profiler.record_function(_FWD_NAME):
+                loss, denom, gp, gt, flags = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _direct,
+                                                          True, need_denom)
         else:
-            loss, denom, gp, gt = giou_forward(pred, target, weight, reduction, eps, ltrb, fused)
-        ctx.save_for_backward(pred, target, weight, denom, gp, gt)
-        ctx.reduction, ctx.eps, ctx.ltrb, ctx.fused = reduction, eps, ltrb, fused
+            loss, denom, gp, gt, flags = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _direct, True,
+                                                      need_denom)
+        ctx.save_for_backward(pred, target, weight)
+        ctx.state = (reduction, eps, ltrb, fused, denom, flags, gp, gt)
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):
-        pred, target, weight, denom, gp_buf, gt_buf = ctx.saved_tensors
-        need_pred, need_target, need_weight = ctx.needs_input_grad[:3]
+    def backward(ctx, grad):
         if _profiler._is_profiler_enabled:
-            with torch.profiler.record_function(f"{NAMESPACE}::giou_loss_backward"):
-                return _backward(grad_loss, pred, target, weight, denom, gp_buf, gt_buf, ctx.reduction, ctx.eps,
-                                 ctx.ltrb, ctx.fused, need_pred, need_target, need_weight, giou_backward)
-        return _backward(grad_loss, pred, target, weight, denom, gp_buf, gt_buf, ctx.reduction, ctx.eps, ctx.ltrb,
-                         ctx.fused, need_pred, need_target, need_weight, giou_backward)
+            with torch.profiler.record_function(_BWD_NAME):
+                return _eager_backward(ctx, grad)
+        return _eager_backward(ctx, grad)
 
 
+def _eager_backward(ctx, grad):
+    reduction, eps, ltrb, fused, denom, flags, gp, gt = ctx.state
+    need_pred, need_target, need_weight = ctx.needs_input_grad[:3]
+    if fused:
+        # Scale the forward's buffers in place and hand them over: autograd keeps an
+        # unshared gradient as .grad without copying it. They are consumed, so a second
+        # backward through a retained graph takes the kernel path below.
+        ctx.state = (reduction, eps, ltrb, 0, denom, None, None, None)
+        if gp is not None:
+            _scale_in_place(gp, grad, denom, flags, reduction)
+        if gt is not None:
+            _scale_in_place(gt, grad, denom, flags, reduction)
+        if not need_weight:
+            return gp, gt, None, None, None, None, None
+    kp = need_pred and gp is None
+    kt = need_target and gt is None
+    gw = None
+    if kp or kt or need_weight:
+        pred, target, weight = ctx.saved_tensors
+        if denom is None and reduction == _MEAN:
+            denom = _valid_denom(target, _F64 if pred.dtype is _F64 or target.dtype is _F64 else _F32)
+        rp, rt, gw = giou_backward(grad, pred, target, weight, denom, reduction, eps, ltrb, kp, kt, need_weight)
+        if kp:
+            gp = rp
+        if kt:
+            gt = rt
+    return gp, gt, gw, None, None, None, None
+
+
+try:  # the C++ apply, without torch.autograd.Function.apply's Python wrapper (older torch versions have one)
+    _apply_c = torch._C._FunctionBase.__dict__["apply"].__get__(None, _GIoULossFunction)
+except (AttributeError, KeyError, TypeError):  # pragma: no cover - depends on the torch version
+    _apply_c = None
+_functorch_active = torch._C._are_functorch_transforms_active
 _REDUCTION_CODE = {"none": _NONE, "sum": _SUM, "mean": _MEAN}
 
 
@@ -758,8 +1063,9 @@ def giou_loss_op(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     under ``torch.compile``).
     """
     red = _REDUCTION_CODE[reduction]
-    grad_mode = grad_mode or DEFAULT_GRAD_MODE
-    if grad_mode not in GRAD_MODES:
+    if grad_mode is None:
+        grad_mode = DEFAULT_GRAD_MODE
+    elif grad_mode not in GRAD_MODES:
         raise ValueError(f"grad_mode={grad_mode!r} is not valid; choose one of {', '.join(map(repr, GRAD_MODES))}")
     fused_mode = grad_mode == "fused"
     if use_op or torch.compiler.is_compiling():
@@ -767,5 +1073,13 @@ def giou_loss_op(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
         if fused_mode and torch.is_grad_enabled():
             fused = (1 if pred.requires_grad else 0) | (2 if target.requires_grad else 0)
         return torch.ops.snntrain.giou_loss(pred, target, weight, red, float(eps), bool(ltrb), fused)[0]
-    return _GIoULossFunction.apply(pred, target, weight, red, float(eps), bool(ltrb),
-                                   fused_mode and torch.is_grad_enabled())
+    if torch.is_grad_enabled() and (pred.requires_grad or target.requires_grad
+                                    or (weight is not None and weight.requires_grad)):
+        if _apply_c is None or _functorch_active():
+            return _GIoULossFunction.apply(pred, target, weight, red, float(eps), bool(ltrb), fused_mode)
+        return _apply_c(pred, target, weight, red, float(eps), bool(ltrb), fused_mode)
+    # Nothing needs a gradient: the forward alone, no autograd node.
+    if _profiler._is_profiler_enabled:
+        with torch.profiler.record_function(_FWD_NAME):
+            return giou_forward(pred, target, weight, red, float(eps), bool(ltrb), 0, _direct, True, False)[0]
+    return giou_forward(pred, target, weight, red, float(eps), bool(ltrb), 0, _direct, True, False)[0]
