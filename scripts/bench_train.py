@@ -185,9 +185,11 @@ def main() -> None:
             got = [line for line in res.stdout.splitlines() if line.startswith("ROWS ")]
             if got:
                 rows += json.loads(got[-1][5:])
-            tail = res.stderr.strip().splitlines()[-3:]
-            if tail and res.returncode != 0 or not got:
-                print(f"spikingjelly-{impl}: {' | '.join(tail)}")
+            for line in res.stderr.splitlines():
+                if line.startswith(f"spikingjelly-{impl} "):
+                    print(line[:300])
+            if res.returncode != 0 or not got:
+                print(f"spikingjelly-{impl} failed: {' | '.join(res.stderr.strip().splitlines()[-3:])[:500]}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_train.json").write_text(json.dumps(rows, indent=2))
