@@ -268,7 +268,8 @@ def export_checkpoint(
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, reference, tmp / "model.pt2")
-            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend"
+            batch = "batch 1 (fixed)" if prog_backend == "triton" else "any batch"
+            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {batch}"
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
         (tmp / "README.md").write_text(_readme(card))
     log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
@@ -295,8 +296,15 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
 def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, reference, path: Path):
     device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
     net = ExportGraph(set_backend(model, backend)).to(device).eval()
-    x = sample.to(device)
-    program = torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    if backend == "triton":
+        # Triton kernels' launch grids would put range guards on a symbolic batch that
+        # torch.export cannot keep: the program takes the batch size it was exported with.
+        x = sample[:1].to(device)
+        reference = tuple(r[:1] for r in reference) if isinstance(reference, tuple) else reference[:1]
+        program = torch.export.export(net, (x,))
+    else:
+        x = sample.to(device)
+        program = torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
     torch.export.save(program, str(path))
     loaded = load_program(path)
     with torch.no_grad():

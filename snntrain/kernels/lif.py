@@ -147,9 +147,11 @@ def _surrogate_grad(u, alpha, SURROGATE: tl.constexpr):
     # The backward is issue-bound (about as many instructions per element-step as the
     # memory system allows), so the divisions use the fast, non-IEEE form (div.full.f32,
     # within 2 ulp): an IEEE division costs several times as many instructions.
-    if SURROGATE == 0:  # sigmoid
-        sg = tl.math.fdiv(tl.full(u.shape, 1.0, tl.float32), 1.0 + tl.exp(-(alpha * u)))
-        return alpha * sg * (1.0 - sg)
+    if SURROGATE == 0:  # sigmoid: alpha * sg * (1 - sg) = alpha * e / (1 + e)^2 with e = exp(-alpha * |u|)
+        # (the derivative is even in u; |u| keeps e in (0, 1], so nothing overflows)
+        e = tl.exp(-(alpha * tl.abs(u)))
+        r = tl.math.fdiv(tl.full(u.shape, 1.0, tl.float32), 1.0 + e)
+        return alpha * e * r * r
     elif SURROGATE == 1:  # atan
         z = (1.5707963267948966 * alpha) * u
         return tl.math.fdiv(tl.full(u.shape, alpha * 0.5, tl.float32), 1.0 + z * z)

@@ -46,8 +46,10 @@ def check_surrogate(name: object, alpha: object = None) -> tuple[str, float]:
 def surrogate_grad(x: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
     """dS/dx of the surrogate ``name`` at ``x`` (same dtype as ``x``)."""
     if name == "sigmoid":
-        sg = torch.sigmoid(alpha * x)
-        return alpha * sg * (1.0 - sg)
+        # alpha * sg * (1 - sg) written as alpha * e / (1 + e)^2 with e = exp(-alpha |x|): the same
+        # function (it is even in x), without the cancellation of 1 - sg where sg is close to 1
+        e = torch.exp(-alpha * x.abs())
+        return alpha * e / (1.0 + e) ** 2
     if name == "atan":
         return (alpha / 2.0) / (1.0 + (math.pi / 2.0 * alpha * x) ** 2)
     if name == "piecewise_quadratic":
