@@ -251,6 +251,26 @@ def test_backward_plan(monkeypatch):
     assert p.block_s & (p.block_s - 1) == 0
 
 
+def test_backward_stages_and_dw_grid(monkeypatch):
+    """Pipelining depth per layout, lowered when the staged tiles would not fit in shared memory;
+    the separate dW/dB pass launches no more programs than one wave holds."""
+    monkeypatch.setattr(K, "_num_sms", lambda _device: 132)
+    monkeypatch.setattr(K.TUNING, "bwd_stages", 3)
+    monkeypatch.setattr(K.TUNING, "cf_bwd_stages", 1)
+    for dtype, stages in ((torch.float16, 3), (torch.float32, 2)):  # fp32: 2 x 128 KB staged tiles do not fit
+        long = torch.empty(4096, 16384, dtype=dtype, device="meta")
+        p = K._plan_bwd(long, 1, 0, False)
+        assert p.block_c == 16384 and K._bwd_stages(p, long, long) == stages
+    rows = torch.empty(4096, 512, dtype=torch.float16, device="meta")
+    assert K._bwd_stages(K._plan_bwd(rows, 1, 0, True), rows, rows) == 3
+    cf = torch.empty(4, 64, 56, 56, dtype=torch.float16, device="meta")
+    assert K._bwd_stages(K._plan_bwd(cf, 1, 0, True), cf, cf) == 1
+    # 4096 x 16384: 64 column blocks; 4 x 132 // 64 = 8 row groups (512 programs, one wave of 528).
+    p = K._plan_bwd(torch.empty(4096, 16384, dtype=torch.float16, device="meta"), 1, 0, False)
+    bs, bc, _tpb, n_col, G = K._plan_dwdb(p, 132)
+    assert (n_col, G) == (64, 8) and n_col * G <= K.TUNING.dw_programs_per_sm * 132
+
+
 def test_other_dims(device):
     _check(*_inputs((3, 10, 4), 0, torch.float32, device), dim=0)
     _check(*_inputs((3, 10, 4), 1, torch.float32, device), dim=1)
