@@ -1,7 +1,7 @@
 """Layer-norm benchmark: ours (Triton) against torch.nn.functional.layer_norm and torch.compile of it.
 
     python scripts/bench_layer_norm.py --out DIR [--budget SECONDS] [--no-compile] [--no-sweep]
-    python scripts/bench_layer_norm.py --out DIR --focus      # the missed shapes + the sweep, fp16, 2-3 minutes
+    python scripts/bench_layer_norm.py --out DIR --focus      # the missed shapes + the sweep, fp16, < 1 minute
     python scripts/bench_layer_norm.py --out DIR --quick      # smoke run
     python scripts/bench_layer_norm.py --out DIR --dry-run    # no GPU: tiny shapes in Triton's interpreter, fake times
 
@@ -329,31 +329,41 @@ def tuning(**overrides):
 
 
 def sweep_variants(kind: str) -> list[tuple[Case, str, dict]]:
-    """(case, mode, Tuning overrides): alternatives to the default launch heuristics, each a tuning question."""
+    """(case, mode, Tuning overrides): alternatives to the default launch heuristics, each a tuning question.
+
+    The previous sweep changed one field at a time; the defaults now combine several of
+    those changes, so these variants ask what the single-field runs could not answer: how
+    the combinations interact, and settings on the shapes they were not measured on.
+    """
     v = [
-        # Persistent backward of conv rows: pipelining depth, programs per SM, register cap.
-        (conv(64), "bwd", {"bwd_stages": 1}), (conv(64), "bwd", {"bwd_stages": 3}),
-        (conv(256), "bwd", {"bwd_stages": 1}), (conv(256), "bwd", {"bwd_stages": 3}),
-        (conv(32), "bwd", {"bwd_stages": 1}),
-        (conv(64), "bwd", {"bwd_programs_per_sm": 2, "bwd_tile": 4096}),
+        # a, backward: 3 stages (measured at 4096 only) at 512 and with more programs per SM
+        # (partial_frac=0.25 gave x1.21 at 4096 with 2 stages; does it still add to 3?).
+        (rows(512), "bwd", {"bwd_stages": 2}), (rows(512), "bwd", {"partial_frac": 0.25}),
+        (rows(512), "bwd", {"partial_frac": 1.0}),
+        (rows(4096), "bwd", {"partial_frac": 0.25}), (rows(4096), "bwd", {"bwd_stages": 4}),
+        # a, long rows: fused dW/dB (x1.10 before, spills) against the separate pass now in one wave.
+        (rows(16384), "bwd", {"fused_dw_max_c": 16384}), (rows(16384), "bwd", {"bwd_stages": 2}),
+        # a, forward: tile size (2048 gave x1.03 at 512: real or noise?), warps per row.
+        (rows(512), "fwd", {"fwd_tile": 2048}), (rows(4096), "fwd", {"fwd_tile": 8192}),
+        (rows(4096), "fwd", {"fwd_warp_elems": 1024}),
+        # b: stages at C = 32 (only 1 was measured), deeper, more programs per SM; forward at C = 32.
+        (conv(32), "bwd", {"bwd_stages": 1}), (conv(64), "bwd", {"bwd_stages": 4}),
         (conv(64), "bwd", {"bwd_programs_per_sm": 8, "bwd_tile": 1024}),
-        (conv(64), "bwd", {"bwd_reg_cap": False}), (conv(32), "bwd", {"bwd_programs_per_sm": 8, "bwd_tile": 1024}),
-        # Short problems (a): partial-sum budget (programs per SM), pipelining; long rows: fused dW/dB.
-        (rows(512), "bwd", {"partial_frac": 0.25}), (rows(4096), "bwd", {"partial_frac": 0.25}),
-        (rows(4096), "bwd", {"bwd_stages": 1}), (rows(4096), "bwd", {"bwd_stages": 3}),
-        (rows(16384), "bwd", {"fused_dw_max_c": 16384}),
-        (rows(512), "fwd", {"fwd_tile": 2048}), (rows(512), "fwd", {"fwd_tile": 8192}),
-        # Channels-first: positions per tile, tile size, fused vs separate dW/dB, per-tile folding, pipelining.
-        (cf(512, 7), "fwd", {"cf_min_block_s": 16}), (cf(512, 7), "fwd", {"cf_min_block_s": 32}),
-        (cf(512, 7), "bwd", {"cf_min_block_s": 16}), (cf(512, 7), "bwd", {"cf_unaligned_separate_dw": False}),
-        (cf(256, 14), "fwd", {"cf_min_block_s": 16}),
-        (cf(256, 14), "bwd", {"cf_min_block_s": 16}), (cf(256, 14), "bwd", {"cf_reduce_each": True}),
-        (cf(256, 14), "bwd", {"bwd_stages": 1}),
-        (cf(64, 56), "fwd", {"cf_fwd_tile": 1024}),
-        (cf(64, 56), "bwd", {"cf_reduce_each": True}), (cf(64, 56), "bwd", {"bwd_stages": 1}),
+        (conv(32), "fwd", {"fwd_tile": 2048}), (conv(32), "fwd", {"fwd_tile": 8192}),
+        # c, backward: 3 stages (best on rows, unmeasured here) alone and with per-tile folding
+        # (no spills in the sm_90 builds); the old 2 stages; 7x7 with the separate dW/dB pass.
+        (cf(64, 56), "bwd", {"cf_bwd_stages": 3}), (cf(64, 56), "bwd", {"cf_bwd_stages": 3, "cf_reduce_each": True}),
+        (cf(64, 56), "bwd", {"cf_reduce_each": True}),
+        (cf(256, 14), "bwd", {"cf_bwd_stages": 3, "cf_reduce_each": True}), (cf(256, 14), "bwd", {"cf_bwd_stages": 2}),
+        (cf(256, 14), "bwd", {"cf_min_block_s": 32}),
+        (cf(512, 7), "bwd", {"cf_bwd_stages": 3, "cf_reduce_each": True}), (cf(512, 7), "bwd", {"cf_bwd_stages": 2}),
+        (cf(512, 7), "bwd", {"cf_unaligned_separate_dw": True}),
+        # c, forward: positions per tile, warps at 7x7, a smaller tile at 56x56.
+        (cf(256, 14), "fwd", {"cf_min_block_s": 32}), (cf(512, 7), "fwd", {"fwd_warp_elems": 1024}),
+        (cf(64, 56), "fwd", {"cf_fwd_tile": 512}),
     ]
     if kind == "quick":
-        return v[:2] + v[16:18]
+        return v[:2] + v[15:17]
     return v
 
 

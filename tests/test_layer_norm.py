@@ -251,6 +251,26 @@ def test_backward_plan(monkeypatch):
     assert p.block_s & (p.block_s - 1) == 0
 
 
+def test_backward_stages_and_dw_grid(monkeypatch):
+    """Pipelining depth per layout, lowered when the staged tiles would not fit in shared memory;
+    the separate dW/dB pass launches no more programs than one wave holds."""
+    monkeypatch.setattr(K, "_num_sms", lambda _device: 132)
+    monkeypatch.setattr(K.TUNING, "bwd_stages", 3)
+    monkeypatch.setattr(K.TUNING, "cf_bwd_stages", 1)
+    for dtype, stages in ((torch.float16, 3), (torch.float32, 2)):  # fp32: 2 x 128 KB staged tiles do not fit
+        long = torch.empty(4096, 16384, dtype=dtype, device="meta")
+        p = K._plan_bwd(long, 1, 0, False)
+        assert p.block_c == 16384 and K._bwd_stages(p, long, long) == stages
+    rows = torch.empty(4096, 512, dtype=torch.float16, device="meta")
+    assert K._bwd_stages(K._plan_bwd(rows, 1, 0, True), rows, rows) == 3
+    cf = torch.empty(4, 64, 56, 56, dtype=torch.float16, device="meta")
+    assert K._bwd_stages(K._plan_bwd(cf, 1, 0, True), cf, cf) == 1
+    # 4096 x 16384: 64 column blocks; 4 x 132 // 64 = 8 row groups (512 programs, one wave of 528).
+    p = K._plan_bwd(torch.empty(4096, 16384, dtype=torch.float16, device="meta"), 1, 0, False)
+    bs, bc, _tpb, n_col, G = K._plan_dwdb(p, 132)
+    assert (n_col, G) == (64, 8) and n_col * G <= K.TUNING.dw_programs_per_sm * 132
+
+
 def test_other_dims(device):
     _check(*_inputs((3, 10, 4), 0, torch.float32, device), dim=0)
     _check(*_inputs((3, 10, 4), 1, torch.float32, device), dim=1)
@@ -319,16 +339,91 @@ def test_torch_compile_fullgraph(device):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_cuda_graph_capture(device):
-    x, dy, w, b = _inputs((64, 8, 7, 7), 1, torch.float16, device)
-    xs = x.detach().requires_grad_()
-    ws, bs = w.detach().requires_grad_(), b.detach().requires_grad_()
+# Static-buffer protocol of a CUDA graph: inputs live in buffers of their own, new data is
+# copied into them, the same step is run again (replayed), the outputs are read back. The
+# buffers must not share memory with the tensors the reference is computed from: a
+# ``x.detach()`` buffer is a view of ``x``, so copying new data into it would change ``x``.
+GRAPH_CASES = {
+    "channels_first_7x7": ((64, 8, 7, 7), 1),  # H*W % 4 != 0
+    "channels_first_4x4": ((16, 24, 4, 4), 1),  # fused dW/dB
+    "rows": ((96, 80), -1),
+}
+
+
+def _static_step(shape, dim, device):
+    """(step, static buffers xs, dys, ws, bs): step() runs forward and backward on the buffers."""
+    x, dy, w, b = _inputs(shape, dim, torch.float16, device)
+    xs = torch.empty_like(x).copy_(x).requires_grad_()  # own memory, not a view of x
+    dys = torch.empty_like(dy).copy_(dy)
+    ws, bs = w.clone().requires_grad_(), b.clone().requires_grad_()
 
     def step():
-        y = K.layer_norm(xs, ws, bs, 1e-5, -3)
-        return (y, *torch.autograd.grad(y, [xs, ws, bs], dy))
+        y = K.layer_norm(xs, ws, bs, 1e-5, dim)
+        return (y, *torch.autograd.grad(y, [xs, ws, bs], dys))
 
+    return step, xs, dys, ws, bs
+
+
+def _rerun_with_new_data(run, outs, xs, dys, ws, bs, shape, dim, device):
+    """Copy two fresh inputs (not rescaled copies: y, dW, dB are scale-invariant) into the
+    buffers, rerun, compare the outputs with the reference and with a plain eager call."""
+    for seed in (1, 2):
+        x, dy, _w, _b = _inputs(shape, dim, torch.float16, device, seed=seed)
+        with torch.no_grad():
+            xs.copy_(x)
+            dys.copy_(dy)
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        w, b = ws.detach(), bs.detach()
+        ref = _reference(x, dy, w, b, 1e-5, dim)
+        eager = _ours(x, dy, w, b, 1e-5, dim)
+        for name, got, r, e in zip(("y", "dx", "dw", "db"), outs, ref, eager):
+            tol = TOL[torch.float16][0 if name == "y" else 1]
+            _close_grad(got, r, tol, f"rerun {seed} {name}")
+            assert torch.equal(got, e), f"rerun {seed} {name}: differs from an eager call on the same data"
+
+
+@pytest.mark.parametrize("case", list(GRAPH_CASES))
+def test_static_buffers_rerun(device, case):
+    """The graph protocol without the graph (runs on the CPU too): in-place input updates are seen."""
+    shape, dim = GRAPH_CASES[case]
+    step, xs, dys, ws, bs = _static_step(shape, dim, device)
+    outs = list(step())
+
+    def run():
+        for o, n in zip(outs, step()):
+            o.copy_(n)
+
+    _rerun_with_new_data(run, outs, xs, dys, ws, bs, shape, dim, device)
+
+
+def test_outputs_never_alias(device):
+    """Every call returns fresh memory: no output shares storage with an input, another output or
+    an earlier call's outputs, and a later call leaves an earlier call's results untouched."""
+    x1, dy1, w, b = _inputs((40, 12, 5, 5), 1, torch.float16, device)
+    x2, dy2, _w, _b = _inputs((40, 12, 5, 5), 1, torch.float16, device, seed=1)
+    calls = []
+    for x, dy in ((x1, dy1), (x2, dy2)):
+        y, mean, rstd = torch.ops.snntrain.layer_norm_fwd(x, w, b, 1, 1e-5)
+        dx, dw, db = torch.ops.snntrain.layer_norm_bwd(dy, x, w, b, mean, rstd, 1, True, True)
+        calls.append([y, mean, rstd, dx, dw, db])
+    first = [t.clone() for t in calls[0]]
+    ptrs = [t.untyped_storage().data_ptr() for c in calls for t in c]
+    ptrs += [t.untyped_storage().data_ptr() for t in (x1, x2, dy1, dy2, w, b)]
+    assert len(set(ptrs)) == len(ptrs)
+    # A rerun on the first data gives the same bits and leaves the first call's tensors as they were.
+    y, mean, rstd = torch.ops.snntrain.layer_norm_fwd(x1, w, b, 1, 1e-5)
+    again = [y, mean, rstd, *torch.ops.snntrain.layer_norm_bwd(dy1, x1, w, b, mean, rstd, 1, True, True)]
+    for a, f, c in zip(again, first, calls[0]):
+        assert torch.equal(a, f) and torch.equal(c, f)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("case", list(GRAPH_CASES))
+def test_cuda_graph_capture(device, case):
+    shape, dim = GRAPH_CASES[case]
+    step, xs, dys, ws, bs = _static_step(shape, dim, device)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -338,12 +433,7 @@ def test_cuda_graph_capture(device):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = step()
-    xs.data.copy_(x * 0.5)
-    graph.replay()
-    torch.cuda.synchronize()
-    ref = _reference(x * 0.5, dy, w, b, 1e-5, 1)
-    for got, r in zip(outs, ref):
-        _close_grad(got, r, TOL[torch.float16][1], "graph replay")
+    _rerun_with_new_data(graph.replay, outs, xs, dys, ws, bs, shape, dim, device)
 
 
 def test_empty_input(device):

@@ -26,19 +26,20 @@ then vectorise as far as ``H*W`` allows and addresses need fewer registers.
 
 Backward: ``dx = rstd * (w*dy - mean_c(xhat*w*dy) * xhat - mean_c(w*dy))``. The fused
 kernel is persistent: ``G = SMs x k`` programs each loop over a fixed, strided set of
-tiles (the loop software-pipelined, ``TUNING.bwd_stages``, so the loads of the next tile
-are in flight while one is computed) and keep fp32 partial sums of ``dy * xhat`` and
-``dy`` in registers; every program writes its own row of a ``[G, 2, C]`` fp32 buffer and a
-second, small kernel sums it over ``G`` in a fixed order and writes dW and dB in the
-parameters' dtypes. No atomics, no locks: the result depends only on ``G`` (fixed per
+tiles (the loop software-pipelined, ``TUNING.bwd_stages`` for rows and ``cf_bwd_stages``
+for channels-first maps, so the loads of later tiles are in flight while one is computed)
+and keep fp32 partial sums of ``dy * xhat`` and ``dy`` in registers; every program writes
+its own row of a ``[G, 2, C]`` fp32 buffer and a second, small kernel sums it over ``G`` in
+a fixed order and writes dW and dB in the parameters' dtypes. No atomics, no locks: the result depends only on ``G`` (fixed per
 device and shape), so it is the same bits run to run. ``k`` (programs per SM, at most
 ``bwd_programs_per_sm``) shrinks when the partial sums would exceed ``partial_frac`` of
 the traffic (short problems, long rows), each program then taking a larger tile; a
 register cap at launch makes the ``k`` programs fit an SM together. Rows longer than
-``fused_dw_max_c`` and channels-first maps with ``H*W % 4 != 0`` compute dx in the fused
-kernel without partial sums and the weight gradients in a separate column-split kernel
-(same partial-buffer scheme), at the cost of reading x and dy a second time; the looped
-path does the same. dx comes back in the input dtype.
+``fused_dw_max_c`` (and, with ``cf_unaligned_separate_dw``, channels-first maps with
+``H*W % 4 != 0``) compute dx in the fused kernel without partial sums and the weight
+gradients in a separate column-split kernel (same partial-buffer scheme), at the cost of
+reading x and dy a second time; the looped path does the same. dx comes back in the input
+dtype.
 
 The ops ``snntrain::layer_norm_fwd`` and ``snntrain::layer_norm_bwd`` are
 ``torch.library.triton_op``s (visible to ``torch.compile`` and the profiler; plain
@@ -395,11 +396,16 @@ def _ln_bwd_finish_kernel(
 
 @dataclass
 class Tuning:
-    """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path."""
+    """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path.
+
+    The defaults follow the H200 sweeps recorded in docs/benchmarks.md (layer-norm section);
+    where a setting helped one shape class and not another it has a channels-first (``cf_``)
+    twin.
+    """
 
     # Forward: one tile per program.
     fwd_tile: int = 4096  # rows: target elements per program
-    cf_fwd_tile: int = 2048  # channels-first maps: target elements per program
+    cf_fwd_tile: int = 1024  # channels-first maps: target elements per program (56x56: x1.09 over 2048)
     fwd_warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, fwd_max_warps]
     fwd_max_warps: int = 16
     # Backward: G persistent programs loop over the tiles and keep dW/dB partial sums in registers.
@@ -410,19 +416,25 @@ class Tuning:
     bwd_programs_per_sm: int = 4
     bwd_warp_elems: int = 512  # 16 elements per thread
     bwd_max_warps: int = 32
-    bwd_stages: int = 2  # software-pipelining depth of the tile loop (1: none)
+    # Software-pipelining depth of the tile loop (1: none; n: loads of n - 1 later tiles in
+    # flight, staged in shared memory). Rows: 3 (4096 x 4096: x1.48 over 2, conv rows x1.11-1.14);
+    # channels-first maps: 1 (56x56: x1.20 over 2). 2 was the slowest of the three everywhere.
+    bwd_stages: int = 3
+    cf_bwd_stages: int = 1
+    stage_smem: int = 160 * 1024  # shared memory per SM the staged tiles may take (fewer stages beyond)
     bwd_reg_cap: bool = True  # cap registers so that the planned programs per SM fit (see _reg_cap)
     partial_frac: float = 1 / 10  # bound on dW/dB partial-sum traffic (written + read) relative to the backward's
     cf_reduce_each: bool = False  # channels-first: fold dW/dB sums to [C] every tile instead of once per program
     # Both directions.
-    cf_min_block_s: int = 8  # channels-first: positions per tile at least
+    cf_min_block_s: int = 16  # channels-first: positions per tile at least (14x14: fwd x1.34, bwd x1.18 over 8)
     max_tile: int = 16384  # largest tile a fused program holds; longer rows take the looped path
     loop_tile: int = 4096  # tile of one step of the looped path
     const_s_max: int = 4096  # channels-first maps with H*W <= this and not a multiple of 16: H*W compiled in
     fused_dw_max_c: int = 8192  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
-    cf_unaligned_separate_dw: bool = True  # channels-first, H*W % 4 != 0: dW/dB in a pass of their own
+    cf_unaligned_separate_dw: bool = False  # channels-first, H*W % 4 != 0: dW/dB in a pass of their own
     dw_tile: int = 4096  # tile of the separate dW/dB pass (long rows, looped path)
     dw_block_c: int = 256  # channels per program of that pass
+    dw_programs_per_sm: int = 4  # programs of that pass per SM (8 warps each), all in one wave
     finish_tile: int = 8192  # elements per program of the final dW/dB sum over the partials
 
 
@@ -561,6 +573,38 @@ def _plan_bwd(x: torch.Tensor, dim: int, split: int, partials: bool) -> _Plan:
     return _Plan(B0, S, C, split, single, bs, bc, tpb, n, warps, s_unit, programs, k)
 
 
+def _plan_dwdb(p: _Plan, n_sm: int) -> tuple[int, int, int, int, int]:
+    """(block_s, block_c, tiles_per_b, column blocks, row groups G) of the separate dW/dB pass.
+
+    The grid is (column blocks, G) with at most ``dw_programs_per_sm`` x SMs programs in all,
+    so they run in one wave: with one program more than a wave holds, the extra programs
+    (each summing as many tiles as the others) would start only when others finish and
+    double the pass's time.
+    """
+    tn = TUNING
+    bc = min(triton.next_power_of_2(p.C), _floor_pow2(tn.dw_block_c))
+    min_s = _floor_pow2(tn.cf_min_block_s) if p.s_unit else 1
+    bs = min(triton.next_power_of_2(p.S), max(min_s, _floor_pow2(tn.dw_tile // bc)))
+    tiles_per_b = triton.cdiv(p.S, bs)
+    n_col = triton.cdiv(p.C, bc)
+    G = max(1, min(p.B0 * tiles_per_b, tn.dw_programs_per_sm * n_sm // n_col))
+    return bs, bc, tiles_per_b, n_col, G
+
+
+def _bwd_stages(p: _Plan, *tensors: torch.Tensor) -> int:
+    """Pipelining depth of the fused backward's tile loop for plan ``p`` reading ``tensors`` per tile.
+
+    ``cf_bwd_stages`` for channels-first maps, ``bwd_stages`` otherwise, lowered so that the
+    ``stages - 1`` tiles staged in shared memory by each of the ``p.per_sm`` programs of an SM
+    stay within ``stage_smem`` (a 16384-channel fp32 row at 3 stages would need 256 KB).
+    """
+    tn = TUNING
+    want = max(1, tn.cf_bwd_stages if p.s_unit else tn.bwd_stages)
+    per_stage = p.block_s * p.block_c * sum(t.element_size() for t in tensors)
+    fit = 1 + tn.stage_smem // max(1, p.per_sm) // max(1, per_stage)
+    return max(1, min(want, fit))
+
+
 def _reg_cap(p: _Plan) -> dict:
     """Launch option capping registers per thread so that ``p.per_sm`` programs fit one SM's 64 K registers.
 
@@ -588,10 +632,10 @@ def _separate_dwdb(x: torch.Tensor, dim: int, split: int) -> bool:
     """Whether dW/dB take a pass of their own instead of being summed in the fused backward.
 
     Rows longer than ``fused_dw_max_c`` (2 x C fp32 sums per program do not fit in registers),
-    and channels-first maps whose H*W is not a multiple of 4 (``cf_unaligned_separate_dw``):
-    their loads cannot be vectorised, every element needs its own address, and the fused
-    kernel runs out of registers; the separate pass re-reads x and dy, mostly from L2 for the
-    small maps (7x7) where this happens.
+    and, if ``cf_unaligned_separate_dw`` is set, channels-first maps whose H*W is not a
+    multiple of 4, whose loads cannot be vectorised (the fused kernel spills there; the
+    separate pass re-reads x and dy, mostly from L2 at 7x7). Off by default: at 7x7 the
+    fused kernel was x1.23 faster on the H200 despite the spills.
     """
     B0, S, C, s_unit = _geometry(x, dim, split)
     if triton.next_power_of_2(C) > TUNING.fused_dw_max_c:
@@ -766,7 +810,7 @@ def _layer_norm_bwd(
                 p.S, C, p.tiles_per_b, p.num_tiles,
                 ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
                 HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=p.s_unit and TUNING.cf_reduce_each,
-                BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, ONE_B=p.B0 == 1, STAGES=TUNING.bwd_stages,
+                BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, ONE_B=p.B0 == 1, STAGES=_bwd_stages(p, x, dy),
                 num_warps=p.num_warps, **_reg_cap(p),
             )
     elif _launchable(x):
@@ -778,12 +822,7 @@ def _layer_norm_bwd(
         )
     if need_p and not fuse_p:
         # dW, dB in a column-split pass of their own (see _separate_dwdb; also the looped path).
-        bc = min(triton.next_power_of_2(C), _floor_pow2(TUNING.dw_block_c))
-        min_s = _floor_pow2(TUNING.cf_min_block_s) if p.s_unit else 1
-        bs = min(triton.next_power_of_2(p.S), max(min_s, _floor_pow2(TUNING.dw_tile // bc)))
-        tiles_per_b = triton.cdiv(p.S, bs)
-        n_col = triton.cdiv(C, bc)
-        G = max(1, min(p.B0 * tiles_per_b, triton.cdiv(4 * _num_sms(x.device), n_col)))
+        bs, bc, tiles_per_b, n_col, G = _plan_dwdb(p, _num_sms(x.device))
         part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
         if _launchable(x):
             wrap_triton(_ln_bwd_dwdb_kernel)[(n_col, G)](
