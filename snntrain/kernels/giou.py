@@ -143,8 +143,9 @@ _HALF = (torch.float16, torch.bfloat16)
 #: Rows per "has a valid box" flag written by the fused forward on large inputs: one warp's
 #: rows, so the forward reduces them with a warp reduction (forward blocks are multiples of it).
 FLAG_ROWS = 32
-#: Flags per program of the fused backward's scale kernel (8 x 32 rows = 1024 elements).
-SCALE_GROUPS = 8
+#: Flags per program of the fused backward's scale kernel: 16 x 32 rows = 2048 elements, 16 per
+#: thread (4 warps), so that each thread has 32 (bf16) or 64 (fp32) bytes in flight.
+SCALE_GROUPS = 16
 
 
 # --------------------------------------------------------------------------------------
