@@ -9,19 +9,22 @@ boxes, fp32 and bf16, the trailing half of every image's targets padding (y2 = 0
 and ``fwd+bwd`` (forward and ``.backward()``; pred's ``.grad`` reset between runs).
 
 Providers:
-  ours            snntrain.losses.giou_loss (default gradient mode)
-  ours-<mode>     the other gradient mode (separate backward kernel / gradient in the forward)
+  ours            snntrain.losses.giou_loss (default gradient mode: fused, or separate for
+                  fp32 above snntrain.kernels.giou.FUSED_MAX_F32 boxes)
+  ours-<mode>     the other gradient mode for that case (separate backward kernel / gradient
+                  in the forward)
   ours-noskip     ours reading every pred row, padding included (16 M only)
   ours-op         the registered operator called eagerly (dispatcher cost; smallest case only)
-  ours-graph      ours captured in a CUDA graph and replayed (smallest case only)
+  ours-graph      ours captured in a CUDA graph and replayed: GPU time without the host
+                  (smallest and largest case; at 16 M also ours-<mode>-graph)
   torchvision     torchvision.ops.generalized_box_iou_loss with the seed's padding mask, eager
   torchvision-compile   the same under torch.compile
   seed            the seed article's padded loss: element-wise GIoU in plain PyTorch ops
                   (input dtype), mask-multiplied, summed and divided by the valid count
   seed-compile    the same under torch.compile
 
---focus: 32 x 256 and 16 M only; ours, the other mode, ours-graph, and torchvision
-(eager, 32 x 256 only); about a minute.
+--focus: 32 x 256 and 16 M only; ours, the other mode, the graph replays, and torchvision
+(eager, 32 x 256 only); under a minute.
 
 Roofline: ``bytes`` is pred + target for ``fwd`` and pred + target + pred's gradient for
 ``fwd+bwd``; ``roofline`` is the time those bytes take at the copy bandwidth measured in
@@ -118,6 +121,12 @@ def ours_mode(mode: str):
     return lambda pred, target: K.giou_loss_op(pred, target, None, "mean", grad_mode=mode)
 
 
+def case_modes(pred) -> tuple[str, str]:
+    """(default gradient mode, the other one) for this case."""
+    mode = K.default_grad_mode(pred.numel() // 4, pred.dtype)
+    return mode, "separate" if mode == "fused" else "fused"
+
+
 def ours_op(pred, target):
     return K.giou_loss_op(pred, target, None, "mean", use_op=True)
 
@@ -189,25 +198,28 @@ def timed(loss_fn, pred, target, mode: str, quick: bool) -> float:
     return bu.bench_ms(fn, quick=quick, grad_to_none=[p])
 
 
-def timed_graph(pred, target, mode: str, quick: bool) -> float:
+def timed_graph(loss_fn, pred, target, mode: str, quick: bool) -> float:
+    """Forward (and backward) captured in one CUDA graph, replays timed: the GPU time without the host."""
     p = pred.detach().clone().requires_grad_()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            loss = giou_loss(p, target)
+            loss = loss_fn(p, target)
             if mode != "fwd":
                 loss.backward()
             p.grad = None
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        loss = giou_loss(p, target)
+        loss = loss_fn(p, target)
         if mode != "fwd":
             loss.backward()
     graph.replay()
     torch.cuda.synchronize()
-    return bu.bench_ms(graph.replay, quick=quick)
+    ms = bu.bench_ms(graph.replay, quick=quick)
+    del graph, loss, p
+    return ms
 
 
 def nbytes(pred, target, mode: str) -> int:
@@ -300,45 +312,57 @@ def host_times(dev, other: str) -> list[tuple[str, float, float]]:
 # ---- summary -----------------------------------------------------------------------------
 
 
-def traffic(provider: str, mode: str, v: float, b: float) -> tuple[float, str] | None:
+def provider_mode(provider: str, default_mode: str) -> str | None:
+    """The gradient mode a provider of ours runs (None for the baselines)."""
+    if not provider.startswith("ours"):
+        return None
+    for mode in ("fused", "separate"):
+        if provider.startswith(f"ours-{mode}"):
+            return mode
+    return default_mode
+
+
+def traffic(provider: str, mode: str, v: float, b: float, default_mode: str) -> tuple[float, str] | None:
     """Bytes the provider must move, in units of one box tensor (pred, target and the gradient have equal size).
 
     T, P, G: target, pred, gradient; v: fraction of valid targets (pred rows of padding
     targets are not read above SKIP_PAD_MIN boxes); b: fraction of FLAG_ROWS-row blocks
     holding a valid target (the fused backward scales only those).
     """
-    default_fused = K.DEFAULT_GRAD_MODE == "fused"
-    fused = provider == "ours-fused" or (provider in ("ours", "ours-noskip") and default_fused)
-    separate = provider == "ours-separate" or (provider in ("ours", "ours-noskip") and not default_fused)
+    gm = provider_mode(provider, default_mode)
     vp = 1.0 if provider == "ours-noskip" else v
     pt = "T+P" if provider == "ours-noskip" else "T+vP"
-    if fused:
+    if gm == "fused":
         if mode == "fwd":
             return 2 + vp, f"{pt}+G"
         return 2 + vp + 2 * b, f"fwd {pt}+G, bwd 2bG"
-    if separate:
+    if gm == "separate":
         if mode == "fwd":
             return 1 + vp, pt
         return 3 + 2 * vp, f"fwd {pt}, bwd {pt}+G"
     return None
 
 
-def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str, fractions: dict,
+def summary(rows: list[bu.Row], copy_gbps: float, defaults: dict, fractions: dict,
             host: list[tuple[str, float, float]], checks: list[str]) -> str:
+    """``defaults``: (dtype, shape) -> the default gradient mode of that case."""
     out = []
     provs = list(dict.fromkeys(r.provider for r in rows))
     key = {(r.mode, r.dtype, r.shape, r.provider): r for r in rows}
     cases = list(dict.fromkeys((r.mode, r.dtype, r.shape) for r in rows))
-    short = {p: p.replace("torchvision", "tv").replace("-compile", "-cmp").replace("separate", "sep") for p in provs}
-    head = f"{'mode':8s} {'dtype':9s} {'shape':16s}" + "".join(f"{short[p]:>12s}" for p in provs)
+    short = {p: p.replace("torchvision", "tv").replace("-compile", "-cmp").replace("separate", "sep")
+             .replace("-graph", "-gr") for p in provs}
+    width = max([10] + [len(v) + 2 for v in short.values()])
+    head = f"{'mode':8s} {'dtype':9s} {'shape':16s}" + "".join(f"{short[p]:>{width}s}" for p in provs)
     head += f"{'ours roof':>10s}"
-    out.append(f"\nmilliseconds (median); GPU {bu.gpu_name()}; copy bandwidth {copy_gbps:.0f} GB/s")
+    out.append(f"\nmilliseconds (median); GPU {bu.gpu_name()}; copy bandwidth {copy_gbps:.0f} GB/s; "
+               f"ours = default gradient mode (fused, or separate for fp32 above {K.FUSED_MAX_F32} boxes)")
     out.append(head)
     for mode, dtype, shape in cases:
         line = f"{mode:8s} {dtype:9s} {shape:16s}"
         for p in provs:
             r = key.get((mode, dtype, shape, p))
-            line += f"{r.ms:12.4f}" if r else f"{'-':>12s}"
+            line += f"{r.ms:{width}.4f}" if r else f"{'-':>{width}s}"
         r = key.get((mode, dtype, shape, "ours"))
         line += f"{r.roofline:10.2f}" if r else ""
         out.append(line)
@@ -353,7 +377,8 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str, fractions: di
         gr = key.get(("fwd+bwd", dtype, small, "ours-graph"))
         if o:
             us = o.ms * 1e3
-            msg = f"  {small} {dtype} fwd+bwd: ours {us:.1f} us eager (target <= 40 us: {'met' if us <= 40 else 'MISSED'})"
+            msg = (f"  {small} {dtype} fwd+bwd: ours {us:.1f} us eager "
+                   f"(target <= 40 us: {'met' if us <= 40 else 'MISSED'})")
             if gr:
                 msg += f"; CUDA graph {gr.ms * 1e3:.1f} us ({'met' if gr.ms * 1e3 <= 40 else 'MISSED'})"
             if tv:
@@ -372,24 +397,34 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str, fractions: di
     big = shape_label(*SHAPES[-1])
     for dtype in ("float32", "bfloat16"):
         v, b = fractions.get(dtype, (VALID_FRACTION, VALID_FRACTION))
+        dmode = defaults.get((dtype, big))
+        if dmode is None:
+            continue
+        other = "separate" if dmode == "fused" else "fused"
         lines = []
         for mode in MODES:
-            for prov in ("ours", f"ours-{other_mode}", "ours-noskip"):
+            for prov in ("ours", "ours-graph", f"ours-{other}", f"ours-{other}-graph", "ours-noskip"):
                 o = key.get((mode, dtype, big, prov))
                 if not o:
                     continue
                 factor = 1 / o.roofline if o.roofline > 0 else float("inf")
-                msg = f"  {mode:7s} {prov:13s} {o.ms:.4f} ms = {factor:.2f}x roofline"
+                msg = f"  {mode:7s} {prov:20s} {o.ms:.4f} ms = {factor:.2f}x roofline"
                 if prov == "ours":
                     msg += f" (target <= 1.5x: {'met' if factor <= 1.5 else 'MISSED'})"
-                t = traffic(prov, mode, v, b)
+                t = traffic(prov, mode, v, b, dmode)
                 if t:
                     least = t[0] / (2 if mode == "fwd" else 3)
                     msg += f"; moves {least:.2f}x the counted bytes ({t[1]}): {factor / least:.2f}x its own traffic"
                 lines.append(msg)
+        for mode in MODES:  # what the host adds: eager minus graph replay of the same work
+            for prov in ("ours", f"ours-{other}"):
+                e, g = key.get((mode, dtype, big, prov)), key.get((mode, dtype, big, f"{prov}-graph"))
+                if e and g:
+                    lines.append(f"  {mode:7s} {prov:20s} eager - graph = {(e.ms - g.ms) * 1e3:.1f} us "
+                                 f"(time the GPU waits for the host)")
         if lines:
-            out.append(f"  {big} {dtype} (v={v:.2f} valid rows, b={b:.2f} blocks with a valid row; T, P, G: "
-                       f"target, pred, gradient bytes)")
+            out.append(f"  {big} {dtype}, default mode {dmode} (v={v:.2f} valid rows, b={b:.2f} {K.FLAG_ROWS}-row "
+                       f"blocks with a valid row; T, P, G: target, pred, gradient bytes)")
             out += lines
     if host:
         out.append(f"\nHost time per call, {small} float32 (us; wall clock over {HOST_CALLS} calls without a "
@@ -397,35 +432,37 @@ def summary(rows: list[bu.Row], copy_gbps: float, other_mode: str, fractions: di
         for name, h, w in host:
             out.append(f"  {name:48s} {h:8.1f} {w:8.1f}")
 
-    out.append("\nGradient mode (fwd+bwd, ours default vs ours-" + other_mode + ")")
-    ratios = []
+    out.append("\nGradient mode (fwd+bwd; eager, and graph replay where measured)")
     for mode, dtype, shape in cases:
-        if mode != "fwd+bwd":
+        dmode = defaults.get((dtype, shape))
+        if mode != "fwd+bwd" or dmode is None:
             continue
-        a, b = key.get((mode, dtype, shape, "ours")), key.get((mode, dtype, shape, f"ours-{other_mode}"))
-        if a and b:
-            ratios.append(b.ms / a.ms)
-            out.append(f"  {dtype:9s} {shape:16s} default {a.ms:.4f} ms, {other_mode} {b.ms:.4f} ms "
-                       f"({b.ms / a.ms:.2f}x)")
-    if ratios:
-        gm = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        verdict = K.DEFAULT_GRAD_MODE if gm >= 1 else other_mode
-        out.append(f"  geometric mean {other_mode}/default = {gm:.3f}: faster mode here is '{verdict}'"
-                   + ("" if verdict == K.DEFAULT_GRAD_MODE else " -> switch DEFAULT_GRAD_MODE"))
+        other = "separate" if dmode == "fused" else "fused"
+        a, b = key.get((mode, dtype, shape, "ours")), key.get((mode, dtype, shape, f"ours-{other}"))
+        if not (a and b):
+            continue
+        msg = f"  {dtype:9s} {shape:16s} default {dmode}: {a.ms:.4f} ms, {other} {b.ms:.4f} ms"
+        ag, bg = key.get((mode, dtype, shape, "ours-graph")), key.get((mode, dtype, shape, f"ours-{other}-graph"))
+        if ag and bg:
+            msg += f"; graph {dmode} {ag.ms:.4f} ms, {other} {bg.ms:.4f} ms"
+        faster = dmode if a.ms <= b.ms else other
+        msg += f" -> faster eager: {faster}" + ("" if faster == dmode else " (the default rule picks the other)")
+        out.append(msg)
 
     if checks:
         out.append("\nChecks\n  " + "\n  ".join(checks))
 
     tuned = []
-    for name, kern in (("fwd", K._fwd_tuned), ("bwd", K._bwd_tuned)):
+    for k, (kw, blk, n) in K._BEST.items():
+        name = "fwd (reducing, persistent)" if k[0] is K._fwd_tuned else "bwd"
+        dts = "/".join(str(d).replace("torch.", "").replace("float", "f") for d in k[2])
+        tuned.append(f"{name} bucket {k[1]} {dts}: BLOCK={blk} warps={kw.get('num_warps')} programs/SM={n}")
+    for name, kern in (("fwd (none)", K._fwd_tuned),):
         for k, cfg in getattr(kern, "cache", {}).items():
             tuned.append(f"{name} bucket {k[0]}: BLOCK={cfg.kwargs.get('BLOCK')} warps={cfg.num_warps}")
     if tuned:
-        out.append("\nAutotuned configs: " + "; ".join(sorted(set(tuned))))
-    per_sm = sorted({f"{'fwd' if k[0] is K._fwd_tuned else 'bwd'} bucket {k[1]}: BLOCK={blk} programs/SM={n}"
-                     for k, (_, blk, n) in K._BEST.items()})
-    if per_sm:
-        out.append("Cached launches: " + "; ".join(per_sm))
+        out.append("\nLaunch configurations (tuned once per bucket, dtypes and variant):\n  "
+                   + "\n  ".join(sorted(set(tuned))))
     return "\n".join(out)
 
 
@@ -460,11 +497,11 @@ def update_docs(md: str) -> None:
 def main() -> None:
     args = bu.parse_args(__doc__.split("\n\n")[0], extra=lambda p: (
         p.add_argument("--focus", action="store_true",
-                       help="32x256 and 16M only, ours / other mode / graph, torchvision eager at 32x256 (~1 min)"),
+                       help="32x256 and 16M only, ours / other mode / graphs, torchvision eager at 32x256 (<1 min)"),
         p.add_argument("--update-docs", action="store_true", help="write the results into docs/benchmarks.md"),
         p.add_argument("--fill-docs", metavar="GIOU_MD", default=None,
                        help="no benchmark: copy a previous run's giou.md into docs/benchmarks.md (no GPU needed)"),
-        p.add_argument("--budget", type=float, default=120.0,
+        p.add_argument("--budget", type=float, default=100.0,
                        help="seconds after which the torch.compile baselines are skipped")))
     if args.fill_docs:
         update_docs(Path(args.fill_docs).read_text().rstrip("\n"))
@@ -476,8 +513,8 @@ def main() -> None:
             setattr(cfg, name, max(getattr(cfg, name), 256))
     copy_gbps = bu.copy_bandwidth()
     log(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}")
-    other = "separate" if K.DEFAULT_GRAD_MODE == "fused" else "fused"
     focus = args.focus
+    defaults: dict[tuple[str, str], str] = {}
     shapes = SHAPES[:1] if args.quick else FOCUS_SHAPES if focus else SHAPES
     rows: list[bu.Row] = []
     skipped: list[str] = []
@@ -499,6 +536,8 @@ def main() -> None:
                                     valid.reshape(-1, K.FLAG_ROWS).any(1).float().mean().item())
                 checks.append(f"{label} {dname}: {grad_agreement(pred, target)}")
                 log(checks[-1])
+            dmode, other = case_modes(pred)
+            defaults[(dname, label)] = dmode
             providers = [("ours", ours_default), (f"ours-{other}", ours_mode(other))]
             if biggest and not focus:
                 providers.append(("ours-noskip", ours_noskip))
@@ -523,8 +562,12 @@ def main() -> None:
             for mode in MODES:
                 for name, fn in providers:
                     record(name, mode, lambda: timed(fn, pred, target, mode, args.quick))
-                if smallest:
-                    record("ours-graph", mode, lambda: timed_graph(pred, target, mode, args.quick),
+                if smallest or biggest:
+                    record("ours-graph", mode, lambda: timed_graph(ours_default, pred, target, mode, args.quick),
+                           note="CUDA graph replay")
+                if biggest:
+                    record(f"ours-{other}-graph", mode,
+                           lambda: timed_graph(ours_mode(other), pred, target, mode, args.quick),
                            note="CUDA graph replay")
             for name, fn in compiled:
                 if time.perf_counter() - T0 > args.budget:
@@ -536,10 +579,12 @@ def main() -> None:
             log(f"done {label} {dtype}")
             del pred, target
             torch.cuda.empty_cache()
-    host = host_times(dev, other)
+    small_other = "separate" if K.default_grad_mode(SHAPES[0][0] * SHAPES[0][1], torch.float32) == "fused" \
+        else "fused"
+    host = host_times(dev, small_other)
     log("host times measured")
     bu.finish(rows, copy_gbps, args.out, "giou", "GIoU loss, mean over valid boxes, half the targets padding")
-    text = summary(rows, copy_gbps, other, fractions, host, checks)
+    text = summary(rows, copy_gbps, defaults, fractions, host, checks)
     if skipped:
         text += "\n\nSkipped over the time budget: " + ", ".join(skipped)
     if failed:

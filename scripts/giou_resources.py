@@ -2,15 +2,18 @@
 
     python scripts/giou_resources.py [--arch 90]
 
-Builds the forward (fused and loss-only, single- and multi-program), the hand-written
-backward and the fused mode's scale kernel with the flags the host code passes for the
-benchmark cases (contiguous boxes, so the row stride is the constant 4), in fp32 and
-bf16, and reports from the sm_90 build: registers per thread (and so programs per SM),
-local memory (spills), shared memory, bar.sync count (layout conversions through shared
-memory) and the global loads and stores by width (``v4.b32`` = 16 bytes per thread,
-``b16`` = one 16-bit value). ``--runtime-stride`` builds the loads with a runtime row
-stride instead, as for a non-contiguous input. It uses Triton's compiler API
-(``ASTSource``), which is not a stable interface.
+Builds the forward (fused and loss-only multi-program in every tuned configuration, and
+the single program), the hand-written backward in every tuned configuration and the fused
+mode's scale kernel with the flags the host code passes for the benchmark cases
+(contiguous boxes, so the row stride is the constant 4), in fp32 and bf16, and reports
+from the sm_90 build: registers per thread (and so programs per SM), local memory
+(spills), shared memory, bar.sync count (reductions and layout conversions through shared
+memory; ``loop bar.sync`` counts those inside the forward's grid-stride loop, which stall
+every iteration) and the global loads and stores by width (``v4.b32`` = 16 bytes per
+thread, ``b16`` = one 16-bit value). Last, the fp64 forward: its divisions (``div.rn.f64``
+is IEEE division) and whether eps is the exact double. ``--runtime-stride`` builds the
+loads with a runtime row stride instead, as for a non-contiguous input. It uses Triton's
+compiler API (``ASTSource``), which is not a stable interface.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -45,7 +49,7 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
             sig[name], attrs[(i,)] = "*" + v, [["tt.divisibility", 16]]
         elif isinstance(v, bool):
             sig[name] = "i1"
-        elif isinstance(v, int):
+        elif isinstance(v, int) and not isinstance(v, bool):
             if v == 1:  # Triton specialises integer arguments equal to 1
                 sig[name], const[name] = "constexpr", 1
             else:
@@ -63,6 +67,14 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
     os.unlink(f.name)
     ptx = kernel.asm["ptx"]
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    # The forward's grid-stride loop: from its back-edge target label to the branch back to it.
+    loop_sync = 0
+    for label in re.findall(r"\n(\$L__BB\d+_\d+):", ptx):
+        start = ptx.index(label + ":")
+        back = ptx.find("bra.uni \t" + label + ";", start)
+        back = back if back >= 0 else ptx.find("bra \t" + label + ";", start)
+        if back > start:
+            loop_sync = max(loop_sync, ptx[start:back].count("bar.sync"))
     threads = 32 * num_warps
 
     def widths(op):
@@ -74,6 +86,7 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
         "local": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
         "shared": kernel.metadata.shared,
         "bar.sync": ptx.count("bar.sync"),
+        "loop bar.sync": loop_sync,
         "programs/SM": min(2048 // threads, 65536 // (max(regs, 1) * threads)),
         "loads": widths("ld.global"),
         "stores": widths("st.global"),
@@ -83,7 +96,7 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
 def fwd_args(dt: str, **over) -> dict:
     n = 1 << 24
     a = dict(pred_ptr=dt, target_ptr=dt, weight_ptr=dt, loss_ptr="fp32", count_ptr="i32", gpred_ptr=dt,
-             gtarget_ptr=dt, flags_ptr="i8", N=n, stride_p=4, stride_t=4, stride_w=0, eps=1e-7, n_bucket=n,
+             gtarget_ptr=dt, flags_ptr="i8", N=n, stride_p=4, stride_t=4, stride_w=0, n_bucket=n, EPS=1e-7,
              REDUCTION=2, HAS_WEIGHT=False, LTRB=False, FUSED_PRED=True, FUSED_TARGET=False, SINGLE=False,
              STORE_DENOM=False, PRESCALE=False, FLAGS=True, FLAG_ROWS=K.FLAG_ROWS, SKIP_PAD=True, ROW4_P=True,
              ROW4_T=True, FP64=False, INT64=False, BLOCK=1024)
@@ -94,8 +107,8 @@ def fwd_args(dt: str, **over) -> dict:
 def bwd_args(dt: str, **over) -> dict:
     n = 1 << 24
     a = dict(grad_out_ptr="fp32", denom_ptr="fp32", pred_ptr=dt, target_ptr=dt, weight_ptr=dt, gpred_ptr=dt,
-             gtarget_ptr=dt, gweight_ptr=dt, N=n, stride_p=4, stride_t=4, stride_w=0, stride_go=0, eps=1e-7,
-             n_bucket=n, REDUCTION=2, HAS_WEIGHT=False, LTRB=False, NEED_PRED=True, NEED_TARGET=False,
+             gtarget_ptr=dt, gweight_ptr=dt, N=n, stride_p=4, stride_t=4, stride_w=0, stride_go=0, n_bucket=n,
+             EPS=1e-7, REDUCTION=2, HAS_WEIGHT=False, LTRB=False, NEED_PRED=True, NEED_TARGET=False,
              NEED_WEIGHT=False, SKIP_PAD=True, ROW4_P=True, ROW4_T=True, FP64=False, INT64=False, BLOCK=256)
     a.update(over)
     return a
@@ -109,25 +122,47 @@ def main() -> None:
     arch = args.arch
     row4 = not args.runtime_stride
     single_block, single_warps = 4096, 16
+    fwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in K._FWD_CONFIGS]
+    bwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in K._BWD_CONFIGS]
     for dt in ("fp32", "bf16"):
-        cases = [
-            ("fwd fused mean, multi-program, BLOCK 1024 w4", K._giou_fwd_kernel, fwd_args(dt), 4),
-            ("fwd fused mean, multi-program, BLOCK 2048 w8", K._giou_fwd_kernel, fwd_args(dt, BLOCK=2048), 8),
-            ("fwd loss only, multi-program, BLOCK 1024 w4", K._giou_fwd_kernel,
-             fwd_args(dt, FUSED_PRED=False, FLAGS=False), 4),
-            ("fwd fused mean, single program (prescale)", K._giou_fwd_kernel,
-             fwd_args(dt, N=8192, n_bucket=0, SINGLE=True, PRESCALE=True, FLAGS=False, SKIP_PAD=False,
-                      BLOCK=single_block), single_warps),
-            ("bwd kernel, BLOCK 256 w4", K._giou_bwd_kernel, bwd_args(dt), 4),
-            ("bwd kernel, BLOCK 1024 w4", K._giou_bwd_kernel, bwd_args(dt, BLOCK=1024), 4),
-            ("scale (fused backward), 4 x FLAG_ROWS", K._giou_scale_kernel,
-             dict(g_ptr=dt, flags_ptr="i8", grad_out_ptr="fp32", denom_ptr="fp32", n_elem=1 << 26, MEAN=True,
-                  FP64=False, INT64=False, BLOCK=4 * K.FLAG_ROWS), K._SCALE_WARPS),
-        ]
+        cases = []
+        for b, w in fwd_cfgs:
+            cases.append((f"fwd fused mean, multi-program, BLOCK {b} w{w}", K._giou_fwd_kernel,
+                          fwd_args(dt, BLOCK=b), w))
+        for b, w in fwd_cfgs:
+            cases.append((f"fwd loss only, multi-program, BLOCK {b} w{w}", K._giou_fwd_kernel,
+                          fwd_args(dt, BLOCK=b, FUSED_PRED=False, FLAGS=False), w))
+        cases.append(("fwd fused mean, single program (prescale)", K._giou_fwd_kernel,
+                      fwd_args(dt, N=8192, n_bucket=0, SINGLE=True, PRESCALE=True, FLAGS=False, SKIP_PAD=False,
+                               BLOCK=single_block), single_warps))
+        for b, w in bwd_cfgs:
+            cases.append((f"bwd kernel, BLOCK {b} w{w}", K._giou_bwd_kernel, bwd_args(dt, BLOCK=b), w))
+        cases.append((f"scale (fused backward), {K.SCALE_GROUPS} x {K.FLAG_ROWS} rows", K._giou_scale_kernel,
+                      dict(g_ptr=dt, flags_ptr="i8", grad_out_ptr="fp32", denom_ptr="fp32", n_elem=1 << 26,
+                           n_flags=(1 << 24) // K.FLAG_ROWS, MEAN=True, FP64=False, INT64=False,
+                           GROUPS=K.SCALE_GROUPS, FLAG_ROWS=K.FLAG_ROWS), K._SCALE_WARPS))
         for label, fn, a, warps in cases:
             if "ROW4_P" in a and not row4:
                 a.update(ROW4_P=False, ROW4_T=False)
             print(f"{dt:5s} {label}: {compile_stats(fn, a, warps, arch)}", flush=True)
+    # fp64: a precision path. IEEE divisions, and eps as the exact double (not rounded to fp32).
+    sig, const, attrs = {}, {}, {}
+    a = fwd_args("fp64", FP64=True, BLOCK=256)
+    a.update(loss_ptr="fp64")
+    for i, name in enumerate(K._giou_fwd_kernel.arg_names):
+        v = a[name]
+        if K._giou_fwd_kernel.params[i].is_constexpr:
+            sig[name], const[name] = "constexpr", v
+        elif isinstance(v, str):
+            sig[name], attrs[(i,)] = "*" + v, [["tt.divisibility", 16]]
+        else:
+            sig[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
+    ptx = triton.compile(ASTSource(K._giou_fwd_kernel, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    divs = Counter(re.findall(r"\b(div\.[a-z]+\.f\d\d|rcp\.[a-z.]+f\d\d)", ptx))
+    exact = "0d" + struct.pack(">d", 1e-7).hex().upper()
+    print(f"fp64  fwd fused mean, BLOCK 256 w4: divisions {dict(divs)}; eps {exact} (exact 1e-7) in the PTX: "
+          f"{exact in ptx}", flush=True)
 
 
 if __name__ == "__main__":

@@ -108,25 +108,37 @@ def _check_boxes(pred: object, target: object, weight: object) -> torch.Tensor |
     return weight
 
 
-#: Validated option sets: (reduction, box_format, backend, type(eps), eps) -> (eps as float, ltrb).
+#: Validated option sets of eager calls: (reduction, box_format, backend, type(eps), eps) -> (eps as float, ltrb).
 _OPTIONS: dict[tuple, tuple[float, bool]] = {}
 _OPTIONS_MAX = 64
 
 
+def _validate_options(reduction: object, box_format: object, eps: object, backend: object) -> tuple[float, bool]:
+    _check_reduction(reduction)
+    fmt = _check_box_format(box_format)
+    eps = _check_eps(eps)
+    check_backend(backend)
+    return eps, fmt == "ltrb"
+
+
 def _check_options(reduction: object, box_format: object, eps: object, backend: object) -> tuple[float, bool]:
-    """Validate the non-tensor arguments (cached: a training loop passes the same ones every call)."""
+    """Validate the non-tensor arguments (cached in eager mode: a training loop passes the same ones every call).
+
+    While torch.compile traces, the checks run on the constants without the cache: a dict
+    lookup keyed on ``type(eps)`` cannot be traced by every torch version (the key holds a
+    type object), and reading or filling a global dict would only add guards and side
+    effects to the compiled graph, where the checks cost nothing at run time anyway.
+    """
+    if torch.compiler.is_compiling():
+        return _validate_options(reduction, box_format, eps, backend)
     try:
-        key = (reduction, box_format, backend, eps.__class__, eps)
+        key = (reduction, box_format, backend, eps.__class__, eps)  # the type: True == 1 == 1.0 as keys
         hit = _OPTIONS.get(key)
     except TypeError:  # unhashable argument: validation below raises
         key, hit = None, None
     if hit is not None:
         return hit
-    _check_reduction(reduction)
-    fmt = _check_box_format(box_format)
-    eps = _check_eps(eps)
-    check_backend(backend)
-    out = (eps, fmt == "ltrb")
+    out = _validate_options(reduction, box_format, eps, backend)
     if key is not None and len(_OPTIONS) < _OPTIONS_MAX:
         _OPTIONS[key] = out
     return out
