@@ -19,54 +19,24 @@ compiler API (``ASTSource``), which is not a stable interface.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import struct
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import triton  # noqa: E402
-import triton.backends.nvidia as nvidia_backend  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from kernel_resources import access_widths, compile_kernel, programs_per_sm, resource_usage  # noqa: E402
 
 from snntrain.kernels import giou as K  # noqa: E402
 
 
 def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
     """Compile ``fn`` with argument values like the launcher would specialise them; return resource usage."""
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        v = args[name]
-        if fn.params[i].is_constexpr:
-            sig[name], const[name] = "constexpr", v
-        elif isinstance(v, str):  # a pointer: its element type (16-byte aligned, as from the caching allocator)
-            sig[name], attrs[(i,)] = "*" + v, [["tt.divisibility", 16]]
-        elif isinstance(v, bool):
-            sig[name] = "i1"
-        elif isinstance(v, int) and not isinstance(v, bool):
-            if v == 1:  # Triton specialises integer arguments equal to 1
-                sig[name], const[name] = "constexpr", 1
-            else:
-                sig[name] = "i32"
-                if v % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32"
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": num_warps})
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
-    usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
+    kernel = compile_kernel(fn, args, {"num_warps": num_warps}, arch)
     ptx = kernel.asm["ptx"]
-    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    usage = resource_usage(kernel)
     # The forward's grid-stride loop: from its back-edge target label to the branch back to it.
     loop_sync = 0
     for label in re.findall(r"\n(\$L__BB\d+_\d+):", ptx):
@@ -75,21 +45,15 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
         back = back if back >= 0 else ptx.find("bra \t" + label + ";", start)
         if back > start:
             loop_sync = max(loop_sync, ptx[start:back].count("bar.sync"))
-    threads = 32 * num_warps
-
-    def widths(op):
-        c = Counter(m.replace(op + ".", "") for m in re.findall(op + r"(?:\.[a-z0-9]+)+", ptx))
-        return " ".join(f"{k}x{v}" for k, v in sorted(c.items()))
-
     return {
-        "regs": regs,
-        "local": int(re.search(r"LOCAL:(\d+)", usage).group(1)),
-        "shared": kernel.metadata.shared,
+        "regs": usage["regs"],
+        "local": usage["local"],
+        "shared": usage["shared"],
         "bar.sync": ptx.count("bar.sync"),
         "loop bar.sync": loop_sync,
-        "programs/SM": min(2048 // threads, 65536 // (max(regs, 1) * threads)),
-        "loads": widths("ld.global"),
-        "stores": widths("st.global"),
+        "programs/SM": programs_per_sm(usage["regs"], num_warps),
+        "loads": access_widths(ptx, "ld.global"),
+        "stores": access_widths(ptx, "st.global"),
     }
 
 
@@ -146,19 +110,9 @@ def main() -> None:
                 a.update(ROW4_P=False, ROW4_T=False)
             print(f"{dt:5s} {label}: {compile_stats(fn, a, warps, arch)}", flush=True)
     # fp64: a precision path. IEEE divisions, and eps as the exact double (not rounded to fp32).
-    sig, const, attrs = {}, {}, {}
     a = fwd_args("fp64", FP64=True, BLOCK=256)
     a.update(loss_ptr="fp64")
-    for i, name in enumerate(K._giou_fwd_kernel.arg_names):
-        v = a[name]
-        if K._giou_fwd_kernel.params[i].is_constexpr:
-            sig[name], const[name] = "constexpr", v
-        elif isinstance(v, str):
-            sig[name], attrs[(i,)] = "*" + v, [["tt.divisibility", 16]]
-        else:
-            sig[name], attrs[(i,)] = "i32", [["tt.divisibility", 16]]
-    ptx = triton.compile(ASTSource(K._giou_fwd_kernel, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                         options={"num_warps": 4}).asm["ptx"]
+    ptx = compile_kernel(K._giou_fwd_kernel, a, {"num_warps": 4}, arch).asm["ptx"]
     divs = Counter(re.findall(r"\b(div\.[a-z]+\.f\d\d|rcp\.[a-z.]+f\d\d)", ptx))
     exact = "0d" + struct.pack(">d", 1e-7).hex().upper()
     print(f"fp64  fwd fused mean, BLOCK 256 w4: divisions {dict(divs)}; eps {exact} (exact 1e-7) in the PTX: "

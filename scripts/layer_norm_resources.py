@@ -17,78 +17,41 @@ interface.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.backends.nvidia as nvidia_backend  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from kernel_resources import compile_kernel, programs_per_sm, resource_usage  # noqa: E402
 
 from snntrain.kernels import layer_norm as K  # noqa: E402
 
 SHAPES = ["4096x512", "4096x4096", "4096x16384", "401408x32", "401408x64", "401408x256", "401408x512",
           "4x32x32x56x56:-3", "4x32x64x56x56:-3", "4x32x128x28x28:-3", "4x32x256x14x14:-3", "4x32x512x7x7:-3"]
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def compile_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
     """Compile ``fn`` with argument values specialised like the launcher would; return resource usage."""
-    sig, const, attrs = {}, {}, {}
     values = dict(zip(fn.arg_names, args))
     values.update(kwargs)
     options = {"num_warps": values.pop("num_warps", 4)}
     if "maxnreg" in values:
         options["maxnreg"] = values.pop("maxnreg")
-    num_warps = options["num_warps"]
-    for i, name in enumerate(fn.arg_names):
-        v = values[name]
-        if fn.params[i].is_constexpr:
-            sig[name], const[name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):  # allocations are 16-byte aligned
-            sig[name], attrs[(i,)] = "*" + DTYPES[v.dtype], [["tt.divisibility", 16]]
-        elif isinstance(v, bool):
-            sig[name] = "i1"
-        elif isinstance(v, int):
-            if v == 1:  # Triton specialises integer arguments equal to 1
-                sig[name], const[name] = "constexpr", 1
-            else:
-                sig[name] = "i64" if abs(v) >= 2**31 else "i32"
-                if v % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[name] = "fp32"
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32),
-                            options=options)
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
-    usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
+    kernel = compile_kernel(fn, values, options, arch)
     ptx = kernel.asm["ptx"]
-    regs = int(re.search(r"REG:(\d+)", usage).group(1))
-    stack = int(re.search(r"STACK:(\d+)", usage).group(1))
-    smem = int(re.search(r"SHARED:(\d+)", usage).group(1))
-    smem = max(smem, getattr(kernel.metadata, "shared", 0) or 0)
-    threads = 32 * num_warps
-    by_smem = (228 * 1024) // smem if smem else 32
+    usage = resource_usage(kernel)
     n_vec = len(re.findall(r"ld[.]global(?:[.]\w+)*[.]v\d", ptx))
     n_all = len(re.findall(r"ld[.]global", ptx))
     n_async = len(re.findall(r"cp[.]async[.]c", ptx))
     return {
-        "warps": num_warps,
+        "warps": options["num_warps"],
         **({"maxnreg": options["maxnreg"]} if "maxnreg" in options else {}),
-        "regs": regs,
-        "spill B/thread": stack,
-        "smem": smem,
-        "programs/SM": min(2048 // threads, 65536 // (max(regs, 1) * threads), by_smem, 32),
+        "regs": usage["regs"],
+        "spill B/thread": usage["stack"],
+        "smem": usage["shared"],
+        "programs/SM": programs_per_sm(usage["regs"], options["num_warps"], usage["shared"]),
         "vector loads": f"{n_vec}/{n_all}" + (f" +{n_async} cp.async" if n_async else ""),
     }
 
