@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import positive_int
 
-def positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
+__all__ = ["check_fraction", "loader_generator", "positive_int", "split_indices"]
 
 
 def check_fraction(name: str, value: object) -> float:

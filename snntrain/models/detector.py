@@ -30,6 +30,7 @@ from torch import nn
 
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
+from ..validation import positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
@@ -183,9 +184,7 @@ class SpikingFCOS(nn.Module):
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
         if readout not in READOUTS:
             raise ValueError(f"readout={readout!r} is not valid; choose one of {', '.join(READOUTS)}")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f"num_classes={num_classes!r} must be a positive integer")
-        self.num_classes = num_classes
+        self.num_classes = positive_int("num_classes", num_classes)
         self.backbone = SEWResNet(depth=depth, num_classes=0, in_channels=in_channels, T=T, connect=connect,
                                   stem=stem, width=width, neuron=neuron, norm=norm,
                                   zero_init_residual=zero_init_residual, backend=backend)

@@ -17,6 +17,7 @@ from ..backend import check_backend
 from ..nn.layers import MultiStep, check_connect, sew_connect
 from ..nn.neurons import BaseNeuron, build_neuron
 from ..nn.norm import build_norm2d
+from ..validation import positive_int
 
 STEMS = ("cifar", "imagenet")
 
@@ -99,12 +100,6 @@ ARCHS: dict[int, tuple[type[nn.Module], tuple[int, int, int, int]]] = {
 DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "atan"}
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
 class SEWResNet(nn.Module):
     """SEW-ResNet classifier.
 
@@ -145,11 +140,11 @@ class SEWResNet(nn.Module):
             raise ValueError(f"depth={depth!r} is not valid; choose one of {', '.join(map(str, ARCHS))}")
         if stem not in STEMS:
             raise ValueError(f"stem={stem!r} is not valid; choose one of {', '.join(STEMS)}")
-        self.T = _positive_int("T", T)
+        self.T = positive_int("T", T)
         if num_classes != 0:
-            num_classes = _positive_int("num_classes", num_classes)
-        in_channels = _positive_int("in_channels", in_channels)
-        width = _positive_int("width", width)
+            num_classes = positive_int("num_classes", num_classes)
+        in_channels = positive_int("in_channels", in_channels)
+        width = positive_int("width", width)
         connect = check_connect(connect)
         check_backend(backend)
         f = _Factory(DEFAULT_NEURON if neuron is None else neuron, norm, backend)

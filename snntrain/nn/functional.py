@@ -30,6 +30,7 @@ from typing import NamedTuple
 import torch
 
 from ..backend import check_backend, use_triton
+from ..validation import flag, number
 from .surrogate import SpikeFunction, check_surrogate
 
 __all__ = ["NeuronOutput", "NeuronParams", "if_", "lif", "plif", "plif_w_from_tau", "neuron_multistep"]
@@ -45,22 +46,6 @@ class NeuronOutput(NamedTuple):
     spikes: torch.Tensor
     v_final: torch.Tensor | None
     v_seq: torch.Tensor | None
-
-
-def _number(name: str, value: object) -> float:
-    # YAML gives ints where floats are meant: accept them, refuse bools and strings.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a number")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be finite")
-    return value
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be true or false")
-    return value
 
 
 @dataclass(frozen=True)
@@ -83,11 +68,11 @@ class NeuronParams:
     def __post_init__(self) -> None:
         if self.kind not in ("if", "lif", "plif"):
             raise ValueError(f"neuron kind={self.kind!r} is not valid; choose one of if, lif, plif")
-        tau = _number("tau", self.tau)
+        tau = number("tau", self.tau)
         if self.kind == "lif" and not tau > 1.0:
             raise ValueError(f"tau={self.tau!r} must be > 1 (the membrane time constant, in steps)")
-        v_th = _number("v_threshold", self.v_threshold)
-        v_reset = None if self.v_reset is None else _number("v_reset", self.v_reset)
+        v_th = number("v_threshold", self.v_threshold)
+        v_reset = None if self.v_reset is None else number("v_reset", self.v_reset)
         floor = 0.0 if v_reset is None else v_reset
         if not v_th > floor:
             what = f"v_reset={v_reset!r}" if v_reset is not None else "0 (soft reset, v_reset=None)"
@@ -96,8 +81,8 @@ class NeuronParams:
         object.__setattr__(self, "tau", tau)
         object.__setattr__(self, "v_threshold", v_th)
         object.__setattr__(self, "v_reset", v_reset)
-        object.__setattr__(self, "decay_input", _flag("decay_input", self.decay_input))
-        object.__setattr__(self, "detach_reset", _flag("detach_reset", self.detach_reset))
+        object.__setattr__(self, "decay_input", flag("decay_input", self.decay_input))
+        object.__setattr__(self, "detach_reset", flag("detach_reset", self.detach_reset))
         object.__setattr__(self, "surrogate", surrogate)
         object.__setattr__(self, "alpha", alpha)
 
@@ -108,7 +93,7 @@ class NeuronParams:
 
 def plif_w_from_tau(init_tau: float) -> float:
     """The PLIF parameter ``w`` with ``1 / sigmoid(w) == init_tau``."""
-    init_tau = _number("init_tau", init_tau)
+    init_tau = number("init_tau", init_tau)
     if not init_tau > 1.0:
         raise ValueError(f"init_tau={init_tau!r} must be > 1 (the initial membrane time constant, in steps)")
     return -math.log(init_tau - 1.0)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backend import check_backend, use_triton
+from ..validation import positive_int
 
 NORMS = ("batchnorm", "layernorm")
 
@@ -33,12 +34,6 @@ def _check_eps(eps: object) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps={eps!r} is not valid; it must be a finite number >= 0")
     return float(eps)
-
-
-def _check_size(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not valid; it must be a positive integer")
-    return value
 
 
 class LayerNorm(nn.Module):
@@ -72,7 +67,7 @@ class LayerNorm(nn.Module):
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         if not shape:
             raise ValueError("normalized_shape=() is not valid; give at least one dim")
-        self.normalized_shape = tuple(_check_size("normalized_shape", n) for n in shape)
+        self.normalized_shape = tuple(positive_int("normalized_shape", n) for n in shape)
         self.eps = _check_eps(eps)
         self.elementwise_affine = bool(elementwise_affine)
         factory = {"device": device, "dtype": dtype}
@@ -132,7 +127,7 @@ class LayerNorm2d(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        self.num_channels = _check_size("num_channels", num_channels)
+        self.num_channels = positive_int("num_channels", num_channels)
         self.eps = _check_eps(eps)
         self.affine = bool(affine)
         factory = {"device": device, "dtype": dtype}
