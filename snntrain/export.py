@@ -220,7 +220,8 @@ def _readme(card: dict[str, Any]) -> str:
 def _max_diff(a, b) -> float:
     a = a if isinstance(a, (tuple, list)) else (a,)
     b = b if isinstance(b, (tuple, list)) else (b,)
-    return max(float((torch.as_tensor(x).float() - torch.as_tensor(y).float()).abs().max()) for x, y in zip(a, b))
+    return max(float((torch.as_tensor(x).float().cpu() - torch.as_tensor(y).float().cpu()).abs().max())
+               for x, y in zip(a, b))
 
 
 def export_checkpoint(
@@ -267,7 +268,7 @@ def export_checkpoint(
         if "torch_export" in formats:
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
-                model, prog_backend, sample, reference, tmp / "model.pt2")
+                model, prog_backend, sample, tmp / "model.pt2")
             batch = "batch 1 (fixed)" if prog_backend == "triton" else "any batch"
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {batch}"
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
@@ -293,25 +294,30 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     return diff
 
 
-def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, reference, path: Path):
+def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: Path):
+    """Export, save, reload and run the program; compare it with the PyTorch backend on the same device
+    (so that only the spiking layers' implementation differs, not the device's convolutions)."""
     device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
-    net = ExportGraph(set_backend(model, backend)).to(device).eval()
+    net = ExportGraph(model).to(device).eval()
     if backend == "triton":
         # Triton kernels' launch grids would put range guards on a symbolic batch that
         # torch.export cannot keep: the program takes the batch size it was exported with.
         x = sample[:1].to(device)
-        reference = tuple(r[:1] for r in reference) if isinstance(reference, tuple) else reference[:1]
-        program = torch.export.export(net, (x,))
+        dynamic = None
     else:
         x = sample.to(device)
-        program = torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-    torch.export.save(program, str(path))
-    loaded = load_program(path)
+        dynamic = ({0: torch.export.Dim("batch", min=1)},)
     with torch.no_grad():
-        got = loaded.module()(x)
-    got = tuple(g.cpu() for g in got) if isinstance(got, (tuple, list)) else got.cpu()
-    set_backend(model, "torch").cpu()
+        reference = net(x)  # the model is on the PyTorch backend here
+    set_backend(model, backend)
+    try:
+        program = torch.export.export(net, (x,), dynamic_shapes=dynamic)
+        torch.export.save(program, str(path))
+        with torch.no_grad():
+            got = load_program(path).module()(x)
+    finally:
+        set_backend(model, "torch").cpu()
     diff = _max_diff(got, reference)
-    print(f"torch.export program ({backend} backend) vs PyTorch backend: largest absolute difference {diff:.3g}",
-          flush=True)
+    print(f"torch.export program ({backend} backend) vs PyTorch backend on {device}: largest absolute difference "
+          f"{diff:.3g}", flush=True)
     return backend, diff
