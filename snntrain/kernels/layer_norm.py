@@ -254,6 +254,21 @@ def _ln_bwd_fused_kernel(
 
 
 @triton.jit
+def _ln_bwd_chunk(x_base, dy_base, W, mean, rstd, mask_s, cc, C, sx_c, sd_c, HAS_W: tl.constexpr):
+    """One [BLOCK_S, BLOCK_C] chunk of the looped backward: x-hat and dy (times the weight) in fp32,
+    with the 64-bit channel offsets and the mask for the store."""
+    mask_c = cc < C
+    mask = mask_s[:, None] & mask_c[None, :]
+    cc64 = cc.to(tl.int64)
+    x = tl.load(x_base[:, None] + cc64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_base[:, None] + cc64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    return xhat, dy, cc64, mask
+
+
+@triton.jit
 def _ln_bwd_dx_looped_kernel(
     DY,  # grad of the output, logical [B0, S, C], strides (sd_b, sd_s, sd_c)
     X,  # input, logical [B0, S, C], strides (sx_b, sx_s, sx_c)
@@ -290,30 +305,15 @@ def _ln_bwd_dx_looped_kernel(
     c1 = tl.zeros([BLOCK_S], dtype=tl.float32)
     c2 = tl.zeros([BLOCK_S], dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
-        cc = c0 + cols
-        mask_c = cc < C
-        mask = mask_s[:, None] & mask_c[None, :]
-        cc64 = cc.to(tl.int64)
-        x = tl.load(x_base[:, None] + cc64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_base[:, None] + cc64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-        xhat = (x - mean[:, None]) * rstd[:, None]
+        xhat, dy, _cc64, _mask = _ln_bwd_chunk(x_base, dy_base, W, mean, rstd, mask_s, c0 + cols, C, sx_c, sd_c,
+                                               HAS_W)
         c1 += tl.sum(xhat * dy, axis=1)
         c2 += tl.sum(dy, axis=1)
     c1r = c1 / C * rstd
     c2r = c2 / C * rstd
     # Pass 2: dx.
     for c0 in range(0, C, BLOCK_C):
-        cc = c0 + cols
-        mask_c = cc < C
-        mask = mask_s[:, None] & mask_c[None, :]
-        cc64 = cc.to(tl.int64)
-        x = tl.load(x_base[:, None] + cc64[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_base[:, None] + cc64[None, :] * sd_c, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            dy = dy * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-        xhat = (x - mean[:, None]) * rstd[:, None]
+        xhat, dy, cc64, mask = _ln_bwd_chunk(x_base, dy_base, W, mean, rstd, mask_s, c0 + cols, C, sx_c, sd_c, HAS_W)
         dx = dy * rstd[:, None] - (xhat * c1r[:, None] + c2r[:, None])
         tl.store(dx_base[:, None] + cc64[None, :] * sg_c, dx.to(DX.dtype.element_ty), mask=mask)
 
