@@ -159,6 +159,28 @@ def _surrogate_grad(u, alpha, SURROGATE: tl.constexpr):
         return tl.maximum(alpha - alpha * alpha * tl.abs(u), 0.0)
 
 
+@triton.jit
+def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: tl.constexpr,
+           HARD_RESET: tl.constexpr, HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """The scalars in fp32 (float arguments may arrive as fp64 from a compiled graph; the
+    reference's are fp32), the charge's rest potential v_r and the initial state of a block."""
+    v_threshold = tl.cast(v_threshold, tl.float32)
+    v_reset = tl.cast(v_reset, tl.float32)
+    if K_FROM_PTR:
+        k = tl.load(k_ptr).to(tl.float32)
+    else:
+        k = tl.cast(k, tl.float32)
+    if HARD_RESET:
+        v_r = v_reset
+    else:
+        v_r = tl.cast(0.0, tl.float32)
+    if HAS_V_INIT:
+        v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
+    return k, v_threshold, v_reset, v_r, v
+
+
 # ----------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------
@@ -195,21 +217,8 @@ def _neuron_fwd_kernel(
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    # Float arguments may arrive as fp64 from a compiled graph; the reference's scalars are fp32.
-    v_threshold = tl.cast(v_threshold, tl.float32)
-    v_reset = tl.cast(v_reset, tl.float32)
-    if K_FROM_PTR:
-        k = tl.load(k_ptr).to(tl.float32)
-    else:
-        k = tl.cast(k, tl.float32)
-    if HARD_RESET:
-        v_r = v_reset
-    else:
-        v_r = tl.cast(0.0, tl.float32)
-    if HAS_V_INIT:
-        v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
+    k, v_threshold, v_reset, v_r, v = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
+                                             HARD_RESET, HAS_V_INIT, BLOCK)
     x_base = x_ptr + offs * stride_xn
     out_dtype = s_ptr.dtype.element_ty
     n_chunks = tl.cdiv(T, CHUNK)
@@ -287,22 +296,10 @@ def _neuron_bwd_kernel(
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    v_threshold = tl.cast(v_threshold, tl.float32)
-    v_reset = tl.cast(v_reset, tl.float32)
+    k, v_threshold, v_reset, v_r, v0 = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
+                                              HARD_RESET, HAS_V_INIT, BLOCK)
     alpha = tl.cast(alpha, tl.float32)
-    if K_FROM_PTR:
-        k = tl.load(k_ptr).to(tl.float32)
-    else:
-        k = tl.cast(k, tl.float32)
     one_minus_k = 1.0 - k
-    if HARD_RESET:
-        v_r = v_reset
-    else:
-        v_r = tl.cast(0.0, tl.float32)
-    if HAS_V_INIT:
-        v0 = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        v0 = tl.zeros([BLOCK], dtype=tl.float32) + v_r
     if HAS_GVF:
         gv = tl.load(gvf_ptr + offs * stride_gvf, mask=mask, other=0.0).to(tl.float32)
     else:
