@@ -160,10 +160,31 @@ def _surrogate_grad(u, alpha, SURROGATE: tl.constexpr):
 
 
 @triton.jit
-def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: tl.constexpr,
-           HARD_RESET: tl.constexpr, HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+def _grad_h(h, gs, gv, v_threshold, v_reset, alpha, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+            SURROGATE: tl.constexpr):
+    """dL/dH of one step from the charged state H, dL/dS and dL/dV (V after the reset)."""
+    u = h - v_threshold
+    spike = u >= 0.0
+    sg = _surrogate_grad(u, alpha, SURROGATE)
+    if HARD_RESET:
+        if DETACH_RESET:
+            g_s = gs
+        else:
+            g_s = gs + gv * (v_reset - h)
+        gh = tl.where(spike, 0.0, gv) + g_s * sg
+    else:
+        if DETACH_RESET:
+            g_s = gs
+        else:
+            g_s = gs - gv * v_threshold
+        gh = gv + g_s * sg
+    return gh
+
+
+@triton.jit
+def _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr, HARD_RESET: tl.constexpr):
     """The scalars in fp32 (float arguments may arrive as fp64 from a compiled graph; the
-    reference's are fp32), the charge's rest potential v_r and the initial state of a block."""
+    reference's are fp32) and the charge's rest potential v_r."""
     v_threshold = tl.cast(v_threshold, tl.float32)
     v_reset = tl.cast(v_reset, tl.float32)
     if K_FROM_PTR:
@@ -174,6 +195,14 @@ def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: t
         v_r = v_reset
     else:
         v_r = tl.cast(0.0, tl.float32)
+    return k, v_threshold, v_reset, v_r
+
+
+@triton.jit
+def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: tl.constexpr,
+           HARD_RESET: tl.constexpr, HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`_scalars` and the initial state of a block."""
+    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     if HAS_V_INIT:
         v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     else:
@@ -355,21 +384,7 @@ def _neuron_bwd_kernel(
                 gs = gss[j].to(tl.float32)
             else:
                 gs = 0.0
-            u = h - v_threshold
-            spike = u >= 0.0
-            sg = _surrogate_grad(u, alpha, SURROGATE)
-            if HARD_RESET:
-                if DETACH_RESET:
-                    g_s = gs
-                else:
-                    g_s = gs + gv * (v_reset - h)
-                gh = tl.where(spike, 0.0, gv) + g_s * sg
-            else:
-                if DETACH_RESET:
-                    g_s = gs
-                else:
-                    g_s = gs - gv * v_threshold
-                gh = gv + g_s * sg
+            gh = _grad_h(h, gs, gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET, SURROGATE)
             if STORE_GX:
                 if LEAK and DECAY_INPUT:
                     gx = gh * k
@@ -699,6 +714,33 @@ def _traced(*tensors) -> bool:
     return any(t is not None and type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
 
 
+def neuron_flags(kind: str, tau: float, w: Tensor | None, v_reset: float | None, decay_input: bool,
+                 detach_reset: bool, surrogate: str) -> tuple[int, float, Tensor | None]:
+    """``(flags, k, k_tensor)`` of a neuron for the kernels: the option bits, ``k = 1/tau``
+    and, for PLIF, ``k`` as a tensor ``sigmoid(w)`` (differentiable in ``w``)."""
+    k_tensor = None
+    if kind == "lif":
+        flags, k = F_LEAK, 1.0 / tau
+    elif kind == "if":
+        flags, k = 0, 1.0
+    elif kind == "plif":
+        if not isinstance(w, Tensor) or w.numel() != 1:
+            raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
+        flags, k, k_tensor = F_LEAK, 0.0, torch.sigmoid(w.to(torch.float32))
+    else:
+        raise ValueError(f"neuron kind={kind!r} is not valid; choose one of if, lif, plif")
+    sid = _SURROGATE_ID.get(surrogate)
+    if sid is None:
+        raise ValueError(f"surrogate={surrogate!r} is not valid; choose one of {', '.join(SURROGATES)}")
+    if decay_input:
+        flags |= F_DECAY_INPUT
+    if v_reset is not None:
+        flags |= F_HARD_RESET
+    if detach_reset:
+        flags |= F_DETACH_RESET
+    return flags | sid << F_SURROGATE_SHIFT, k, k_tensor
+
+
 def neuron_multistep(
     x: Tensor,
     kind: str,
@@ -723,32 +765,12 @@ def neuron_multistep(
     every step's reset when ``return_membrane``. Differentiable in ``x``, ``v_init``
     and ``w``. Arguments are expected to be validated already (``NeuronParams``).
     """
-    k_tensor = None
-    if kind == "lif":
-        flags, k = F_LEAK, 1.0 / tau
-    elif kind == "if":
-        flags, k = 0, 1.0
-    elif kind == "plif":
-        if not isinstance(w, Tensor) or w.numel() != 1:
-            raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
-        flags, k, k_tensor = F_LEAK, 0.0, torch.sigmoid(w.to(torch.float32))
-    else:
-        raise ValueError(f"neuron kind={kind!r} is not valid; choose one of if, lif, plif")
-    sid = _SURROGATE_ID.get(surrogate)
-    if sid is None:
-        raise ValueError(f"surrogate={surrogate!r} is not valid; choose one of {', '.join(SURROGATES)}")
     if x.dtype not in _DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; the Triton neuron kernels take float32, float16 or bfloat16 "
                         "(use backend='torch' for other dtypes)")
+    flags, k, k_tensor = neuron_flags(kind, tau, w, v_reset, decay_input, detach_reset, surrogate)
     if v_init is not None:
         v_init = v_init.to(device=x.device, dtype=torch.float32).contiguous()
-    if decay_input:
-        flags |= F_DECAY_INPUT
-    if v_reset is not None:
-        flags |= F_HARD_RESET
-    if detach_reset:
-        flags |= F_DETACH_RESET
-    flags |= sid << F_SURROGATE_SHIFT
     if return_state:
         flags |= F_RETURN_STATE
     if return_membrane:

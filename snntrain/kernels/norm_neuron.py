@@ -1,0 +1,1173 @@
+"""Fused channel norm -> multi-step IF/LIF/PLIF neuron in Triton, forward and hand-written backward.
+
+Two norms, each followed by the neuron scan over T of :mod:`snntrain.kernels.lif` (same
+step functions, every neuron option):
+
+* **batch norm** (``snntrain::bn_neuron_fwd`` / ``bn_neuron_bwd``): per-channel statistics
+  over ``T * B * H * W`` in training mode, the running statistics in eval mode;
+* **layer norm over channels** (``snntrain::ln_neuron_fwd`` / ``ln_neuron_bwd``, the
+  ``LayerNorm2d`` of :mod:`snntrain.nn.norm`): statistics per position over ``C``.
+
+Input is the convolution's output ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with a number
+of steps ``T`` (direct encoding: the same input current at every step, as a stride-0 time
+axis; batch statistics then count each element once, exactly like the unfused model,
+which normalises the stem output before repeating it). Every tensor is addressed as
+``[T, B, C, S]`` (``S = H * W`` folded into one strided run) through its strides, so
+contiguous NCHW and channels-last maps are read in place; other layouts are copied once.
+Spikes come back in the input's dtype and memory format; statistics, the membrane and
+all sums are fp32.
+
+A program owns a tile of ``BLOCK_S`` positions of one sample x ``BLOCK_C`` channels (all
+``C`` channels for layer norm) and scans T with the state in registers. Triton lays the
+tile along the unit-stride axis (positions for NCHW, channels for channels-last).
+
+Bytes: what is saved and what is recomputed
+-------------------------------------------
+Counted in tensors of the input's size ``E = T*B*C*H*W`` (4 B per element fp32, 2 B bf16),
+for T <= 4 (one chunk, no checkpoints); the gradient of the spikes dS is a full tensor.
+
+Batch norm, training:
+
+* forward: statistics pass reads X (1); the fused pass reads X and writes S (2) = **3 E**;
+* backward, pass 1: re-reads X and dS, recomputes the normalised input and the forward
+  scan in registers, runs the reverse scan and reduces the per-channel sums of dL/dy and
+  dL/dy * xhat (2); pass 2 does the same again and writes dX from those sums (3) = **5 E**.
+
+  Saving dL/dy from pass 1 instead (as unfused code does) costs 6 E (write it, read it
+  back, plus X); saving the normalised input or the membrane in the forward costs at least
+  one more E each way. Recomputing the scan is free: the kernels are memory-bound.
+
+So 8 E per training step for the fused layer against 13 E for BatchNorm2d followed by a
+neuron (BN forward 3, neuron forward 2, neuron backward 3, BN backward 5). For T > 4 the
+fp32 state is checkpointed every 8 steps as in :mod:`snntrain.kernels.lif` (4 B per
+neuron per 8 steps written, read twice in the backward). A stride-0 input reads X once
+per element instead of T times (and writes dX once).
+
+Layer norm: forward reads X, writes S (2 E), statistics per position recomputed from the
+loaded tile; backward reads X and dS and writes dX in one pass (3 E): the reduction of
+layer norm's backward is over the channels of a position, which one program holds.
+dW and dB are per-program partial sums, summed in a fixed order by a second kernel.
+
+Per-channel sums (statistics, dL/dW, dL/dB, the BN backward's means) and PLIF's dL/dk
+are per-program partials finished by small kernels in a fixed order: deterministic, no
+atomics, no host synchronisation. The running statistics are returned (batch mean and
+unbiased variance) and folded into the buffers by the caller with in-place tensor ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .lif import (
+    _DTYPES,
+    _NO_FMA,
+    F_DECAY_INPUT,
+    F_DETACH_RESET,
+    F_GRAD_K,
+    F_GRAD_X,
+    F_HARD_RESET,
+    F_LEAK,
+    F_SAVE_CKPT,
+    F_SURROGATE_SHIFT,
+    SUM_BLOCK,
+    _charge,
+    _chunk,
+    _direct,
+    _grad_h,
+    _profiled,
+    _register,
+    _reset,
+    _scalars,
+    _sum_kernel,
+    _traced,
+    _wrap,
+    neuron_flags,
+)
+
+__all__ = ["bn_neuron", "ln_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd"]
+
+#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.lif`): batch statistics (training mode),
+#: gradients of the norm's weight and bias.
+F_BATCH_STATS, F_GRAD_WB = 1 << 13, 1 << 14
+
+_INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile(pid0, pid1, s_tiles, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Sample, position and channel offsets of program (pid0, pid1) and the tile's mask."""
+    b = (pid0 // s_tiles).to(tl.int64)
+    offs_s = (pid0 % s_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    mask = (offs_s < S)[:, None] & mask_c[None, :]
+    return b, offs_s, offs_c, mask_c, mask
+
+
+@triton.jit
+def _at(ptr, b, offs_s, offs_c, s_b, s_s, s_c):
+    """[BLOCK_S, BLOCK_C] pointers to element (b, c, s) of a strided [B, C, S] step."""
+    return ptr + b * s_b + offs_s.to(tl.int64)[:, None] * s_s + offs_c.to(tl.int64)[None, :] * s_c
+
+
+@triton.jit
+def _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Per-channel mean, rstd and the folded scale and shift: y = x * scale + shift."""
+    mean = tl.load(mean_ptr + offs_c, mask=mask_c, other=0.0)
+    rstd = tl.load(rstd_ptr + offs_c, mask=mask_c, other=1.0)
+    if HAS_W:
+        scale = rstd * tl.load(w_ptr + offs_c, mask=mask_c, other=1.0).to(tl.float32)
+    else:
+        scale = rstd
+    shift = -mean * scale
+    if HAS_B:
+        shift += tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    return mean, rstd, scale[None, :], shift[None, :]
+
+
+@triton.jit
+def _bn_apply(x, scale, shift):
+    # one rounding (fma) in both the forward and the backward's recomputation
+    return tl.math.fma(x, scale, shift)
+
+
+@triton.jit
+def _ln_rows(x, mask, C, eps, w, bias):
+    """Layer norm of each row of a [BLOCK_S, BLOCK_C] tile over its C channels: (y, xhat, rstd)."""
+    mean = tl.sum(x, axis=1) / C
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / C + eps)
+    xhat = xc * rstd[:, None]
+    return xhat * w[None, :] + bias[None, :], xhat, rstd
+
+
+@triton.jit
+def _ln_dx(gy, xhat, rstd, w, mask, C):
+    """Layer norm's dL/dx per row from dL/dy."""
+    wg = tl.where(mask, gy * w[None, :], 0.0)
+    c1 = tl.sum(wg * xhat, axis=1) / C
+    c2 = tl.sum(wg, axis=1) / C
+    return rstd[:, None] * (wg - xhat * c1[:, None] - c2[:, None])
+
+
+# ----------------------------------------------------------------------------
+# Batch norm kernels
+# ----------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_stats_kernel(
+    x_ptr,  # [T, B, C, S] input, element (t, b, c, s) at t*sx_t + b*sx_b + c*sx_c + s*sx_s
+    part_ptr,  # [G0, 3, C] fp32 out: per program count, mean, M2 of each channel
+    T,  # steps to read (1 for a stride-0 time axis)
+    C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    ns = tl.minimum(S - (pid0 % s_tiles) * BLOCK_S, BLOCK_S).to(tl.float32)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for t in range(T):
+        x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
+        mean_t = tl.sum(x, axis=0) / ns
+        d = tl.where(mask, x - mean_t[None, :], 0.0)
+        # Chan et al.: merge this step (ns values) into the t * ns before it
+        tf = tl.cast(t, tl.float32)
+        delta = mean_t - mean
+        mean += delta / (tf + 1.0)
+        m2 += tl.sum(d * d, axis=0) + delta * delta * (ns * tf / (tf + 1.0))
+    row = part_ptr + pid0.to(tl.int64) * 3 * C + offs_c
+    tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + ns * T, mask=mask_c)
+    tl.store(row + C, mean, mask=mask_c)
+    tl.store(row + 2 * C, m2, mask=mask_c)
+
+
+@triton.jit
+def _bn_stats_finish_kernel(
+    part_ptr,  # [G0, 3, C] fp32 partial count, mean, M2
+    mean_ptr,  # [C] fp32 out: batch mean
+    rstd_ptr,  # [C] fp32 out: 1 / sqrt(biased variance + eps)
+    var_ptr,  # [C] fp32 out: unbiased variance (for the running statistics)
+    G0, C, eps,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    n = tl.zeros([BLOCK_C], dtype=tl.float32)
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for r0 in range(0, G0, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        m = (rows < G0)[:, None] & mask_c[None, :]
+        base = part_ptr + rows.to(tl.int64)[:, None] * 3 * C + offs_c[None, :]
+        n_r = tl.load(base, mask=m, other=0.0)
+        mean_r = tl.load(base + C, mask=m, other=0.0)
+        m2_r = tl.load(base + 2 * C, mask=m, other=0.0)
+        n_b = tl.sum(n_r, axis=0)
+        mean_b = tl.sum(n_r * mean_r, axis=0) / tl.maximum(n_b, 1.0)
+        d = tl.where(m, mean_r - mean_b[None, :], 0.0)
+        m2_b = tl.sum(m2_r, axis=0) + tl.sum(n_r * d * d, axis=0)
+        n_ab = tl.maximum(n + n_b, 1.0)
+        delta = mean_b - mean
+        mean += delta * (n_b / n_ab)
+        m2 += m2_b + delta * delta * (n * n_b / n_ab)
+        n += n_b
+    tl.store(mean_ptr + offs_c, mean, mask=mask_c)
+    tl.store(rstd_ptr + offs_c, tl.rsqrt(m2 / tl.maximum(n, 1.0) + eps), mask=mask_c)
+    tl.store(var_ptr + offs_c, m2 / tl.maximum(n - 1.0, 1.0), mask=mask_c)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_neuron_fwd_kernel(
+    x_ptr,  # [T, B, C, S] input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (sx_t = 0: one input for every step)
+    mean_ptr,  # [C] fp32 mean used for normalising (batch or running)
+    rstd_ptr,  # [C] fp32 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
+    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    so_t, so_b, so_c, so_s,
+    k, v_threshold, v_reset,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    EXPANDED: tl.constexpr,
+    STORE_CKPT: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
+    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
+    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    NCK = tl.cast(B, tl.int64) * C * S
+    out_dtype = s_ptr.dtype.element_ty
+    if EXPANDED:
+        y_e = _bn_apply(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), scale, shift)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for c_iter in range(n_chunks):
+        c = tl.cast(c_iter, tl.int32)
+        t0 = c * CHUNK
+        if STORE_CKPT:
+            tl.store(ck_base + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
+        ys = ()
+        if not EXPANDED:
+            for j in tl.static_range(CHUNK):
+                m = mask & (t0 + j < T)
+                xj = tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32)
+                ys = ys + (_bn_apply(xj, scale, shift),)
+        for j in tl.static_range(CHUNK):
+            t = t0 + j
+            valid = t < T
+            if EXPANDED:
+                y = y_e
+            else:
+                y = ys[j]
+            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = (h - v_threshold) >= 0.0
+            tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
+                     mask=mask & valid)
+            v = tl.where(valid, _reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_neuron_bwd_kernel(
+    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s
+    mean_ptr,  # [C] fp32 mean the forward normalised with
+    rstd_ptr,  # [C] fp32 its 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
+    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s
+    sums_ptr,  # [2, C] fp32 per channel sum of dL/dy and of dL/dy * xhat (read in PASS 2 with BATCH_STATS)
+    gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
+    part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
+    gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    sg_t, sg_b, sg_c, sg_s,
+    sd_t, sd_b, sd_c, sd_s,
+    inv_n,  # 1 / (elements per channel)
+    k, v_threshold, v_reset, alpha,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    EXPANDED: tl.constexpr,
+    BATCH_STATS: tl.constexpr,
+    PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
+    STORE_GK: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, pid1, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    mean, rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
+    mean = mean[None, :]
+    rstd = rstd[None, :]
+    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    alpha = tl.cast(alpha, tl.float32)
+    one_minus_k = 1.0 - k
+    if PASS == 2:
+        if BATCH_STATS:
+            m_g = (tl.load(sums_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+            m_gx = (tl.load(sums_ptr + C + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
+    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    NCK = tl.cast(B, tl.int64) * C * S
+    out_dtype = gx_ptr.dtype.element_ty
+    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T; else PASS 1 sums
+    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    if EXPANDED:
+        x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
+        y_e = _bn_apply(x_e, scale, shift)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for cc in range(n_chunks):
+        c = n_chunks - 1 - tl.cast(cc, tl.int32)
+        t0 = c * CHUNK
+        v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
+        v_start = tl.where(c > 0, v_ck, v0)
+        # Recompute the chunk's charged states; issue every load before the first store.
+        v = v_start
+        hs = ()
+        xs = ()
+        ys = ()
+        gss = ()
+        for j in tl.static_range(CHUNK):
+            t64 = tl.cast(t0 + j, tl.int64)
+            m = mask & (t0 + j < T)
+            if EXPANDED:
+                y = y_e
+            else:
+                xj = tl.load(x_base + t64 * sx_t, mask=m, other=0.0).to(tl.float32)
+                xs = xs + (xj,)
+                y = _bn_apply(xj, scale, shift)
+            gss = gss + (tl.load(gs_base + t64 * sg_t, mask=m, other=0.0),)
+            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            hs = hs + (h,)
+            ys = ys + (y,)
+        for j in tl.static_range(CHUNK - 1, -1, -1):
+            t = t0 + j
+            valid = t < T
+            m = mask & valid
+            h = hs[j]
+            gh = _grad_h(h, gss[j].to(tl.float32), gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET,
+                         SURROGATE)
+            if LEAK and DECAY_INPUT:
+                gy = gh * k
+            else:
+                gy = gh
+            if EXPANDED:
+                acc_g += tl.where(m, gy, 0.0)
+            else:
+                xhat = (xs[j] - mean) * rstd
+                if PASS == 1:
+                    acc_g += tl.where(m, gy, 0.0)
+                    acc_gx += tl.where(m, gy * xhat, 0.0)
+                else:
+                    if BATCH_STATS:
+                        gx = scale * (gy - m_g - xhat * m_gx)
+                    else:
+                        gx = scale * gy
+                    tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+            if PASS == 1:
+                if STORE_GK:
+                    if j == 0:
+                        v_prev = v_start
+                    else:
+                        h_prev = hs[j - 1]
+                        v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+                    if DECAY_INPUT:
+                        dh_dk = ys[j] - (v_prev - v_r)
+                    else:
+                        dh_dk = v_r - v_prev
+                    gk += tl.where(m, gh * dh_dk, 0.0)
+            if LEAK:
+                gv_prev = gh * one_minus_k
+            else:
+                gv_prev = gh
+            gv = tl.where(valid, gv_prev, gv)
+    if EXPANDED:
+        xhat = (x_e - mean) * rstd
+        if PASS == 1:
+            acc_gx = tl.where(mask, acc_g * xhat, 0.0)
+        else:
+            if BATCH_STATS:
+                gx = scale * (acc_g - m_g - xhat * m_gx)
+            else:
+                gx = scale * acc_g
+            tl.store(gx_base, gx.to(out_dtype), mask=mask)
+    if PASS == 1:
+        row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
+        tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
+        tl.store(row + C, tl.sum(acc_gx, axis=0), mask=mask_c)
+        if STORE_GK:
+            tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
+
+
+@triton.jit
+def _col_sum_kernel(
+    part_ptr,  # [G0, L] fp32 partial sums
+    out_ptr,  # [L] fp32 out: the sum over G0, in a fixed order
+    G0, L,
+    BLOCK_R: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    mask_l = offs < L
+    acc = tl.zeros([BLOCK_R, BLOCK_L], dtype=tl.float32)
+    for r0 in range(0, G0, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        m = (rows < G0)[:, None] & mask_l[None, :]
+        acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * L + offs[None, :], mask=m, other=0.0)
+    tl.store(out_ptr + offs, tl.sum(acc, axis=0), mask=mask_l)
+
+
+# ----------------------------------------------------------------------------
+# Layer norm (over channels) kernels
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    if HAS_W:
+        w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(mask_c, 1.0, 0.0)
+    if HAS_B:
+        bias = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
+    return w, bias
+
+
+@triton.jit(do_not_specialize=["T"])
+def _ln_neuron_fwd_kernel(
+    x_ptr,  # [T, B, C, S] input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (sx_t = 0: one input for every step)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
+    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + ...
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    so_t, so_b, so_c, so_s,
+    eps, k, v_threshold, v_reset,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    EXPANDED: tl.constexpr,
+    STORE_CKPT: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
+    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
+    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    NCK = tl.cast(B, tl.int64) * C * S
+    out_dtype = s_ptr.dtype.element_ty
+    if EXPANDED:
+        y_e, _xh, _r = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for c_iter in range(n_chunks):
+        c = tl.cast(c_iter, tl.int32)
+        t0 = c * CHUNK
+        if STORE_CKPT:
+            tl.store(ck_base + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
+        xs = ()
+        if not EXPANDED:
+            for j in tl.static_range(CHUNK):
+                m = mask & (t0 + j < T)
+                xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32),)
+        for j in tl.static_range(CHUNK):
+            t = t0 + j
+            valid = t < T
+            if EXPANDED:
+                y = y_e
+            else:
+                y, _xh, _r = _ln_rows(xs[j], mask, C, eps, w, bias)
+            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = (h - v_threshold) >= 0.0
+            tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
+                     mask=mask & valid)
+            v = tl.where(valid, _reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _ln_neuron_bwd_kernel(
+    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
+    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + ...
+    gx_ptr,  # dL/dx out: [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
+    part_ptr,  # [G0, 2, C] fp32 out: per-program sums of dL/dy * xhat (dW) and dL/dy (dB)
+    gk_part_ptr,  # [G0] fp32 out: per-program partial dL/dk (STORE_GK)
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    sg_t, sg_b, sg_c, sg_s,
+    sd_t, sd_b, sd_c, sd_s,
+    eps, k, v_threshold, v_reset, alpha,
+    LEAK: tl.constexpr,
+    DECAY_INPUT: tl.constexpr,
+    HARD_RESET: tl.constexpr,
+    DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr,
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    EXPANDED: tl.constexpr,
+    STORE_GK: tl.constexpr,
+    NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    pid0 = tl.program_id(0)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
+    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    alpha = tl.cast(alpha, tl.float32)
+    one_minus_k = 1.0 - k
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
+    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    NCK = tl.cast(B, tl.int64) * C * S
+    out_dtype = gx_ptr.dtype.element_ty
+    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy (EXPANDED: per element, over T)
+    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy * xhat
+    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    if EXPANDED:
+        y_e, xhat_e, rstd_e = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for cc in range(n_chunks):
+        c = n_chunks - 1 - tl.cast(cc, tl.int32)
+        t0 = c * CHUNK
+        v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
+        v_start = tl.where(c > 0, v_ck, v0)
+        v = v_start
+        hs = ()
+        ys = ()
+        xhats = ()
+        rstds = ()
+        gss = ()
+        xs = ()
+        if not EXPANDED:
+            for j in tl.static_range(CHUNK):
+                m = mask & (t0 + j < T)
+                xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32),)
+        for j in tl.static_range(CHUNK):
+            m = mask & (t0 + j < T)
+            gss = gss + (tl.load(gs_base + tl.cast(t0 + j, tl.int64) * sg_t, mask=m, other=0.0),)
+        for j in tl.static_range(CHUNK):
+            if EXPANDED:
+                y = y_e
+            else:
+                y, xhat, rstd = _ln_rows(xs[j], mask, C, eps, w, bias)
+                xhats = xhats + (xhat,)
+                rstds = rstds + (rstd,)
+            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            hs = hs + (h,)
+            ys = ys + (y,)
+        for j in tl.static_range(CHUNK - 1, -1, -1):
+            t = t0 + j
+            valid = t < T
+            m = mask & valid
+            gh = _grad_h(hs[j], gss[j].to(tl.float32), gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET,
+                         SURROGATE)
+            if LEAK and DECAY_INPUT:
+                gy = gh * k
+            else:
+                gy = gh
+            gy = tl.where(m, gy, 0.0)
+            acc_g += gy
+            if not EXPANDED:
+                acc_gx += gy * xhats[j]
+                gx = _ln_dx(gy, xhats[j], rstds[j], w, mask, C)
+                tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+            if STORE_GK:
+                if j == 0:
+                    v_prev = v_start
+                else:
+                    h_prev = hs[j - 1]
+                    v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+                if DECAY_INPUT:
+                    dh_dk = ys[j] - (v_prev - v_r)
+                else:
+                    dh_dk = v_r - v_prev
+                gk += tl.where(m, gh * dh_dk, 0.0)
+            if LEAK:
+                gv_prev = gh * one_minus_k
+            else:
+                gv_prev = gh
+            gv = tl.where(valid, gv_prev, gv)
+    if EXPANDED:
+        acc_gx = acc_g * xhat_e
+        tl.store(gx_base, _ln_dx(acc_g, xhat_e, rstd_e, w, mask, C).to(out_dtype), mask=mask)
+    row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
+    tl.store(row, tl.sum(acc_gx, axis=0), mask=mask_c)
+    tl.store(row + C, tl.sum(acc_g, axis=0), mask=mask_c)
+    if STORE_GK:
+        tl.store(gk_part_ptr + pid0, tl.sum(tl.sum(gk, axis=1), axis=0))
+
+
+# ----------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------
+
+# Tiles: about TILE elements per program; positions along the unit stride for NCHW maps,
+# channels for channels-last maps. The backward keeps a chunk of states per element, so
+# it uses smaller tiles.
+FWD_TILE, FWD_WARPS = 1024, 4
+BWD_TILE, BWD_WARPS = 512, 4
+STATS_TILE, STATS_WARPS = 2048, 4
+FINISH_R, FINISH_C = 32, 32
+# Layer norm holds all C channels of BLOCK_S positions; tiles up to these many elements.
+LN_FWD_TILE, LN_BWD_TILE, LN_WARPS = 2048, 1024, 8
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _map(x: Tensor, T: int | None) -> tuple[Tensor, int, int, int, int, tuple[int, int, int, int]]:
+    """``(x, B, C, H, W, (st, sb, sc, ss))``: ``x`` addressed as [T, B, C, S] (st = 0 for
+    [B, C, H, W] input repeated over T); copies only layouts whose H, W do not fold into one run."""
+    if T is None:
+        _, B, C, H, W = x.shape
+    else:
+        B, C, H, W = x.shape
+    for _ in range(2):
+        if T is None:
+            st, sb, sc, sh, sw = x.stride()
+        else:
+            st, (sb, sc, sh, sw) = 0, x.stride()
+        if H == 1:
+            ss = sw
+        elif W == 1 or sh == W * sw:
+            ss = sw if W > 1 else sh
+        else:
+            x = x.contiguous()
+            continue
+        return x, B, C, H, W, (st, sb, sc, ss)
+    raise AssertionError("unreachable")
+
+
+def _strides(t: Tensor, expanded: bool) -> tuple[int, int, int, int]:
+    """(st, sb, sc, ss) of a tensor whose H, W fold into one run (outputs, gradients made so)."""
+    if expanded and t.dim() == 4:
+        sb, sc, sh, sw = t.stride()
+        st = 0
+    else:
+        st, sb, sc, sh, sw = t.stride()
+    H, W = t.shape[-2:]
+    return st, sb, sc, (sw if W > 1 else sh)
+
+
+def _like(x: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An empty [..., C, H, W] tensor in x's memory format (channels-last when x's channels are dense)."""
+    C, H, W = shape[-3:]
+    st = x.stride()
+    channels_last = C > 1 and H * W > 1 and st[-3] == 1
+    if channels_last:
+        lead = shape[:-3]
+        t = torch.empty((*lead, H, W, C), dtype=dtype, device=x.device)
+        return t.movedim(-1, -3)
+    return torch.empty(shape, dtype=dtype, device=x.device)
+
+
+def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
+    """dL/dS addressed as [T, B, C, S]; an odd layout is copied once."""
+    T, B, C, H, W = g.shape
+    st, sb, sc, sh, sw = g.stride()
+    if H > 1 and W > 1 and sh != W * sw:
+        g = g.contiguous()
+        st, sb, sc, sh, sw = g.stride()
+    return g, (st, sb, sc, sw if W > 1 else sh)
+
+
+def _bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
+    if cl:
+        block_c = min(_p2(C), 64)
+        return max(1, tile // block_c), block_c
+    block_s = min(_p2(S), tile)
+    return block_s, max(1, min(_p2(C), tile // block_s))
+
+
+def _neuron_consts(flags: int) -> dict:
+    return dict(LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
+                HARD_RESET=bool(flags & F_HARD_RESET))
+
+
+def _n_ckpt(T: int, flags: int) -> int:
+    chunk = _chunk(T)
+    return max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
+
+
+def _check_size(B: int, C: int, S: int) -> None:
+    if B * C * S > _INT32_MAX:
+        raise ValueError(f"a time step has {B * C * S} elements; the fused norm-neuron kernels support at most "
+                         f"{_INT32_MAX}")
+
+
+def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                 running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    expanded = x.dim() == 4
+    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
+    S = H * W
+    _check_size(B, C, S)
+    dev = x.device
+    spikes = _like(x, (T, B, C, H, W), x.dtype)
+    ckpt = torch.empty((_n_ckpt(T, flags), B, C, S), dtype=torch.float32, device=dev)
+    k, v_threshold, v_reset, _alpha, eps = params
+    batch = bool(flags & F_BATCH_STATS)
+    if batch:
+        mean = torch.empty(C, dtype=torch.float32, device=dev)
+        rstd = torch.empty(C, dtype=torch.float32, device=dev)
+        var = torch.empty(C, dtype=torch.float32, device=dev)
+    else:
+        mean = running_mean.to(torch.float32, copy=True)  # an op's output may not alias its input
+        rstd = torch.rsqrt(running_var.to(torch.float32) + eps)
+        var = torch.empty(0, dtype=torch.float32, device=dev)
+    if not launch or B * C * S == 0:
+        return spikes, mean, rstd, var, ckpt
+    cl = sc < ss
+    if batch:
+        bs, bc = _bn_tiles(C, S, cl, STATS_TILE)
+        s_tiles = triton.cdiv(S, bs)
+        g0 = B * s_tiles
+        part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
+        wrap(_bn_stats_kernel)[(g0, triton.cdiv(C, bc))](
+            xk, part, 1 if expanded else T, C, S, s_tiles, st, sb, sc, ss,
+            BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
+        wrap(_bn_stats_finish_kernel)[(triton.cdiv(C, FINISH_C),)](
+            part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
+    bs, bc = _bn_tiles(C, S, cl, FWD_TILE)
+    s_tiles = triton.cdiv(S, bs)
+    so = _strides(spikes, False)
+    wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, triton.cdiv(C, bc))](
+        xk, mean, rstd, weight, bias, k_tensor, spikes, ckpt,
+        T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
+        k, v_threshold, v_reset,
+        **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=_NO_FMA, CHUNK=_chunk(T),
+        BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS,
+    )
+    return spikes, mean, rstd, var, ckpt
+
+
+def _grads_out(xk: Tensor, weight: Tensor | None, k_tensor: Tensor | None, flags: int):
+    """Outputs of a backward; dL/dx in the layout of the (mapped) input ``xk``."""
+    dev = xk.device
+    need_x = bool(flags & F_GRAD_X)
+    need_wb = bool(flags & F_GRAD_WB) and weight is not None
+    need_k = bool(flags & F_GRAD_K) and k_tensor is not None
+    grad_x = torch.empty_like(xk) if need_x else torch.empty(0, dtype=xk.dtype, device=dev)
+    C = xk.shape[-3]
+    sums = torch.empty((2, C), dtype=torch.float32, device=dev)
+    grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
+    return need_x, need_wb, need_k, grad_x, sums, grad_k
+
+
+def _wb(sums: Tensor, weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
+        ib: int) -> tuple[Tensor, Tensor]:
+    """dL/dweight and dL/dbias (rows ``iw``, ``ib`` of the fp32 sums) in the parameters' dtypes; empty if not needed."""
+    empty = sums.new_empty(0)
+    if not need_wb:
+        return empty, empty
+    return sums[iw].to(weight.dtype), (sums[ib].to(bias.dtype) if bias is not None else empty)
+
+
+def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K)."""
+    expanded = x.dim() == 4
+    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
+    S = H * W
+    need_x, need_wb, need_k, grad_x, sums, grad_k = _grads_out(xk, weight, k_tensor, flags)
+    batch = bool(flags & F_BATCH_STATS)
+    if not launch or B * C * S == 0:
+        if launch:
+            sums.zero_()
+            grad_k.zero_()
+        return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
+    gs, sg = _grad_map(grad_spikes)
+    sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
+    cl = sc < ss
+    bs, bc = _bn_tiles(C, S, cl, BWD_TILE)
+    s_tiles = triton.cdiv(S, bs)
+    g0, g1 = B * s_tiles, triton.cdiv(C, bc)
+    k, v_threshold, v_reset, alpha, _eps = params
+    n = (1 if expanded else T) * B * S
+    common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
+                  SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
+                  HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, BATCH_STATS=batch,
+                  NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
+    args = (T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+    if batch or need_wb or need_k:
+        part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
+        gk_part = torch.empty((g0 * g1 if need_k else 1,), dtype=torch.float32, device=x.device)
+        wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums, grad_x, part, gk_part, *args,
+            PASS=1, STORE_GK=need_k, **common)
+        wrap(_col_sum_kernel)[(triton.cdiv(2 * C, 64),)](part, sums, g0, 2 * C, BLOCK_R=32, BLOCK_L=64, num_warps=4)
+        if need_k:
+            wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
+    if need_x:
+        wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums, grad_x, sums, sums, *args,
+            PASS=2, STORE_GK=False, **common)
+    return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
+
+
+def _ln_tiles(C: int, tile: int) -> tuple[int, int]:
+    block_c = _p2(C)
+    return max(1, tile // block_c), block_c
+
+
+def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
+                 params: list[float], flags: int, launch: bool, wrap=_direct) -> tuple[Tensor, Tensor]:
+    expanded = x.dim() == 4
+    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
+    S = H * W
+    _check_size(B, C, S)
+    spikes = _like(x, (T, B, C, H, W), x.dtype)
+    ckpt = torch.empty((_n_ckpt(T, flags), B, C, S), dtype=torch.float32, device=x.device)
+    if not launch or B * C * S == 0:
+        return spikes, ckpt
+    k, v_threshold, v_reset, _alpha, eps = params
+    bs, bc = _ln_tiles(C, LN_FWD_TILE)
+    s_tiles = triton.cdiv(S, bs)
+    so = _strides(spikes, False)
+    wrap(_ln_neuron_fwd_kernel)[(B * s_tiles,)](
+        xk, weight, bias, k_tensor, spikes, ckpt,
+        T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
+        eps, k, v_threshold, v_reset,
+        **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
+        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=_NO_FMA, CHUNK=_chunk(T),
+        BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
+    )
+    return spikes, ckpt
+
+
+def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
+                 grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
+                 wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    expanded = x.dim() == 4
+    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
+    S = H * W
+    # the kernel always writes dL/dx (the weight sums come with it)
+    _nx, need_wb, need_k, grad_x, sums, grad_k = _grads_out(xk, weight, k_tensor, flags | F_GRAD_X)
+    if not launch or B * C * S == 0:
+        if launch:
+            sums.zero_()
+            grad_k.zero_()
+        return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
+    gs, sg = _grad_map(grad_spikes)
+    sd = _strides(grad_x, expanded)
+    bs, bc = _ln_tiles(C, LN_BWD_TILE)
+    s_tiles = triton.cdiv(S, bs)
+    g0 = B * s_tiles
+    part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
+    gk_part = torch.empty((g0 if need_k else 1,), dtype=torch.float32, device=x.device)
+    k, v_threshold, v_reset, alpha, eps = params
+    wrap(_ln_neuron_bwd_kernel)[(g0,)](
+        xk, weight, bias, k_tensor, ckpt, gs, grad_x, part, gk_part,
+        T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps, k, v_threshold, v_reset, alpha,
+        **_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
+        SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
+        HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, STORE_GK=need_k,
+        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
+    )
+    if need_wb:
+        wrap(_col_sum_kernel)[(triton.cdiv(2 * C, 64),)](part, sums, g0, 2 * C, BLOCK_R=32, BLOCK_L=64, num_warps=4)
+    if need_k:
+        wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)
+    return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
+
+
+# ----------------------------------------------------------------------------
+# Operator registration
+# ----------------------------------------------------------------------------
+
+
+def _bn_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+            running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float],
+            flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(spikes, mean, rstd, unbiased var, checkpoints)``: batch statistics with F_BATCH_STATS
+    (var empty otherwise), else the running statistics; ``params = [k, v_threshold, v_reset, alpha, eps]``."""
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, _wrap)
+
+
+def _bn_fwd_fake(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags):
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, False)
+
+
+def _bn_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+            k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float],
+            flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, each empty unless asked for."""
+    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, True, _wrap)
+
+
+def _bn_bwd_fake(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags):
+    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, False)
+
+
+def _ln_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
+            params: list[float], flags: int) -> tuple[Tensor, Tensor]:
+    """``(spikes, checkpoints)``."""
+    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True, _wrap)
+
+
+def _ln_fwd_fake(x, weight, bias, k_tensor, T, params, flags):
+    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, False)
+
+
+def _ln_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
+            grad_spikes: Tensor, T: int, params: list[float], flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for."""
+    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, True, _wrap)
+
+
+def _ln_bwd_fake(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags):
+    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, False)
+
+
+bn_neuron_fwd = _register("snntrain::bn_neuron_fwd", _bn_fwd, _bn_fwd_fake)
+bn_neuron_bwd = _register("snntrain::bn_neuron_bwd", _bn_bwd, _bn_bwd_fake)
+ln_neuron_fwd = _register("snntrain::ln_neuron_fwd", _ln_fwd, _ln_fwd_fake)
+ln_neuron_bwd = _register("snntrain::ln_neuron_bwd", _ln_bwd, _ln_bwd_fake)
+
+
+def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tuple[int, bool, bool, bool, bool]:
+    need = ctx.needs_input_grad
+    nx, nw, nb, nk = need[i_x], need[i_w], need[i_b], need[i_k]
+    flags |= (F_GRAD_X if nx else 0) | (F_GRAD_WB if nw or nb else 0) | (F_GRAD_K if nk else 0)
+    return flags, nx, nw, nb, nk
+
+
+def _bn_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _rm, _rv, k_tensor, T, params, flags = inputs
+    _spikes, mean, rstd, var, ckpt = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd, ckpt, k_tensor)
+    ctx.T, ctx.params, ctx.flags = T, params, flags
+    ctx.mark_non_differentiable(mean, rstd, var, ckpt)
+
+
+def _bn_backward(ctx, grad_spikes, _gm, _gr, _gv, _gc, bwd=None):
+    x, weight, bias, mean, rstd, ckpt, k_tensor = ctx.saved_tensors
+    flags, nx, nw, nb, nk = _grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
+    if not (nx or nw or nb or nk):
+        return (None,) * 9
+    if grad_spikes is None:
+        grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
+    gx, gw, gb, gk = (bwd or bn_neuron_bwd)(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, ctx.T,
+                                            ctx.params, flags)
+    return (gx if nx else None, gw if nw else None, gb if nb else None, None, None, gk if nk else None,
+            None, None, None)
+
+
+def _ln_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, k_tensor, T, params, flags = inputs
+    _spikes, ckpt = output
+    ctx.save_for_backward(x, weight, bias, ckpt, k_tensor)
+    ctx.T, ctx.params, ctx.flags = T, params, flags
+    ctx.mark_non_differentiable(ckpt)
+
+
+def _ln_backward(ctx, grad_spikes, _gc, bwd=None):
+    x, weight, bias, ckpt, k_tensor = ctx.saved_tensors
+    flags, nx, nw, nb, nk = _grad_flags(ctx, ctx.flags, 0, 1, 2, 3)
+    if not (nx or nw or nb or nk):
+        return (None,) * 7
+    if grad_spikes is None:
+        grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
+    gx, gw, gb, gk = (bwd or ln_neuron_bwd)(x, weight, bias, ckpt, k_tensor, grad_spikes, ctx.T, ctx.params, flags)
+    return gx if nx else None, gw if nw else None, gb if nb else None, gk if nk else None, None, None, None
+
+
+bn_neuron_fwd.register_autograd(_bn_backward, setup_context=_bn_setup_context)
+ln_neuron_fwd.register_autograd(_ln_backward, setup_context=_ln_setup_context)
+
+
+def _eager_bn_bwd(*args):
+    with _profiled("snntrain::bn_neuron_bwd"):
+        return _bn_bwd_host(*args, launch=True)
+
+
+def _eager_ln_bwd(*args):
+    with _profiled("snntrain::ln_neuron_bwd"):
+        return _ln_bwd_host(*args, launch=True)
+
+
+class _EagerBNNeuron(torch.autograd.Function):
+    """The registered batch-norm ops' forward and backward without the operator machinery (eager
+    calls; see :mod:`snntrain.kernels.lif`). Profiler traces still show the operator names."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags):
+        with _profiled("snntrain::bn_neuron_fwd"):
+            out = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True)
+        _bn_setup_context(ctx, (x, weight, bias, running_mean, running_var, k_tensor, T, params, flags), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_spikes, gm, gr, gv, gc):
+        return _bn_backward(ctx, grad_spikes, gm, gr, gv, gc, bwd=_eager_bn_bwd)
+
+
+class _EagerLNNeuron(torch.autograd.Function):
+    """The registered layer-norm ops without the operator machinery (eager calls)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, k_tensor, T, params, flags):
+        with _profiled("snntrain::ln_neuron_fwd"):
+            out = _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True)
+        _ln_setup_context(ctx, (x, weight, bias, k_tensor, T, params, flags), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_spikes, gc):
+        return _ln_backward(ctx, grad_spikes, gc, bwd=_eager_ln_bwd)
+
+
+# ----------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------
+
+
+def _prepare(x: Tensor, steps: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
+    """``(T, flags, k, k_tensor)`` after checking the input."""
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; the fused norm-neuron kernels take float32, float16 or bfloat16 "
+                        "(use backend='torch' for other dtypes)")
+    if steps is None:
+        if x.dim() != 5:
+            raise ValueError(f"x has shape {tuple(x.shape)}; expected [T, B, C, H, W] (or [B, C, H, W] with steps)")
+        T = x.shape[0]
+    else:
+        if x.dim() != 4:
+            raise ValueError(f"x has shape {tuple(x.shape)}; with steps={steps} expected [B, C, H, W]")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps={steps!r} is not valid; it must be a positive int")
+        T = steps
+    flags, k, k_tensor = neuron_flags(neuron["kind"], neuron.get("tau", 2.0), neuron.get("w"),
+                                      neuron.get("v_reset", 0.0), neuron.get("decay_input", True),
+                                      neuron.get("detach_reset", False), neuron.get("surrogate", "sigmoid"))
+    return T, flags, k, k_tensor
+
+
+def _params(k: float, neuron: dict, eps: float) -> list[float]:
+    v_reset = neuron.get("v_reset", 0.0)
+    return [float(k), float(neuron.get("v_threshold", 1.0)), 0.0 if v_reset is None else float(v_reset),
+            float(neuron.get("alpha", 4.0)), float(eps)]
+
+
+def _needs_ckpt(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+              running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
+              steps: int | None = None, **neuron) -> Tensor:
+    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
+
+    ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``steps=T`` (the same input at every
+    step). Batch statistics when ``training`` or without running statistics (as
+    :class:`torch.nn.BatchNorm2d`); in training the running statistics are updated in place
+    with ``momentum`` (a float, or a 0-dim tensor such as ``1 / num_batches_tracked``).
+    ``neuron``: ``kind`` (``if``, ``lif``, ``plif``) and the options of
+    :func:`snntrain.kernels.lif.neuron_multistep` (``tau``, ``w``, ``v_threshold``,
+    ``v_reset``, ``decay_input``, ``detach_reset``, ``surrogate``, ``alpha``), validated already.
+    Differentiable in ``x``, ``weight``, ``bias`` and PLIF's ``w``.
+    """
+    T, flags, k, k_tensor = _prepare(x, steps, neuron)
+    batch = training or running_mean is None or running_var is None
+    if batch:
+        n = (1 if steps is not None else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
+        if n <= 1 and training:
+            raise ValueError(f"batch norm needs more than 1 value per channel in training, got input shape "
+                             f"{tuple(x.shape)}")
+        flags |= F_BATCH_STATS
+    if _needs_ckpt(x, weight, bias, k_tensor):
+        flags |= F_SAVE_CKPT
+    params = _params(k, neuron, eps)
+    fn = bn_neuron_fwd if _traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
+    spikes, mean, _rstd, var, _ckpt = fn(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
+    if training and running_mean is not None and running_var is not None:
+        with torch.no_grad():
+            running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+            running_var.lerp_(var.to(running_var.dtype), momentum)
+    return spikes
+
+
+def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, steps: int | None = None,
+              **neuron) -> Tensor:
+    """Spikes of ``neuron(layer_norm_over_channels(x))`` with the fused kernels; ``x`` and
+    ``neuron`` as in :func:`bn_neuron`. Differentiable in ``x``, ``weight``, ``bias`` and ``w``."""
+    T, flags, k, k_tensor = _prepare(x, steps, neuron)
+    if _needs_ckpt(x, weight, bias, k_tensor):
+        flags |= F_SAVE_CKPT
+    params = _params(k, neuron, eps)
+    fn = ln_neuron_fwd if _traced(x, weight, bias, k_tensor) else _EagerLNNeuron.apply
+    spikes, _ckpt = fn(x, weight, bias, k_tensor, T, params, flags)
+    return spikes

@@ -1,0 +1,98 @@
+"""A channel norm followed by a spiking neuron, fused under the Triton backend.
+
+In SEW-ResNet and the detector every convolution's output goes through a norm and then
+a neuron (conv -> norm -> neuron). :class:`NormNeuron` holds that norm
+(:class:`torch.nn.BatchNorm2d` or :class:`~snntrain.nn.norm.LayerNorm2d`) and neuron
+(:class:`~snntrain.nn.neurons.IF`, ``LIF``, ``PLIF``) as its submodules ``norm`` and
+``neuron``, so its state dict is theirs (``norm.weight``, ``norm.bias``,
+``norm.running_mean``, ``norm.running_var``, ``norm.num_batches_tracked``, and PLIF's
+``neuron.w``) under every backend. With ``backend`` ``triton`` (or ``auto`` on CUDA) it
+runs the fused kernels of :mod:`snntrain.kernels.norm_neuron`, which read the activation
+once per pass instead of three times; with ``torch`` it runs the norm and then the neuron,
+the reference. Batch norm keeps the semantics of :class:`torch.nn.BatchNorm2d` in both:
+training-mode batch statistics, running statistics updated with ``momentum`` (or the
+cumulative average when ``momentum`` is None) and ``num_batches_tracked``, eval mode
+with the running statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..backend import check_backend, use_triton
+from .neurons import BaseNeuron
+from .norm import LayerNorm2d
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class NormNeuron(nn.Module):
+    """``neuron(norm(x))`` over multi-step feature maps.
+
+    Args:
+        norm: a :class:`torch.nn.BatchNorm2d` or :class:`~snntrain.nn.norm.LayerNorm2d` over ``C`` channels.
+        neuron: the spiking neuron that follows it.
+        backend: ``auto``, ``torch`` or ``triton`` (switchable at any time, e.g. with
+            :func:`snntrain.nn.set_backend`; never changes the state dict).
+
+    ``forward(x)`` takes ``[T, B, C, H, W]``; ``forward(x, steps=T)`` takes ``[B, C, H, W]``
+    repeated over ``T`` steps (direct encoding of a static image): the norm sees each
+    element once, as when the stem's output is normalised before it is repeated.
+    Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
+    The neuron's ``store_v_seq`` monitoring runs the unfused path.
+    """
+
+    def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
+        super().__init__()
+        if not isinstance(norm, (nn.BatchNorm2d, LayerNorm2d)):
+            raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d or LayerNorm2d")
+        if not isinstance(neuron, BaseNeuron):
+            raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF or PLIF module")
+        self.norm = norm
+        self.neuron = neuron
+        self.backend = check_backend(backend)
+
+    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        if steps is None and x.dim() != 5:
+            raise ValueError(f"NormNeuron expects [T, B, C, H, W] input (or [B, C, H, W] with steps), got shape "
+                             f"{tuple(x.shape)}")
+        if steps is not None and x.dim() != 4:
+            raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
+        channels = self.norm.num_features if isinstance(self.norm, nn.BatchNorm2d) else self.norm.num_channels
+        if x.shape[-3] != channels:
+            raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
+                             f"was built for {channels}")
+        if use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq:
+            return self._fused(x, steps)
+        if steps is not None:
+            y = self.norm(x)
+            y = y.unsqueeze(0).expand(steps, *y.shape)
+        else:
+            y = self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        return self.neuron(y)
+
+    def _fused(self, x: torch.Tensor, steps: int | None) -> torch.Tensor:
+        from ..kernels import norm_neuron as K
+
+        p = self.neuron.params
+        neuron = dict(kind=p.kind, tau=p.tau, w=self.neuron._w(), v_threshold=p.v_threshold, v_reset=p.v_reset,
+                      decay_input=p.decay_input, detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
+        norm = self.norm
+        if isinstance(norm, LayerNorm2d):
+            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron)
+        # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
+        factor: float | torch.Tensor = 0.0 if norm.momentum is None else norm.momentum
+        if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
+            norm.num_batches_tracked.add_(1)
+            if norm.momentum is None:
+                factor = 1.0 / norm.num_batches_tracked
+        use_running = not norm.training or norm.track_running_stats
+        return K.bn_neuron(
+            x, norm.weight, norm.bias, norm.running_mean if use_running else None,
+            norm.running_var if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
+            steps=steps, **neuron,
+        )
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend}"
