@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from .fileio import atomic_path
 from .nn.neurons import BaseNeuron
+from .nn.norm_neuron import NormNeuron
 
 
 class FiringRateMonitor(L.Callback):
@@ -47,8 +48,11 @@ class FiringRateMonitor(L.Callback):
         self._counts.clear()
         if trainer.sanity_checking:
             return
+        fused = [name for name, m in pl_module.named_modules() if isinstance(m, NormNeuron)]
         for name, m in pl_module.named_modules():
-            if isinstance(m, BaseNeuron):
+            # a NormNeuron's spikes are its output (its neuron module is bypassed when fused)
+            inner = any(name.startswith(f + ".") for f in fused)
+            if isinstance(m, NormNeuron) or (isinstance(m, BaseNeuron) and not inner):
                 short = name.removeprefix("model.")
                 self._handles.append(m.register_forward_hook(partial(self._hook, short)))
 

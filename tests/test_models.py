@@ -74,7 +74,7 @@ def test_state_dict_keys_do_not_depend_on_backend():
 
 def test_zero_init_residual():
     m = tiny(zero_init_residual=True)
-    assert torch.count_nonzero(m.layer1[0].conv2[1].weight) == 0
+    assert torch.count_nonzero(m.layer1[0].sn2.norm.weight) == 0
 
 
 def test_build_model_from_config():

@@ -307,7 +307,8 @@ def _bn_neuron_bwd_kernel(
     k_ptr,  # [1] fp32 k, read when K_FROM_PTR
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
     gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s
-    sums_ptr,  # [2, C] fp32 per channel sum of dL/dy and of dL/dy * xhat (read in PASS 2 with BATCH_STATS)
+    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS)
+    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (read in PASS 2 with BATCH_STATS)
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
     part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
@@ -345,8 +346,8 @@ def _bn_neuron_bwd_kernel(
     one_minus_k = 1.0 - k
     if PASS == 2:
         if BATCH_STATS:
-            m_g = (tl.load(sums_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
-            m_gx = (tl.load(sums_ptr + C + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+            m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+            m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
@@ -447,21 +448,26 @@ def _bn_neuron_bwd_kernel(
 
 
 @triton.jit
-def _col_sum_kernel(
-    part_ptr,  # [G0, L] fp32 partial sums
-    out_ptr,  # [L] fp32 out: the sum over G0, in a fixed order
-    G0, L,
+def _pair_sum_kernel(
+    part_ptr,  # [G0, 2, C] fp32 partial sums
+    out0_ptr,  # [C] fp32 out: sum over G0 of part[:, 0], in a fixed order
+    out1_ptr,  # [C] fp32 out: sum over G0 of part[:, 1]
+    G0, C,
     BLOCK_R: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
-    offs = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
-    mask_l = offs < L
-    acc = tl.zeros([BLOCK_R, BLOCK_L], dtype=tl.float32)
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    acc0 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for r0 in range(0, G0, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
-        m = (rows < G0)[:, None] & mask_l[None, :]
-        acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * L + offs[None, :], mask=m, other=0.0)
-    tl.store(out_ptr + offs, tl.sum(acc, axis=0), mask=mask_l)
+        m = (rows < G0)[:, None] & mask_c[None, :]
+        base = part_ptr + rows.to(tl.int64)[:, None] * 2 * C + offs_c[None, :]
+        acc0 += tl.load(base, mask=m, other=0.0)
+        acc1 += tl.load(base + C, mask=m, other=0.0)
+    tl.store(out0_ptr + offs_c, tl.sum(acc0, axis=0), mask=mask_c)
+    tl.store(out1_ptr + offs_c, tl.sum(acc1, axis=0), mask=mask_c)
 
 
 # ----------------------------------------------------------------------------
@@ -821,18 +827,17 @@ def _grads_out(xk: Tensor, weight: Tensor | None, k_tensor: Tensor | None, flags
     need_k = bool(flags & F_GRAD_K) and k_tensor is not None
     grad_x = torch.empty_like(xk) if need_x else torch.empty(0, dtype=xk.dtype, device=dev)
     C = xk.shape[-3]
-    sums = torch.empty((2, C), dtype=torch.float32, device=dev)
+    sums = (torch.empty(C, dtype=torch.float32, device=dev), torch.empty(C, dtype=torch.float32, device=dev))
     grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
     return need_x, need_wb, need_k, grad_x, sums, grad_k
 
 
-def _wb(sums: Tensor, weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
+def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
         ib: int) -> tuple[Tensor, Tensor]:
-    """dL/dweight and dL/dbias (rows ``iw``, ``ib`` of the fp32 sums) in the parameters' dtypes; empty if not needed."""
-    empty = sums.new_empty(0)
+    """dL/dweight and dL/dbias (sums ``iw``, ``ib``, fp32) in the parameters' dtypes; empty if not needed."""
     if not need_wb:
-        return empty, empty
-    return sums[iw].to(weight.dtype), (sums[ib].to(bias.dtype) if bias is not None else empty)
+        return sums[0].new_empty(0), sums[0].new_empty(0)  # two tensors: an op's outputs may not alias
+    return sums[iw].to(weight.dtype), (sums[ib].to(bias.dtype) if bias is not None else sums[0].new_empty(0))
 
 
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
@@ -846,8 +851,8 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     batch = bool(flags & F_BATCH_STATS)
     if not launch or B * C * S == 0:
         if launch:
-            sums.zero_()
-            grad_k.zero_()
+            for t in (*sums, grad_k):
+                t.zero_()
         return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
@@ -866,14 +871,15 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
         part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
         gk_part = torch.empty((g0 * g1 if need_k else 1,), dtype=torch.float32, device=x.device)
         wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums, grad_x, part, gk_part, *args,
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, part, gk_part, *args,
             PASS=1, STORE_GK=need_k, **common)
-        wrap(_col_sum_kernel)[(triton.cdiv(2 * C, 64),)](part, sums, g0, 2 * C, BLOCK_R=32, BLOCK_L=64, num_warps=4)
+        wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
+                                                            BLOCK_C=FINISH_C, num_warps=4)
         if need_k:
             wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
     if need_x:
         wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums, grad_x, sums, sums, *args,
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, mean, mean, *args,
             PASS=2, STORE_GK=False, **common)
     return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
 
@@ -918,8 +924,8 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
     _nx, need_wb, need_k, grad_x, sums, grad_k = _grads_out(xk, weight, k_tensor, flags | F_GRAD_X)
     if not launch or B * C * S == 0:
         if launch:
-            sums.zero_()
-            grad_k.zero_()
+            for t in (*sums, grad_k):
+                t.zero_()
         return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded)
@@ -938,7 +944,8 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
         NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
     )
     if need_wb:
-        wrap(_col_sum_kernel)[(triton.cdiv(2 * C, 64),)](part, sums, g0, 2 * C, BLOCK_R=32, BLOCK_L=64, num_warps=4)
+        wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
+                                                            BLOCK_C=FINISH_C, num_warps=4)
     if need_k:
         wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)
     return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k

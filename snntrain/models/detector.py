@@ -47,8 +47,8 @@ class SpikingFPN(nn.Module):
     def __init__(self, in_channels: Sequence[int], channels: int, f: _Factory) -> None:
         super().__init__()
         self.lateral = nn.ModuleList(MultiStep(nn.Conv2d(c, channels, 1)) for c in in_channels)
-        self.output = nn.ModuleList(f.conv_norm(channels, channels, 3) for _ in in_channels)
-        self.neurons = nn.ModuleList(f.neuron() for _ in in_channels)
+        self.output = nn.ModuleList(f.conv(channels, channels, 3) for _ in in_channels)
+        self.neurons = nn.ModuleList(f.norm_neuron(channels) for _ in in_channels)
 
     def forward(self, feats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         lat = [conv(x) for conv, x in zip(self.lateral, feats)]
@@ -85,7 +85,7 @@ class FCOSHead(nn.Module):
         def tower() -> nn.Sequential:
             layers: list[nn.Module] = []
             for _ in range(num_convs):
-                layers += [f.conv_norm(channels, channels, 3), f.neuron()]
+                layers += [f.conv(channels, channels, 3), f.norm_neuron(channels)]
             return nn.Sequential(*layers)
 
         self.cls_tower = tower()

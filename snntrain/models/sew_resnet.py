@@ -1,8 +1,9 @@
 """Spike-Element-Wise ResNet (Fang et al., "Deep Residual Learning in Spiking Neural Networks", 2021).
 
 Multi-step throughout: every tensor between layers is ``[T, B, C, H, W]``. Convolutions
-and norms run on the folded ``[T * B, ...]`` batch (:class:`~snntrain.nn.layers.MultiStep`);
-the spiking neurons scan over T with the configured backend.
+run on the folded ``[T * B, ...]`` batch (:class:`~snntrain.nn.layers.MultiStep`); each is
+followed by a :class:`~snntrain.nn.norm_neuron.NormNeuron` (norm, then a spiking neuron
+scanning over T), fused into one Triton op under ``backend=triton``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..backend import check_backend
 from ..nn.layers import MultiStep, check_connect, sew_connect
 from ..nn.neurons import BaseNeuron, build_neuron
 from ..nn.norm import build_norm2d
+from ..nn.norm_neuron import NormNeuron
 from ..validation import positive_int
 
 STEMS = ("cifar", "imagenet")
@@ -35,9 +37,12 @@ class _Factory:
     def neuron(self) -> BaseNeuron:
         return build_neuron(**self.neuron_cfg, backend=self.backend)
 
-    def conv_norm(self, cin: int, cout: int, k: int, stride: int = 1) -> MultiStep:
-        conv = nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False)
-        return MultiStep(conv, build_norm2d(self.norm, cout, self.backend))
+    def conv(self, cin: int, cout: int, k: int, stride: int = 1) -> MultiStep:
+        return MultiStep(nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False))
+
+    def norm_neuron(self, channels: int) -> NormNeuron:
+        """The norm and neuron after a convolution (fused under the Triton backend)."""
+        return NormNeuron(build_norm2d(self.norm, channels, self.backend), self.neuron(), self.backend)
 
 
 class BasicBlock(nn.Module):
@@ -45,17 +50,17 @@ class BasicBlock(nn.Module):
 
     def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
         super().__init__()
-        self.conv1 = f.conv_norm(cin, planes, 3, stride)
-        self.sn1 = f.neuron()
-        self.conv2 = f.conv_norm(planes, planes, 3)
-        self.sn2 = f.neuron()
+        self.conv1 = f.conv(cin, planes, 3, stride)
+        self.sn1 = f.norm_neuron(planes)
+        self.conv2 = f.conv(planes, planes, 3)
+        self.sn2 = f.norm_neuron(planes)
         self.connect = connect
         self.downsample = None
         if stride != 1 or cin != planes:
-            self.downsample = nn.Sequential(f.conv_norm(cin, planes, 1, stride), f.neuron())
+            self.downsample = nn.Sequential(f.conv(cin, planes, 1, stride), f.norm_neuron(planes))
 
     def last_norm(self) -> nn.Module:
-        return self.conv2[1]
+        return self.sn2.norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn2(self.conv2(self.sn1(self.conv1(x))))
@@ -69,19 +74,19 @@ class Bottleneck(nn.Module):
     def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
         super().__init__()
         cout = planes * self.expansion
-        self.conv1 = f.conv_norm(cin, planes, 1)
-        self.sn1 = f.neuron()
-        self.conv2 = f.conv_norm(planes, planes, 3, stride)
-        self.sn2 = f.neuron()
-        self.conv3 = f.conv_norm(planes, cout, 1)
-        self.sn3 = f.neuron()
+        self.conv1 = f.conv(cin, planes, 1)
+        self.sn1 = f.norm_neuron(planes)
+        self.conv2 = f.conv(planes, planes, 3, stride)
+        self.sn2 = f.norm_neuron(planes)
+        self.conv3 = f.conv(planes, cout, 1)
+        self.sn3 = f.norm_neuron(cout)
         self.connect = connect
         self.downsample = None
         if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(f.conv_norm(cin, cout, 1, stride), f.neuron())
+            self.downsample = nn.Sequential(f.conv(cin, cout, 1, stride), f.norm_neuron(cout))
 
     def last_norm(self) -> nn.Module:
-        return self.conv3[1]
+        return self.sn3.norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.conv1(x))
@@ -151,16 +156,12 @@ class SEWResNet(nn.Module):
         block, layers = ARCHS[depth]
 
         if stem == "cifar":
-            self.stem = nn.Sequential(
-                nn.Conv2d(in_channels, width, 3, padding=1, bias=False), build_norm2d(norm, width, backend)
-            )
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False))
             self.pool = nn.Identity()
         else:
-            self.stem = nn.Sequential(
-                nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False), build_norm2d(norm, width, backend)
-            )
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False))
             self.pool = MultiStep(nn.MaxPool2d(3, stride=2, padding=1))
-        self.sn1 = f.neuron()
+        self.sn1 = f.norm_neuron(width)
 
         cin = width
         stages = []
@@ -195,16 +196,16 @@ class SEWResNet(nn.Module):
                         nn.init.zeros_(norm.weight)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Stem currents ``[T, B, C, H, W]``: direct encoding for ``[B, C, H, W]`` input.
+        """Stem spikes ``[T, B, C, H, W]``; direct encoding for ``[B, C, H, W]`` input.
 
-        A static image gives the same stem output at every step, so the stem runs once
-        and its output is repeated over T.
+        A static image gives the same stem convolution output at every step, so the
+        convolution runs once and its output is the input current at each of the T steps
+        (``steps`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
         """
         if x.dim() == 4:
-            y = self.stem(x)
-            return y.unsqueeze(0).expand(self.T, *y.shape)
+            return self.sn1(self.stem(x), steps=self.T)
         if x.dim() == 5:
-            return self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+            return self.sn1(self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
         raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
 
     @property
@@ -215,7 +216,7 @@ class SEWResNet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Spike maps ``[T, B, C, H, W]`` after each of the four stages."""
-        x = self.pool(self.sn1(self.encode(x)))
+        x = self.pool(self.encode(x))
         feats = []
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             x = stage(x)

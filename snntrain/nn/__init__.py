@@ -3,9 +3,11 @@
 from . import functional
 from .neurons import IF, LIF, PLIF, BaseNeuron, build_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
+from .norm_neuron import NormNeuron
 from .surrogate import SURROGATES, spike
 
 __all__ = [
-    "IF", "LIF", "NORMS", "PLIF", "BaseNeuron", "LayerNorm", "LayerNorm2d", "SURROGATES", "build_neuron",
+    "IF", "LIF", "NORMS", "PLIF", "BaseNeuron", "LayerNorm", "LayerNorm2d", "NormNeuron", "SURROGATES",
+    "build_neuron",
     "build_norm2d", "functional", "set_backend", "spike",
 ]
