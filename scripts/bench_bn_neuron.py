@@ -1,0 +1,312 @@
+"""Benchmark batch norm followed by a LIF neuron: fused (ours) against unfused and SpikingJelly 2.0.0.
+
+    python scripts/bench_bn_neuron.py --out DIR [--quick] [--budget SECONDS]
+
+Cases: the BN -> neuron layers of SEW-ResNet-18 on 224x224 ImageNet at batch 32 and
+T=4 (the stem's output is the same at every step: ``[B, C, H, W]`` repeated over T, a
+stride-0 time axis), and the CIFAR stem and first stage at 32x32, batch 128, T=4. Each
+case in fp32 and bf16 (bf16 activations with fp32 norm parameters, as under autocast), in
+contiguous NCHW and channels-last, in two modes, both in training mode (batch statistics,
+running statistics updated):
+
+* ``fwd``: forward under ``torch.no_grad()``;
+* ``fwd+bwd``: forward, then backward from a full random dL/dS tensor.
+
+Providers (every one runs BatchNorm2d(C) then LIF(tau=2, decay_input, v_threshold=1,
+hard reset to 0, detach_reset, atan surrogate), the SEW-ResNet default neuron):
+
+* ``ours-fused``: :class:`snntrain.nn.NormNeuron` with ``backend="triton"`` (the fused kernels);
+* ``bn+ours``: ``torch.nn.BatchNorm2d`` on the folded ``[T*B, C, H, W]`` batch (cuDNN or
+  PyTorch's native kernels) followed by our Triton LIF;
+* ``sj``: SpikingJelly's ``layer.BatchNorm2d`` + ``neuron.LIFNode`` (``step_mode="m"``,
+  ``SJ_LIF_CUDA_IMPLEMENTATION=triton``; 16-bit through its precision API), in a child process.
+
+Bytes (the ``bytes`` column, the same for every provider of a case) are those of the fused
+algorithm (see snntrain/kernels/norm_neuron.py): with ``X`` the input's bytes (counted
+once for the stride-0 stem) and ``E`` the bytes of a ``[T, B, C, H, W]`` tensor,
+``fwd`` = 2 X + E (statistics read X, the fused pass reads X and writes S) and
+``fwd+bwd`` = 5 X + 3 E (backward: two passes read X and dS, the second writes dX).
+``roofline`` = (bytes / copy bandwidth) / time, with the copy bandwidth (clone of 1 GiB)
+measured in the same run.
+
+Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+import bench_utils as bu  # noqa: E402
+
+NAME = "bench_bn_neuron"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+T = 4
+# (benchmark, label, B, C, H, W, stride-0 time axis, layers of this shape in the network)
+CASES = [
+    ("bn_neuron/sew18", "stem", 32, 64, 112, 112, True, 1),
+    ("bn_neuron/sew18", "layer1", 32, 64, 56, 56, False, 4),
+    ("bn_neuron/sew18", "layer2", 32, 128, 28, 28, False, 5),
+    ("bn_neuron/sew18", "layer3", 32, 256, 14, 14, False, 5),
+    ("bn_neuron/sew18", "layer4", 32, 512, 7, 7, False, 5),
+    ("bn_neuron/cifar", "stem", 128, 64, 32, 32, True, 1),
+    ("bn_neuron/cifar", "layer1", 128, 64, 32, 32, False, 4),
+]
+FORMATS = ("nchw", "cl")
+
+
+def neuron_kwargs():
+    return dict(tau=2.0, decay_input=True, v_threshold=1.0, v_reset=0.0, detach_reset=True, surrogate="atan")
+
+
+def case_bytes(B, C, H, W, expanded, itemsize, mode):
+    e = T * B * C * H * W * itemsize
+    x = e // T if expanded else e
+    return 2 * x + e if mode == "fwd" else 5 * x + 3 * e
+
+
+def shape_text(B, C, H, W, expanded):
+    return f"[{T},{B},{C},{H},{W}]" + (" exp" if expanded else "")
+
+
+def make_input(B, C, H, W, expanded, dtype, fmt, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (B, C, H, W) if expanded else (T * B, C, H, W)
+    x = torch.randn(shape, device="cuda", generator=g).to(dtype)
+    if fmt == "cl":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if not expanded:
+        x = x.unflatten(0, (T, B))
+    gs = torch.randn((T * B, C, H, W), device="cuda", generator=g).to(dtype)
+    if fmt == "cl":
+        gs = gs.contiguous(memory_format=torch.channels_last)
+    return x.requires_grad_(), gs.unflatten(0, (T, B))
+
+
+def time_fn(run, x, gs, quick):
+    """{mode: ms}; ``run(x)`` returns the spikes [T, B, C, H, W]."""
+    def fwd():
+        with torch.no_grad():
+            return run(x)
+
+    def fwd_bwd():
+        torch.autograd.backward(run(x), gs)
+
+    fwd()
+    fwd_bwd()
+    return {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
+
+
+def rows_for(provider, case, dname, fmt, times, note=""):
+    bench, label, B, C, H, W, expanded, _n = case
+    out = []
+    for mode, ms in times.items():
+        out.append(bu.Row(benchmark=bench, op=f"{label}-{fmt}", mode=mode, provider=provider, dtype=dname,
+                          shape=shape_text(B, C, H, W, expanded), ms=ms,
+                          bytes=case_bytes(B, C, H, W, expanded, DTYPES[dname].itemsize, mode), note=note))
+    return out
+
+
+def run_ours(quick: bool, deadline: float, skipped: list[str]) -> list[bu.Row]:
+    from torch import nn
+
+    from snntrain.nn import LIF, NormNeuron
+
+    rows = []
+    for case in CASES[:3] if quick else CASES:
+        _bench, label, B, C, H, W, expanded, _n = case
+        for dname, dtype in DTYPES.items():
+            for fmt in FORMATS:
+                if time.time() > deadline:
+                    skipped.append(f"ours {label} {dname} {fmt}: out of time budget")
+                    continue
+                x, gs = make_input(B, C, H, W, expanded, dtype, fmt)
+                steps = T if expanded else None
+                fused = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
+                bn = nn.BatchNorm2d(C).cuda()
+                lif = LIF(**neuron_kwargs(), backend="triton")
+                if fmt == "cl":
+                    fused, bn = fused.to(memory_format=torch.channels_last), bn.to(memory_format=torch.channels_last)
+
+                def unfused(x):
+                    if expanded:
+                        y = bn(x)
+                        return lif(y.unsqueeze(0).expand(T, *y.shape))
+                    return lif(bn(x.flatten(0, 1)).unflatten(0, (T, B)))
+
+                for provider, fn in (("ours-fused", lambda x: fused(x, steps=steps)), ("bn+ours", unfused)):
+                    try:
+                        rows += rows_for(provider, case, dname, fmt, time_fn(fn, x, gs, quick))
+                    except Exception as err:  # noqa: BLE001 - record and go on
+                        traceback.print_exc()
+                        skipped.append(f"{provider} {label} {dname} {fmt}: {type(err).__name__}: {err}"[:300])
+                del x, gs
+                torch.cuda.empty_cache()
+    return rows
+
+
+def sj_worker(quick: bool, out_path: Path) -> None:
+    result = {"rows": [], "skipped": [], "error": None}
+
+    def save():
+        tmp = out_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(out_path)
+
+    try:
+        from spikingjelly.activation_based import layer, neuron, surrogate
+    except Exception as err:  # noqa: BLE001 - any import failure means: skip SpikingJelly
+        result["error"] = f"spikingjelly not importable: {type(err).__name__}: {err}"
+        save()
+        return
+
+    def make(C, dtype):
+        bn = layer.BatchNorm2d(C, step_mode="m").cuda()
+        node = neuron.LIFNode(tau=2.0, decay_input=True, v_threshold=1.0, v_reset=0.0,
+                              surrogate_function=surrogate.ATan(), detach_reset=True, step_mode="m").cuda()
+        note = ""
+        if dtype != torch.float32:
+            from spikingjelly.activation_based.precision import PrecisionConfig, prepare_model_for_precision
+
+            node = prepare_model_for_precision(node, "cuda", PrecisionConfig(neuron_storage="bf16")).model
+            note = "precision API"
+        return bn, node, note
+
+    for case in CASES[:3] if quick else CASES:
+        _bench, label, B, C, H, W, expanded, _n = case
+        for dname, dtype in DTYPES.items():
+            for fmt in FORMATS:
+                try:
+                    bn, node, note = make(C, dtype)
+                    if fmt == "cl":
+                        bn = bn.to(memory_format=torch.channels_last)
+                    x, gs = make_input(B, C, H, W, expanded, dtype, fmt)
+
+                    def run(x):
+                        node.reset()
+                        if expanded:  # SpikingJelly's multi-step BN on the repeated stem output
+                            y = bn(x.unsqueeze(0).expand(T, *x.shape))
+                        else:
+                            y = bn(x)
+                        return node(y)
+
+                    result["rows"] += [asdict(r) for r in rows_for("sj", case, dname, fmt, time_fn(run, x, gs, quick),
+                                                                   note)]
+                except Exception as err:  # noqa: BLE001
+                    msg = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+                    result["skipped"].append(f"sj {label} {dname} {fmt}: {type(err).__name__}: {msg}")
+                torch.cuda.empty_cache()
+                save()
+    save()
+
+
+def run_sj(quick: bool, deadline: float, out: Path, skipped: list[str]) -> list[bu.Row]:
+    env = dict(os.environ, SJ_LIF_CUDA_IMPLEMENTATION="triton")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f".{NAME}-sj.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--worker-out", str(path), "--out", str(out)]
+    if quick:
+        cmd.append("--quick")
+    left = deadline - time.time()
+    if left < 20:
+        skipped.append("sj: out of time budget")
+        return []
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=left, capture_output=True, text=True)
+        if proc.returncode != 0:
+            skipped.append(f"sj: child exited with {proc.returncode}: "
+                           + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
+    except subprocess.TimeoutExpired:
+        skipped.append("sj: stopped at the time budget; kept the rows it had")
+    if not path.exists():
+        return []
+    result = json.loads(path.read_text())
+    path.unlink(missing_ok=True)
+    if result["error"]:
+        skipped.append(f"sj: {result['error']}")
+    skipped += result["skipped"]
+    return [bu.Row(**r) for r in result["rows"]]
+
+
+def compact(rows: list[bu.Row], copy_gbps: float) -> str:
+    """Markdown: ms per provider, our roofline fraction and speed-ups, per case, dtype, format, mode."""
+    by = {(r.benchmark, r.op, r.dtype, r.mode, r.provider): r for r in rows}
+    lines = [f"GPU: {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, T={T}", "",
+             "| case | format | dtype | mode | ours-fused ms | roofline | bn+ours ms | sj ms | vs bn+ours | vs sj |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r.benchmark, r.op, r.dtype, r.mode) for r in rows))
+    for bench, op, dtype, mode in keys:
+        ours = by.get((bench, op, dtype, mode, "ours-fused"))
+        base = by.get((bench, op, dtype, mode, "bn+ours"))
+        sj = by.get((bench, op, dtype, mode, "sj"))
+        if ours is None:
+            continue
+        label, fmt = op.rsplit("-", 1)
+        lines.append(
+            f"| {bench.split('/')[1]} {label} {ours.shape} | {fmt} | {dtype} | {mode} | {ours.ms:.3f} | "
+            f"{ours.roofline:.2f} | {base.ms if base else float('nan'):.3f} | {sj.ms if sj else float('nan'):.3f} | "
+            f"{(base.ms / ours.ms) if base else float('nan'):.2f}x | {(sj.ms / ours.ms) if sj else float('nan'):.2f}x |")
+    # whole-network totals (each layer shape times its count) for SEW-ResNet-18
+    lines += ["", "SEW-ResNet-18 (all 20 BN-neuron layers), training step fwd+bwd, ms:", "",
+              "| dtype | format | ours-fused | bn+ours | sj |", "|---|---|---|---|---|"]
+    for dtype in DTYPES:
+        for fmt in FORMATS:
+            tot = {}
+            for prov in ("ours-fused", "bn+ours", "sj"):
+                s, ok = 0.0, True
+                for bench, label, *_rest, n in CASES:
+                    if bench != "bn_neuron/sew18":
+                        continue
+                    r = by.get((bench, f"{label}-{fmt}", dtype, "fwd+bwd", prov))
+                    if r is None:
+                        ok = False
+                        break
+                    s += n * r.ms
+                tot[prov] = f"{s:.2f}" if ok else "-"
+            lines.append(f"| {dtype} | {fmt} | {tot['ours-fused']} | {tot['bn+ours']} | {tot['sj']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    def extra(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run")
+        p.add_argument("--no-sj", action="store_true", help="skip SpikingJelly")
+        p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+        p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+
+    args = bu.parse_args(__doc__.splitlines()[0], extra)
+    bu.device()
+    if args.worker:
+        sj_worker(args.quick, Path(args.worker_out))
+        return
+    deadline = time.time() + args.budget
+    copy_gbps = bu.copy_bandwidth()
+    print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
+    skipped: list[str] = []
+    rows = run_ours(args.quick, deadline - (0 if args.no_sj else 0.35 * args.budget), skipped)
+    if not args.no_sj:
+        rows += run_sj(args.quick, deadline, Path(args.out), skipped)
+    bu.finish(rows, copy_gbps, args.out, NAME, "BatchNorm2d + LIF")
+    md = compact(rows, copy_gbps)
+    if skipped:
+        md += "\n\nskipped:\n" + "\n".join(f"- {s}" for s in skipped)
+    Path(args.out, f"{NAME}.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
