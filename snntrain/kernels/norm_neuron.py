@@ -748,11 +748,23 @@ def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
     return g, (st, sb, sc, sw if W > 1 else sh)
 
 
+def _block_s(S: int, tile: int) -> int:
+    """Positions per tile for an NCHW map: the largest power of two (16 .. tile) that pads
+    S by at most 7%, else the one that pads least (56x56: 64, 28x28: 64, 14x14: 16)."""
+    if S <= 16:
+        return _p2(S)
+    cands = [b for b in (1 << k for k in range(4, tile.bit_length())) if b <= tile]
+    waste = {b: -(-S // b) * b / S - 1.0 for b in cands}
+    good = [b for b in cands if waste[b] <= 0.07]
+    return max(good) if good else min(cands, key=lambda b: (waste[b], -b))
+
+
 def _bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
     if cl:
         block_c = min(_p2(C), 64)
         return max(1, tile // block_c), block_c
-    block_s = min(_p2(S), tile)
+    block_s = _block_s(S, tile)
     return block_s, max(1, min(_p2(C), tile // block_s))
 
 
