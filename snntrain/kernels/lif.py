@@ -69,6 +69,7 @@ interpreted kernel cannot be traced into a graph; the kernels are the same.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -450,16 +451,26 @@ def _neuron_order(x: Tensor, v_init: Tensor | None) -> tuple[int, ...]:
     in memory order, ``x`` is read in place and every output and gradient is laid out like
     it, so the next convolution reads channels-last without a transpose. Forward and backward
     compute the same order from the same ``x``."""
-    shape, strides = x.shape[1:], x.stride()[1:]
+    key = (tuple(x.shape[1:]), tuple(x.stride()[1:]), None if v_init is None else tuple(v_init.shape))
+    try:
+        return _order_cached(*key)  # a few microseconds of host time per call, saved
+    except TypeError:  # symbolic sizes while tracing are not hashable
+        return _order(*key)
+
+
+def _order(shape, strides, v_init_shape) -> tuple[int, ...]:
     identity = tuple(range(len(shape)))
     if _single_stride(shape, strides) is not None:
         return identity
-    if v_init is not None and tuple(v_init.shape) != tuple(shape):
+    if v_init_shape is not None and v_init_shape != tuple(shape):
         return identity
     order = tuple(sorted(identity, key=lambda d: -strides[d] if shape[d] != 1 else 0))
     if _single_stride([shape[d] for d in order], [strides[d] for d in order]) is None:
         return identity
     return order
+
+
+_order_cached = functools.lru_cache(maxsize=1024)(_order)
 
 
 def _permuted(t: Tensor, order: tuple[int, ...], lead: int) -> Tensor:
