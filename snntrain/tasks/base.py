@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 
 from .. import __version__
 from ..models import build_model
@@ -71,6 +72,9 @@ class SpikingTask(L.LightningModule):
         return size != self._train_batch
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self.compile_mode in ("reduce-overhead", "max-autotune"):
+            # a new training iteration: the CUDA graphs may reuse the last step's output memory
+            torch.compiler.cudagraph_mark_step_begin()
         # every parameter group follows the same schedule: log the first one's rate
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
 
