@@ -363,3 +363,31 @@ def test_cuda_graph_capture(device):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager_x) and torch.equal(w.grad, eager_w)
+
+
+@pytest.mark.parametrize("expanded", [False, True], ids=["channels_last", "channels_last_expanded_time"])
+def test_channels_last_maps_stay_channels_last(expanded, device):
+    """[T, B, C, H, W] maps with C fastest are read in place, and the spikes, the membrane
+    and dL/dX come back in the same layout with the reference's values."""
+    T, B, C, H, W = 5, 2, 3, 4, 3
+    p = F.NeuronParams("lif", v_reset=None)
+
+    def channels_last(t):
+        return t.permute(0, 1, 4, 2, 3)  # storage [T, B, H, W, C] seen as [T, B, C, H, W]
+
+    if expanded:  # a static image's stem output repeated over T (direct encoding)
+        x, _ = _inputs((1, B, H, W, C), torch.float32, device, seed=12)
+        make_x = lambda t: channels_last(t).expand(T, B, C, H, W)  # noqa: E731
+    else:
+        x, _ = _inputs((T, B, H, W, C), torch.float32, device, seed=13)
+        make_x = channels_last
+    g_s = channels_last(_inputs((T, B, H, W, C), torch.float32, device, seed=14)[1])
+    v_init = _inputs((B, C, H, W), torch.float32, device, seed=15)[0]
+    assert not make_x(x).is_contiguous()
+    ref, got = _check(x, p, device, g_s=g_s, g_v=v_init * 0.5, g_q=g_s * 0.3, v_init=v_init, make_x=make_x)
+    out, grads = got
+    for t in (out.spikes, out.v_seq):
+        assert t.stride()[2] == 1, f"expected channels fastest, got strides {t.stride()}"
+    assert out.v_final.stride()[1] == 1
+    if not expanded:
+        assert grads["x"].stride() == x.stride()

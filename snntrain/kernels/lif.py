@@ -55,9 +55,12 @@ trace are read when they exist.
 Layouts: X is addressed as ``x[t, n] = x_ptr + t*stride_t + n*stride_n``, which covers
 contiguous tensors, a stride-0 (expanded) time axis, time-minor layouts such as a
 transposed ``[N, T]`` tensor, and inner dimensions that form one strided run (e.g.
-every other element). Other inner layouts are copied once. The gradient of the spikes
-uses the same addressing and has a scalar mode for a gradient that is constant over
-neurons. Outputs are contiguous.
+every other element). Inner dims that are dense in another order (channels-last maps,
+``[T, B, C, H, W]`` with C fastest) are read in place with the neurons numbered in memory
+order, and every output and gradient gets the input's layout (``_neuron_order``), so a
+channels-last network never transposes around a neuron. Other inner layouts are copied
+once. The gradient of the spikes uses the same addressing and has a scalar mode for a
+gradient that is constant over neurons. Outputs are otherwise contiguous.
 
 Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests without a
 GPU) the operators are registered with ``torch.library.custom_op`` instead, since an
@@ -66,6 +69,7 @@ interpreted kernel cannot be traced into a graph; the kernels are the same.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -454,8 +458,59 @@ def _single_stride(shape, strides) -> int | None:
     return 1 if s is None else s
 
 
-def _time_major(t: Tensor) -> tuple[Tensor, int, int]:
-    """``(tensor, stride_t, stride_n)`` addressing ``t`` ``[T, ...]`` as ``[T, N]``; copies only odd layouts."""
+def _neuron_order(x: Tensor, v_init: Tensor | None) -> tuple[int, ...]:
+    """The order of ``x``'s inner dims (dims 1..) in which the kernels number the neurons.
+
+    Row-major unless ``x``'s inner dims are dense in another order (a channels-last map
+    ``[T, B, C, H, W]`` with strides ``(., HWC, 1, WC, C)``): then the neurons are numbered
+    in memory order, ``x`` is read in place and every output and gradient is laid out like
+    it, so the next convolution reads channels-last without a transpose. Forward and backward
+    compute the same order from the same ``x``."""
+    key = (tuple(x.shape[1:]), tuple(x.stride()[1:]), None if v_init is None else tuple(v_init.shape))
+    try:
+        return _order_cached(*key)  # a few microseconds of host time per call, saved
+    except TypeError:  # symbolic sizes while tracing are not hashable
+        return _order(*key)
+
+
+def _order(shape, strides, v_init_shape) -> tuple[int, ...]:
+    identity = tuple(range(len(shape)))
+    if _single_stride(shape, strides) is not None:
+        return identity
+    if v_init_shape is not None and v_init_shape != tuple(shape):
+        return identity
+    order = tuple(sorted(identity, key=lambda d: -strides[d] if shape[d] != 1 else 0))
+    if _single_stride([shape[d] for d in order], [strides[d] for d in order]) is None:
+        return identity
+    return order
+
+
+_order_cached = functools.lru_cache(maxsize=1024)(_order)
+
+
+def _permuted(t: Tensor, order: tuple[int, ...], lead: int) -> Tensor:
+    """``t`` with its dims after the first ``lead`` permuted into ``order`` (a view)."""
+    if order == tuple(range(len(order))):
+        return t
+    return t.permute(*range(lead), *[lead + d for d in order])
+
+
+def _empty(shape, order: tuple[int, ...], lead: int, dtype: torch.dtype, dev) -> Tensor:
+    """An uninitialised tensor of ``shape`` whose dims after the first ``lead`` are laid out in ``order``."""
+    shape = list(shape)
+    if order == tuple(range(len(order))) or len(shape) != lead + len(order):
+        return torch.empty(shape, dtype=dtype, device=dev)
+    inner = shape[lead:]
+    t = torch.empty(shape[:lead] + [inner[d] for d in order], dtype=dtype, device=dev)
+    inverse = sorted(range(len(order)), key=lambda i: order[i])
+    return t.permute(*range(lead), *[lead + i for i in inverse])
+
+
+def _time_major(t: Tensor, order: tuple[int, ...] | None = None) -> tuple[Tensor, int, int]:
+    """``(tensor, stride_t, stride_n)`` addressing ``t`` ``[T, ...]`` as ``[T, N]`` with the neurons
+    numbered in ``order`` (row-major when None); copies only odd layouts."""
+    if order is not None:
+        t = _permuted(t, order, 1)
     if t.is_contiguous():
         return t, math.prod(t.shape[1:]), 1
     stride = t.stride()
@@ -490,16 +545,19 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
     return_membrane = bool(flags & F_RETURN_MEMBRANE)
     chunk = _chunk(T)
     n_ckpt = max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
-    spikes = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    order = _neuron_order(x, v_init)
+    spikes = _empty(x.shape, order, 1, x.dtype, dev)
     ckpt = torch.empty((n_ckpt, N), dtype=torch.float32, device=dev)
     if eager:
-        v_final = torch.empty(x.shape[1:], dtype=torch.float32, device=dev) if return_state else None
-        v_seq = torch.empty(x.shape, dtype=torch.float32, device=dev) if return_membrane else None
+        v_final = _empty(x.shape[1:], order, 0, torch.float32, dev) if return_state else None
+        v_seq = _empty(x.shape, order, 1, torch.float32, dev) if return_membrane else None
     else:
-        v_final = torch.empty(x.shape[1:] if return_state else (0,), dtype=torch.float32, device=dev)
-        v_seq = torch.empty(x.shape if return_membrane else (0,), dtype=torch.float32, device=dev)
+        v_final = _empty(x.shape[1:] if return_state else (0,), order, 0, torch.float32, dev)
+        v_seq = _empty(x.shape if return_membrane else (0,), order, 1, torch.float32, dev)
     if launch and N > 0:
-        xk, stride_xt, stride_xn = _time_major(x)
+        xk, stride_xt, stride_xn = _time_major(x, order)
+        if v_init is not None:
+            v_init = _permuted(v_init, order, 0).contiguous()
         k, v_threshold, v_reset, _alpha = params
         wrap(_neuron_fwd_kernel)[((N + FWD_BLOCK - 1) // FWD_BLOCK,)](
             xk, k_tensor, v_init,
@@ -522,14 +580,14 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
     need_x = bool(flags & F_GRAD_X)
     need_v = bool(flags & F_GRAD_V_INIT) and v_init is not None
     need_k = bool(flags & F_GRAD_K) and k_tensor is not None
+    order = _neuron_order(x, v_init)
+    # the kernel takes its output dtype from grad_x: always pass a tensor
+    grad_x = _empty(x.shape if need_x else (0,), order, 1, x.dtype, dev)
     if eager:
-        # the kernel takes its output dtype from grad_x: always pass a tensor
-        grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
-        grad_v_init = torch.empty(x.shape[1:], dtype=torch.float32, device=dev) if need_v else None
+        grad_v_init = _empty(x.shape[1:], order, 0, torch.float32, dev) if need_v else None
         grad_k = torch.empty(k_tensor.shape, dtype=torch.float32, device=dev) if need_k else None
     else:
-        grad_x = torch.empty(x.shape if need_x else (0,), dtype=x.dtype, device=dev)
-        grad_v_init = torch.empty(x.shape[1:] if need_v else (0,), dtype=torch.float32, device=dev)
+        grad_v_init = _empty(x.shape[1:] if need_v else (0,), order, 0, torch.float32, dev)
         grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
     if not launch:
         return grad_x, grad_v_init, grad_k
@@ -537,19 +595,22 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
         if need_k:
             grad_k.zero_()
         return grad_x, grad_v_init, grad_k
-    xk, stride_xt, stride_xn = _time_major(x)
+    xk, stride_xt, stride_xn = _time_major(x, order)
+    if v_init is not None:
+        v_init = _permuted(v_init, order, 0).contiguous()
     gs_mode, gs, stride_gt, stride_gn = 0, None, 0, 0
     if grad_spikes is not None:
-        gs, stride_gt, stride_gn = _time_major(grad_spikes)
+        gs, stride_gt, stride_gn = _time_major(grad_spikes, order)
         gs_mode = 2 if stride_gn == 0 else 1  # 2: one value per step (an expanded gradient)
     gvf, stride_gvf = None, 0
     if grad_v_final is not None:
-        gvf, stride_gvf = grad_v_final, _single_stride(grad_v_final.shape, grad_v_final.stride())
+        gvf = _permuted(grad_v_final, order, 0)
+        stride_gvf = _single_stride(gvf.shape, gvf.stride())
         if stride_gvf is None:
-            gvf, stride_gvf = grad_v_final.contiguous(), 1
+            gvf, stride_gvf = gvf.contiguous(), 1
     gq, stride_gqt, stride_gqn = None, 0, 0
     if grad_v_seq is not None:
-        gq, stride_gqt, stride_gqn = _time_major(grad_v_seq)
+        gq, stride_gqt, stride_gqn = _time_major(grad_v_seq, order)
     block, warps = (BWD_BLOCK, BWD_WARPS) if x.element_size() == 4 else (BWD16_BLOCK, BWD16_WARPS)
     grid_n = (N + block - 1) // block
     gk_part = torch.empty((grid_n,), dtype=torch.float32, device=dev) if need_k or not eager else None

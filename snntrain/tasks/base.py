@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 
 from .. import __version__
 from ..models import build_model
 from .optim import build_optimizer, build_scheduler
+from . import speed
+from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
 
 
 class SpikingTask(L.LightningModule):
@@ -17,6 +20,11 @@ class SpikingTask(L.LightningModule):
 
     ``backend`` (``auto``, ``torch`` or ``triton``) is how this process computes the
     spiking layers; it is not part of the model and not saved.
+
+    Speed settings from the config's top level (:mod:`snntrain.tasks.speed`): with
+    ``channels_last`` the model's weights are NHWC on CUDA; with ``compile`` the training
+    forward runs through ``torch.compile`` (validation and prediction stay eager), and a
+    last partial training batch is skipped so that shapes stay static.
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
@@ -25,8 +33,23 @@ class SpikingTask(L.LightningModule):
         self.config = config
         self.backend = backend
         self.model = build_model(config["model"], backend=backend)
+        self.channels_last = check_channels_last(config.get("channels_last", "auto"))
+        self.compile_mode = check_compile(config.get("compile"))
+        # Outside the module tree: the compiled wrapper shares the model's parameters, and
+        # checkpoints keep the model's own keys.
+        self.__dict__["_train_model"] = None
+        self._train_batch: int | None = None
+
+    def setup(self, stage: str) -> None:
+        if use_channels_last(self.channels_last, self.trainer.strategy.root_device):
+            to_channels_last(self.model)
+        if stage == "fit" and self.compile_mode is not None and self.__dict__["_train_model"] is None:
+            self.__dict__["_train_model"] = speed.compile_model(self.model, self.compile_mode)
 
     def forward(self, x):
+        compiled = self.__dict__["_train_model"]
+        if compiled is not None and self.training:
+            return compiled(x)
         return self.model(x)
 
     def configure_optimizers(self):
@@ -37,7 +60,21 @@ class SpikingTask(L.LightningModule):
         scheduler = build_scheduler(optimizer, task["scheduler"], total, max(1, total // epochs))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def partial_batch(self, batch) -> bool:
+        """With ``compile``, True for a training batch smaller than the first one (the last,
+        partial batch of an epoch), which the training step skips: shapes stay static, and a
+        new shape would compile (or capture) the step again."""
+        if self.compile_mode is None:
+            return False
+        size = len(batch[0])
+        if self._train_batch is None:
+            self._train_batch = size
+        return size != self._train_batch
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self.compile_mode in ("reduce-overhead", "max-autotune"):
+            # a new training iteration: the CUDA graphs may reuse the last step's output memory
+            torch.compiler.cudagraph_mark_step_begin()
         # every parameter group follows the same schedule: log the first one's rate
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
 

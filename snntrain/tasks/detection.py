@@ -88,7 +88,7 @@ class DetectionTask(SpikingTask):
         self._wider: dict[str, Any] | None = None  # per-level metrics, when the val set has difficulty lists
 
     def _losses(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
-        outputs = self.model(images)
+        outputs = self(images)
         assigned = self.model.targets(outputs, targets["boxes"], targets["labels"], targets["num_boxes"])
         return outputs, fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
 
@@ -98,7 +98,9 @@ class DetectionTask(SpikingTask):
             key = f"{stage}/{name}" if name != "loss" else f"{stage}/loss"
             self.log(key, value, on_step=on_step, on_epoch=True, prog_bar=name == "loss", batch_size=batch_size)
 
-    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
+        if self.partial_batch(batch):
+            return None  # skipped: static shapes under compile
         images, targets = batch
         _, losses = self._losses(images, targets)
         self._log_losses("train", losses, images.shape[0])

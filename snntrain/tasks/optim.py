@@ -29,7 +29,17 @@ def _param_groups(model: nn.Module, weight_decay: float, decay_norm_and_bias: bo
     ]
 
 
+def _fused(groups: list[dict[str, Any]]) -> dict[str, bool]:
+    """``fused=True`` when every parameter is a floating-point CUDA tensor: one kernel launch
+    per step instead of one per parameter (the foreach default elsewhere)."""
+    params = [p for g in groups for p in g["params"]]
+    if params and all(p.is_cuda and p.is_floating_point() for p in params):
+        return {"fused": True}
+    return {}
+
+
 def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+    """SGD or AdamW over ``model``'s parameters, fused on CUDA (build it after the model is moved)."""
     cfg = dict(cfg)
     name = cfg.pop("name", "adamw")
     lr = float(cfg.pop("lr", 1e-3))
@@ -39,10 +49,10 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Opt
     groups = _param_groups(model, weight_decay, bool(cfg.pop("decay_norm_and_bias", False)))
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=float(cfg.pop("momentum", 0.9)),
-                               nesterov=bool(cfg.pop("nesterov", False)))
+                               nesterov=bool(cfg.pop("nesterov", False)), **_fused(groups))
     if name == "adamw":
         betas = tuple(cfg.pop("betas", (0.9, 0.999)))
-        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, **_fused(groups))
     raise ValueError(f"optimizer.name={name!r} is not valid; choose one of {', '.join(OPTIMIZERS)}")
 
 

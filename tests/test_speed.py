@@ -1,0 +1,193 @@
+"""Training-step speed settings: channels-last and torch.compile keep results and checkpoints.
+
+CPU tests use small models and the ``aot_eager`` compile backend (AOTAutograd without
+code generation) besides one short CLI run with inductor; the GPU test (marked ``gpu``,
+skipped without CUDA) checks that compiled and CUDA-graph steps match the eager step.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from snntrain.cli import run
+from snntrain.models import SEWResNet
+from snntrain.tasks import TASKS
+from snntrain.tasks.optim import build_optimizer
+from snntrain.tasks.speed import check_channels_last, check_compile, compile_model, to_channels_last, use_channels_last
+
+NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoid"}
+
+
+def tiny(backend: str = "torch", **kw) -> SEWResNet:
+    torch.manual_seed(0)
+    args = dict(depth=18, num_classes=5, T=2, width=4, stem="imagenet", neuron=NEURON, backend=backend)
+    return SEWResNet(**{**args, **kw})
+
+
+def step(model, x, y, fn=None):
+    """Forward (through ``fn``, e.g. the compiled model, when given) and backward; ``model``'s gradients."""
+    model.zero_grad(set_to_none=True)
+    out = (model if fn is None else fn)(x)
+    loss = torch.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    return out.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error in norm: NHWC convolutions sum in another order, so a gradient's
+    elements may differ in the last bits (more where a sum cancels)."""
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def test_settings_are_checked():
+    assert check_compile(None) is None and check_compile("reduce-overhead") == "reduce-overhead"
+    for bad in ("fast", "Default", 1, True):
+        with pytest.raises(ValueError, match=r"compile=.*null \(eager\) or one of default, reduce-overhead"):
+            check_compile(bad)
+    assert check_channels_last("auto") == "auto" and check_channels_last(False) is False
+    with pytest.raises(ValueError, match="channels_last='yes' is not valid; choose auto"):
+        check_channels_last("yes")
+    assert use_channels_last("auto", "cpu") is False and use_channels_last("auto", "cuda") is True
+    assert use_channels_last(True, "cpu") is True
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_channels_last_same_results_row_major_state(backend):
+    """NHWC weights give the same outputs and gradients; the state-dict stays row-major."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 3, 16, 16, generator=g), torch.tensor([1, 3])
+    ref_model = tiny(backend)
+    nhwc = to_channels_last(copy.deepcopy(ref_model))
+    assert nhwc.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not nhwc.stem[0].weight.is_contiguous()
+    out0, loss0, g0 = step(ref_model, x, y)
+    out1, loss1, g1 = step(nhwc, x, y)
+    torch.testing.assert_close(out1, out0, rtol=1e-5, atol=1e-5)
+    for name in g0:
+        assert rel_err(g1[name], g0[name]) <= 1e-4, name
+    state = nhwc.state_dict()
+    assert list(state) == list(ref_model.state_dict())
+    assert all(t.is_contiguous() for t in state.values())
+    # and it loads back into a row-major model unchanged
+    fresh = tiny(backend)
+    fresh.load_state_dict(state)
+    torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
+
+
+def test_compiled_model_same_step_and_keys():
+    """A compiled model (AOTAutograd, no code generation on CPU) computes the eager step and saves the same keys."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(3, 3, 16, 16, generator=g), torch.tensor([0, 4, 2])
+    model = tiny()
+    keys = list(model.state_dict())
+    compiled = compile_model(model, "default", backend="aot_eager")
+    assert compile_model(model, None) is model
+    out0, loss0, g0 = step(model, x, y)
+    out1, loss1, g1 = step(model, x, y, compiled)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+    for name in g0:
+        assert rel_err(g1[name], g0[name]) <= 1e-5, name
+    assert list(model.state_dict()) == keys
+
+
+def test_fused_optimizer_only_on_cuda():
+    model = torch.nn.Linear(3, 2)
+    for name in ("sgd", "adamw"):
+        opt = build_optimizer(model, {"name": name, "lr": 0.1})
+        assert not opt.defaults.get("fused")
+    if torch.cuda.is_available():
+        opt = build_optimizer(model.cuda(), {"name": "sgd", "lr": 0.1})
+        assert opt.defaults["fused"]
+
+
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch):
+    """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
+    model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
+    from snntrain.tasks import speed
+
+    monkeypatch.setattr(speed, "compile_model", partial(compile_model, backend="aot_eager"))
+    torch._dynamo.reset()
+    overrides = ["backend=torch", "T=2", "model.width=4", "model.depth=18", "data.image_size=8",
+                 "data.batch_size=48", "data.val_fraction=0.9", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+                 "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=csv",
+                 "compile=default", f"paths.output_dir={tmp_path}"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    run(cfg)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    config = ckpt["hyper_parameters"]["config"]
+    assert config["compile"] == "default"
+    assert "val/acc" in ckpt["snntrain"]["metrics"]
+    expected = ["model." + k for k in tiny(width=4, num_classes=config["model"]["num_classes"]).state_dict()]
+    assert sorted(ckpt["state_dict"]) == sorted(expected)
+
+
+def test_partial_batch_skipped_only_when_compiled():
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model.width=4", "paths.output_dir=unused"])
+    config = OmegaConf.to_container(cfg, resolve=False)
+    config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
+    batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
+    eager = TASKS["classify"](config, backend="torch")
+    assert not any(eager.partial_batch(batch(n)) for n in (8, 5))
+    compiled = TASKS["classify"]({**config, "compile": "reduce-overhead"}, backend="torch")
+    assert [compiled.partial_batch(batch(n)) for n in (8, 8, 5)] == [False, False, True]
+    assert compiled.training_step(batch(5), 2) is None
+
+
+def test_bad_compile_setting_through_cli(tmp_path: Path):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["compile=fastest", "trainer.accelerator=cpu",
+                                                       f"paths.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="compile='fastest' is not valid"):
+        run(cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
+    """A channels-last SEW-ResNet step compiled (inductor) and CUDA-graph captured
+    (reduce-overhead) gives the eager step's loss and gradients within the dtype's tolerance."""
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    # loss (rtol, atol) and the gradients' relative error in norm, per precision: a spike that
+    # flips on a rounding difference changes a gradient locally, so elements are not compared
+    tol = {"fp32": (1e-4, 1e-5, 1e-3), "bf16": (2e-2, 2e-3, 5e-2), "fp16": (5e-3, 5e-4, 2e-2)}[precision]
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    # 64x64: the last stage's maps stay 2x2 (see README "Speed" on 1x1 maps under compile)
+    x = torch.randn(4, 3, 64, 64, generator=g).cuda()
+    y = torch.tensor([0, 1, 2, 3]).cuda()
+    base = to_channels_last(tiny("triton", width=8).cuda())
+    results = {}
+    for mode in (None, "default", "reduce-overhead"):
+        model = copy.deepcopy(base)
+        run_model = compile_model(model, mode)
+
+        def once(m=model, f=run_model):
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(f(x), y)
+            loss.backward()
+            return loss.detach().clone(), {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+
+        for _ in range(3):  # reduce-overhead records the graph on a later call, then replays it
+            loss, grads = once()
+        results[mode] = (loss, grads)
+        assert list(model.state_dict()) == list(base.state_dict())
+    loss0, g0 = results[None]
+    for mode in ("default", "reduce-overhead"):
+        loss, grads = results[mode]
+        torch.testing.assert_close(loss, loss0, rtol=tol[0], atol=tol[1], msg=f"{mode} loss")
+        for name in g0:
+            err = rel_err(grads[name], g0[name])
+            assert err <= tol[2], f"{mode} grad {name}: relative error {err:.2e} > {tol[2]}"
