@@ -57,12 +57,12 @@ def test_settings_are_checked():
     assert use_channels_last(True, "cpu") is True
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_channels_last_same_results_row_major_state(backend):
+@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"), ("triton", "batchnorm"), ("triton", "layernorm")])
+def test_channels_last_same_results_row_major_state(backend, norm):
     """NHWC weights give the same outputs and gradients; the state-dict stays row-major."""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(2, 3, 16, 16, generator=g), torch.tensor([1, 3])
-    ref_model = tiny(backend)
+    ref_model = tiny(backend, norm=norm)
     nhwc = to_channels_last(copy.deepcopy(ref_model))
     assert nhwc.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert not nhwc.stem[0].weight.is_contiguous()
@@ -75,7 +75,7 @@ def test_channels_last_same_results_row_major_state(backend):
     assert list(state) == list(ref_model.state_dict())
     assert all(t.is_contiguous() for t in state.values())
     # and it loads back into a row-major model unchanged
-    fresh = tiny(backend)
+    fresh = tiny(backend, norm=norm)
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
 
