@@ -107,7 +107,7 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
-def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch):
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
@@ -120,7 +120,9 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch):
                  "compile=default", f"paths.output_dir={tmp_path}"]
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    run(cfg)
+    with caplog.at_level("INFO", logger="snntrain"):
+        run(cfg)
+    assert "first training step with compile=default took" in caplog.text
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     config = ckpt["hyper_parameters"]["config"]
     assert config["compile"] == "default"
