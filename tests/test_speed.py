@@ -57,12 +57,12 @@ def test_settings_are_checked():
     assert use_channels_last(True, "cpu") is True
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_channels_last_same_results_row_major_state(backend):
+@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"), ("triton", "batchnorm"), ("triton", "layernorm")])
+def test_channels_last_same_results_row_major_state(backend, norm):
     """NHWC weights give the same outputs and gradients; the state-dict stays row-major."""
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(2, 3, 16, 16, generator=g), torch.tensor([1, 3])
-    ref_model = tiny(backend)
+    ref_model = tiny(backend, norm=norm)
     nhwc = to_channels_last(copy.deepcopy(ref_model))
     assert nhwc.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert not nhwc.stem[0].weight.is_contiguous()
@@ -75,7 +75,7 @@ def test_channels_last_same_results_row_major_state(backend):
     assert list(state) == list(ref_model.state_dict())
     assert all(t.is_contiguous() for t in state.values())
     # and it loads back into a row-major model unchanged
-    fresh = tiny(backend)
+    fresh = tiny(backend, norm=norm)
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
 
@@ -107,7 +107,7 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
-def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch):
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
@@ -120,7 +120,9 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch):
                  "compile=default", f"paths.output_dir={tmp_path}"]
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    run(cfg)
+    with caplog.at_level("INFO", logger="snntrain"):
+        run(cfg)
+    assert "first training step with compile=default took" in caplog.text
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     config = ckpt["hyper_parameters"]["config"]
     assert config["compile"] == "default"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import lightning as L
@@ -9,9 +11,11 @@ import torch
 
 from .. import __version__
 from ..models import build_model
-from .optim import build_optimizer, build_scheduler
 from . import speed
+from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
+
+log = logging.getLogger("snntrain")
 
 
 class SpikingTask(L.LightningModule):
@@ -39,6 +43,7 @@ class SpikingTask(L.LightningModule):
         # checkpoints keep the model's own keys.
         self.__dict__["_train_model"] = None
         self._train_batch: int | None = None
+        self._compile_started: float | None = None  # wall clock at the first compiled step
 
     def setup(self, stage: str) -> None:
         if use_channels_last(self.channels_last, self.trainer.strategy.root_device):
@@ -75,8 +80,20 @@ class SpikingTask(L.LightningModule):
         if self.compile_mode in ("reduce-overhead", "max-autotune"):
             # a new training iteration: the CUDA graphs may reuse the last step's output memory
             torch.compiler.cudagraph_mark_step_begin()
+        if self.compile_mode is not None and self._compile_started is None:
+            self._compile_started = time.perf_counter()
         # every parameter group follows the same schedule: log the first one's rate
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self._compile_started is not None and self._compile_started > 0:
+            # the first step compiles: report how long it took (one synchronisation, once)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - self._compile_started
+            self._compile_started = 0.0
+            log.info(f"snntrain: first training step with compile={self.compile_mode} took {seconds:.1f} s "
+                     "(compilation included)")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
