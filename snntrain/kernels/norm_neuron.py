@@ -206,6 +206,7 @@ def _bn_stats_finish_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
+    eps = tl.cast(eps, tl.float32)  # float arguments may arrive as fp64 from a compiled graph
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     n = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -343,6 +344,7 @@ def _bn_neuron_bwd_kernel(
     rstd = rstd[None, :]
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     alpha = tl.cast(alpha, tl.float32)
+    inv_n = tl.cast(inv_n, tl.float32)
     one_minus_k = 1.0 - k
     if PASS == 2:
         if BATCH_STATS:
@@ -517,6 +519,7 @@ def _ln_neuron_fwd_kernel(
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    eps = tl.cast(eps, tl.float32)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
@@ -585,6 +588,7 @@ def _ln_neuron_bwd_kernel(
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    eps = tl.cast(eps, tl.float32)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
