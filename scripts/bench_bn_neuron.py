@@ -10,7 +10,10 @@ contiguous NCHW and channels-last, in two modes, both in training mode (batch st
 running statistics updated):
 
 * ``fwd``: forward under ``torch.no_grad()``;
-* ``fwd+bwd``: forward, then backward from a full random dL/dS tensor.
+* ``fwd+bwd``: forward, then backward from a full random dL/dS tensor;
+
+each timed eagerly (host launch costs included) and as the replay of a CUDA graph of the
+same call (``... graph``: GPU time only, the number the roofline is about).
 
 Providers (every one runs BatchNorm2d(C) then LIF(tau=2, decay_input, v_threshold=1,
 hard reset to 0, detach_reset, atan surrogate), the SEW-ResNet default neuron):
@@ -96,18 +99,41 @@ def make_input(B, C, H, W, expanded, dtype, fmt, seed=0):
     return x.requires_grad_(), gs.unflatten(0, (T, B))
 
 
+def graph_ms(fn, quick):
+    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bu.bench_ms(graph.replay, quick)
+
+
 def time_fn(run, x, gs, quick):
-    """{mode: ms}; ``run(x)`` returns the spikes [T, B, C, H, W]."""
+    """{mode: ms}; ``run(x)`` returns the spikes [T, B, C, H, W]. Eager (host launches included) and
+    CUDA-graph replays (GPU time only; NaN where the provider cannot be captured)."""
     def fwd():
         with torch.no_grad():
             return run(x)
 
     def fwd_bwd():
+        x.grad = None
         torch.autograd.backward(run(x), gs)
 
     fwd()
     fwd_bwd()
-    return {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
+    out = {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
+    for mode, fn in (("fwd graph", fwd), ("fwd+bwd graph", fwd_bwd)):
+        try:
+            out[mode] = graph_ms(fn, quick)
+        except Exception:  # noqa: BLE001 - a provider that synchronises with the host cannot be captured
+            torch.cuda.synchronize()
+            out[mode] = float("nan")
+    return out
 
 
 def rows_for(provider, case, dname, fmt, times, note=""):
@@ -116,7 +142,8 @@ def rows_for(provider, case, dname, fmt, times, note=""):
     for mode, ms in times.items():
         out.append(bu.Row(benchmark=bench, op=f"{label}-{fmt}", mode=mode, provider=provider, dtype=dname,
                           shape=shape_text(B, C, H, W, expanded), ms=ms,
-                          bytes=case_bytes(B, C, H, W, expanded, DTYPES[dname].itemsize, mode), note=note))
+                          bytes=case_bytes(B, C, H, W, expanded, DTYPES[dname].itemsize, mode.split()[0]),
+                          note=note))
     return out
 
 
@@ -126,7 +153,7 @@ def run_ours(quick: bool, deadline: float, skipped: list[str]) -> list[bu.Row]:
     from snntrain.nn import LIF, NormNeuron
 
     rows = []
-    for case in CASES[:3] if quick else CASES:
+    for case in CASES:
         _bench, label, B, C, H, W, expanded, _n = case
         for dname, dtype in DTYPES.items():
             for fmt in FORMATS:
@@ -185,7 +212,7 @@ def sj_worker(quick: bool, out_path: Path) -> None:
             note = "precision API"
         return bn, node, note
 
-    for case in CASES[:3] if quick else CASES:
+    for case in CASES:
         _bench, label, B, C, H, W, expanded, _n = case
         for dname, dtype in DTYPES.items():
             for fmt in FORMATS:
@@ -262,22 +289,22 @@ def compact(rows: list[bu.Row], copy_gbps: float) -> str:
             f"{(base.ms / ours.ms) if base else float('nan'):.2f}x | {(sj.ms / ours.ms) if sj else float('nan'):.2f}x |")
     # whole-network totals (each layer shape times its count) for SEW-ResNet-18
     lines += ["", "SEW-ResNet-18 (all 20 BN-neuron layers), training step fwd+bwd, ms:", "",
-              "| dtype | format | ours-fused | bn+ours | sj |", "|---|---|---|---|---|"]
-    for dtype in DTYPES:
-        for fmt in FORMATS:
-            tot = {}
-            for prov in ("ours-fused", "bn+ours", "sj"):
-                s, ok = 0.0, True
-                for bench, label, *_rest, n in CASES:
-                    if bench != "bn_neuron/sew18":
-                        continue
-                    r = by.get((bench, f"{label}-{fmt}", dtype, "fwd+bwd", prov))
-                    if r is None:
-                        ok = False
-                        break
-                    s += n * r.ms
-                tot[prov] = f"{s:.2f}" if ok else "-"
-            lines.append(f"| {dtype} | {fmt} | {tot['ours-fused']} | {tot['bn+ours']} | {tot['sj']} |")
+              "| timing | dtype | format | ours-fused | bn+ours | sj |", "|---|---|---|---|---|---|"]
+    for mode, dtype, fmt in ((m, d, f) for m in ("fwd+bwd", "fwd+bwd graph") for d in DTYPES for f in FORMATS):
+        tot = {}
+        for prov in ("ours-fused", "bn+ours", "sj"):
+            s, ok = 0.0, True
+            for bench, label, *_rest, n in CASES:
+                if bench != "bn_neuron/sew18":
+                    continue
+                r = by.get((bench, f"{label}-{fmt}", dtype, mode, prov))
+                if r is None:
+                    ok = False
+                    break
+                s += n * r.ms
+            tot[prov] = f"{s:.2f}" if ok else "-"
+        lines.append(f"| {'graph' if 'graph' in mode else 'eager'} | {dtype} | {fmt} | {tot['ours-fused']} | "
+                         f"{tot['bn+ours']} | {tot['sj']} |")
     return "\n".join(lines)
 
 

@@ -115,6 +115,18 @@ def _tile(pid0, pid1, s_tiles, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexp
 
 
 @triton.jit
+def _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S: tl.constexpr):
+    """Tile ``i`` of the ``TPP`` consecutive position tiles of program ``pid0`` (``groups`` per sample):
+    sample, position offsets, mask (empty past the last tile) and number of valid positions."""
+    b = (pid0 // groups).to(tl.int64)
+    s0 = ((pid0 % groups) * TPP + i) * BLOCK_S
+    offs_s = s0 + tl.arange(0, BLOCK_S)
+    mask = (offs_s < S)[:, None] & mask_c[None, :]
+    ns = tl.maximum(tl.minimum(S - s0, BLOCK_S), 0).to(tl.float32)
+    return b, offs_s, mask, ns
+
+
+@triton.jit
 def _at(ptr, b, offs_s, offs_c, s_b, s_s, s_c):
     """[BLOCK_S, BLOCK_C] pointers to element (b, c, s) of a strided [B, C, S] step."""
     return ptr + b * s_b + offs_s.to(tl.int64)[:, None] * s_s + offs_c.to(tl.int64)[None, :] * s_c
@@ -165,33 +177,39 @@ def _ln_dx(gy, xhat, rstd, w, mask, C):
 # ----------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "TPP"])
 def _bn_stats_kernel(
     x_ptr,  # [T, B, C, S] input, element (t, b, c, s) at t*sx_t + b*sx_b + c*sx_c + s*sx_s
     part_ptr,  # [G0, 3, C] fp32 out: per program count, mean, M2 of each channel
     T,  # steps to read (1 for a stride-0 time axis)
-    C, S, s_tiles,
+    C, S,
+    groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
+    TPP,  # position tiles per program
     sx_t, sx_b, sx_c, sx_s,
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
-    ns = tl.minimum(S - (pid0 % s_tiles) * BLOCK_S, BLOCK_S).to(tl.float32)
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    n = tl.cast(0.0, tl.float32)
     mean = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for t in range(T):
-        x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
-        mean_t = tl.sum(x, axis=0) / ns
-        d = tl.where(mask, x - mean_t[None, :], 0.0)
-        # Chan et al.: merge this step (ns values) into the t * ns before it
-        tf = tl.cast(t, tl.float32)
-        delta = mean_t - mean
-        mean += delta / (tf + 1.0)
-        m2 += tl.sum(d * d, axis=0) + delta * delta * (ns * tf / (tf + 1.0))
+    for i in range(TPP):
+        b, offs_s, mask, ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+        x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+        for t in range(T):
+            x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
+            mean_t = tl.sum(x, axis=0) / tl.maximum(ns, 1.0)
+            d = tl.where(mask, x - mean_t[None, :], 0.0)
+            # Chan et al.: merge this step's ns values into the n before it
+            n_ab = tl.maximum(n + ns, 1.0)
+            delta = mean_t - mean
+            mean += delta * (ns / n_ab)
+            m2 += tl.sum(d * d, axis=0) + delta * delta * (n * ns / n_ab)
+            n += ns
     row = part_ptr + pid0.to(tl.int64) * 3 * C + offs_c
-    tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + ns * T, mask=mask_c)
+    tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + n, mask=mask_c)
     tl.store(row + C, mean, mask=mask_c)
     tl.store(row + 2 * C, m2, mask=mask_c)
 
@@ -206,6 +224,7 @@ def _bn_stats_finish_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
+    eps = tl.cast(eps, tl.float32)  # float arguments may arrive as fp64 from a compiled graph
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     n = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -297,7 +316,7 @@ def _bn_neuron_fwd_kernel(
             v = tl.where(valid, _reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "TPP"])
 def _bn_neuron_bwd_kernel(
     x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s
     mean_ptr,  # [C] fp32 mean the forward normalised with
@@ -312,7 +331,9 @@ def _bn_neuron_bwd_kernel(
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
     part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
-    T, B, C, S, s_tiles,
+    T, B, C, S,
+    groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
+    TPP,  # position tiles per program (fewer partial sums to finish)
     sx_t, sx_b, sx_c, sx_s,
     sg_t, sg_b, sg_c, sg_s,
     sd_t, sd_b, sd_c, sd_s,
@@ -337,28 +358,60 @@ def _bn_neuron_bwd_kernel(
 ):
     pid0 = tl.program_id(0)
     pid1 = tl.program_id(1)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0, pid1, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
     mean, rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     mean = mean[None, :]
     rstd = rstd[None, :]
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     alpha = tl.cast(alpha, tl.float32)
+    inv_n = tl.cast(inv_n, tl.float32)
     one_minus_k = 1.0 - k
+    m_g = mean  # placeholders outside PASS 2
+    m_gx = mean
     if PASS == 2:
         if BATCH_STATS:
             m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
             m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+    NCK = tl.cast(B, tl.int64) * C * S
+    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # PASS 1: sums of dL/dy and dL/dy * xhat
+    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    for i in range(TPP):
+        b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+        acc_g, acc_gx, gk = _bn_bwd_tile(
+            x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
+            m_g, m_gx, T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+            k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, NO_FMA,
+            CHUNK, BLOCK_S, BLOCK_C)
+    if PASS == 1:
+        row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
+        tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
+        tl.store(row + C, tl.sum(acc_gx, axis=0), mask=mask_c)
+        if STORE_GK:
+            tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
+
+
+@triton.jit
+def _bn_bwd_tile(
+    x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift, m_g, m_gx,
+    T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+    k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, PASS: tl.constexpr,
+    STORE_GK: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
     ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T; else PASS 1 sums
-    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
     if EXPANDED:
         x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
         y_e = _bn_apply(x_e, scale, shift)
@@ -400,7 +453,7 @@ def _bn_neuron_bwd_kernel(
             else:
                 gy = gh
             if EXPANDED:
-                acc_g += tl.where(m, gy, 0.0)
+                g_sum += tl.where(m, gy, 0.0)
             else:
                 xhat = (xs[j] - mean) * rstd
                 if PASS == 1:
@@ -432,19 +485,15 @@ def _bn_neuron_bwd_kernel(
     if EXPANDED:
         xhat = (x_e - mean) * rstd
         if PASS == 1:
-            acc_gx = tl.where(mask, acc_g * xhat, 0.0)
+            acc_g += g_sum
+            acc_gx += tl.where(mask, g_sum * xhat, 0.0)
         else:
             if BATCH_STATS:
-                gx = scale * (acc_g - m_g - xhat * m_gx)
+                gx = scale * (g_sum - m_g - xhat * m_gx)
             else:
-                gx = scale * acc_g
+                gx = scale * g_sum
             tl.store(gx_base, gx.to(out_dtype), mask=mask)
-    if PASS == 1:
-        row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
-        tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
-        tl.store(row + C, tl.sum(acc_gx, axis=0), mask=mask_c)
-        if STORE_GK:
-            tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
+    return acc_g, acc_gx, gk
 
 
 @triton.jit
@@ -517,6 +566,7 @@ def _ln_neuron_fwd_kernel(
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    eps = tl.cast(eps, tl.float32)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
@@ -585,6 +635,7 @@ def _ln_neuron_bwd_kernel(
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    eps = tl.cast(eps, tl.float32)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
@@ -683,7 +734,9 @@ def _ln_neuron_bwd_kernel(
 FWD_TILE, FWD_WARPS = 1024, 4
 BWD_TILE, BWD_WARPS = 512, 4
 STATS_TILE, STATS_WARPS = 2048, 4
-FINISH_R, FINISH_C = 32, 32
+FINISH_R, FINISH_C = 64, 16
+# Programs per SM kept by the kernels that write partial sums (see _groups).
+PROGRAMS_PER_SM = 8
 # Layer norm holds all C channels of BLOCK_S positions; tiles up to these many elements.
 LN_FWD_TILE, LN_BWD_TILE, LN_WARPS = 2048, 1024, 8
 
@@ -759,6 +812,25 @@ def _block_s(S: int, tile: int) -> int:
     return max(good) if good else min(cands, key=lambda b: (waste[b], -b))
 
 
+_SM_COUNT: dict[int, int] = {}
+
+
+def _groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tuple[int, int]:
+    """``(groups, TPP)``: each program of a kernel that writes per-program partial sums takes TPP
+    consecutive position tiles, so that about ``PROGRAMS_PER_SM`` programs per SM remain and the
+    finishing kernel has few rows to add."""
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        if idx not in _SM_COUNT:
+            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        sms = _SM_COUNT[idx]
+    else:
+        sms = 1
+    s_tiles = triton.cdiv(S, block_s)
+    tpp = max(1, min(s_tiles, (B * s_tiles * g1) // (PROGRAMS_PER_SM * sms)))
+    return triton.cdiv(s_tiles, tpp), tpp
+
+
 def _bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
     if cl:
@@ -809,11 +881,11 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     cl = sc < ss
     if batch:
         bs, bc = _bn_tiles(C, S, cl, STATS_TILE)
-        s_tiles = triton.cdiv(S, bs)
-        g0 = B * s_tiles
+        groups, tpp = _groups(B, S, bs, triton.cdiv(C, bc), dev)
+        g0 = B * groups
         part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
         wrap(_bn_stats_kernel)[(g0, triton.cdiv(C, bc))](
-            xk, part, 1 if expanded else T, C, S, s_tiles, st, sb, sc, ss,
+            xk, part, 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
             BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
         wrap(_bn_stats_finish_kernel)[(triton.cdiv(C, FINISH_C),)](
             part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
@@ -870,15 +942,16 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
     cl = sc < ss
     bs, bc = _bn_tiles(C, S, cl, BWD_TILE)
-    s_tiles = triton.cdiv(S, bs)
-    g0, g1 = B * s_tiles, triton.cdiv(C, bc)
+    g1 = triton.cdiv(C, bc)
+    groups, tpp = _groups(B, S, bs, g1, x.device)
+    g0 = B * groups
     k, v_threshold, v_reset, alpha, _eps = params
     n = (1 if expanded else T) * B * S
     common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
                   SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
                   HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, BATCH_STATS=batch,
                   NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
-    args = (T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+    args = (T, B, C, S, groups, tpp, st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
     if batch or need_wb or need_k:
         part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
         gk_part = torch.empty((g0 * g1 if need_k else 1,), dtype=torch.float32, device=x.device)
