@@ -9,7 +9,8 @@ same weights and batch:
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``detector``: the default ``task=detect`` model on a ``faces`` batch, FCOS loss, AdamW.
 
-Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-eager-nchw``,
+Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-eager-unfused`` (the
+same without the fused norm-neuron op: ``NormNeuron.fused = False``), ``snntrain-eager-nchw``,
 ``snntrain-compile`` and ``snntrain-reduce-overhead`` (``torch.compile`` of the model; the
 second captures forward and backward in CUDA graphs), ``snntrain-torch`` (the PyTorch
 reference backend), and SpikingJelly 2.0.0's ``sew_resnet18`` in a child process per
@@ -53,7 +54,8 @@ CASES = {
 }
 T, CLASSES = 4, 10
 NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoid"}
-PROVIDERS = ("snntrain-eager", "snntrain-eager-nchw", "snntrain-compile", "snntrain-reduce-overhead",
+PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-compile",
+             "snntrain-reduce-overhead",
              "snntrain-torch", "spikingjelly")
 KINDS = ("convolution", "norm", "neuron", "pooling", "layout", "elementwise", "optimizer", "idle/host")
 
@@ -141,6 +143,15 @@ def sew_model(case: str, backend: str):
                      backend=backend)
 
 
+def unfuse(model, provider: str) -> None:
+    """``snntrain-eager-unfused``: each norm and neuron through its own kernels (no fused norm-neuron op)."""
+    from snntrain.nn import NormNeuron
+
+    for m in model.modules():
+        if isinstance(m, NormNeuron):
+            m.fused = provider != "snntrain-eager-unfused"
+
+
 def ours(case: str, provider: str, precision: str, args) -> dict:
     from snntrain.nn import set_backend
     from snntrain.tasks.optim import build_optimizer
@@ -156,6 +167,7 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     if provider != "snntrain-eager-nchw":
         to_channels_last(model)
     set_backend(model, backend)
+    unfuse(model, provider)
     fn = compile_model(model, mode)
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -196,6 +208,7 @@ def detector(provider, precision, backend, mode, args) -> dict:
     model = build_model(cfg["model"], backend=backend).cuda()
     if provider != "snntrain-eager-nchw":
         to_channels_last(model)
+    unfuse(model, provider)
     fn = compile_model(model, mode)
     opt = build_optimizer(model, cfg["task"]["optimizer"])
 

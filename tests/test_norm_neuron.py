@@ -266,6 +266,21 @@ def test_profiler_shows_ops_by_name(device):
     assert "snntrain::bn_neuron_fwd" in names and "snntrain::bn_neuron_bwd" in names, sorted(names)
 
 
+def test_unfused_flag_runs_norm_then_neuron(device):
+    m = _module("bn", 3, _NEURONS[0]).to(device)
+    set_backend(m, "triton")
+    m.fused = False
+    x = torch.randn(2, 2, 3, 4, 4, device=device, requires_grad=True)
+    with torch.profiler.profile() as prof:
+        s = m(x)
+        s.sum().backward()
+    names = {e.name for e in prof.events()}
+    assert "snntrain::bn_neuron_fwd" not in names, sorted(names)
+    ref = copy.deepcopy(m)
+    set_backend(ref, "torch")
+    assert torch.equal(s, ref(x))
+
+
 @pytest.mark.parametrize("norm", ["bn", "ln"])
 def test_torch_compile_fullgraph(norm, device):
     """Forward, backward and the running-statistics update trace without graph breaks."""

@@ -40,7 +40,8 @@ class NormNeuron(nn.Module):
     repeated over ``T`` steps (direct encoding of a static image): the norm sees each
     element once, as when the stem's output is normalised before it is repeated.
     Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
-    The neuron's ``store_v_seq`` monitoring runs the unfused path.
+    The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
+    (a plain attribute: the norm's and the neuron's own kernels, one after the other).
     """
 
     def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
@@ -52,6 +53,7 @@ class NormNeuron(nn.Module):
         self.norm = norm
         self.neuron = neuron
         self.backend = check_backend(backend)
+        self.fused = True
 
     def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
         if steps is None and x.dim() != 5:
@@ -63,7 +65,7 @@ class NormNeuron(nn.Module):
         if x.shape[-3] != channels:
             raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
                              f"was built for {channels}")
-        if use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq:
+        if self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq:
             return self._fused(x, steps)
         if steps is not None:
             y = self.norm(x)
