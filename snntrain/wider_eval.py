@@ -146,11 +146,11 @@ def image_pr_info(
     if scores.size == 0:
         return out
     thresh = thresholds(thresh_num)
-    passing = scores[None, :] >= thresh[:, None] if scores.size * thresh_num <= 4_000_000 else None
-    if passing is None:  # large images: same result, one threshold at a time
-        last = np.array([_last_true(scores >= t) for t in thresh])
+    if np.all(scores[1:] <= scores[:-1]):
+        # sorted (as evaluate() gives them): the last passing detection is the count passing, minus one
+        last = scores.size - np.searchsorted(scores[::-1], thresh, side="left") - 1
     else:
-        last = np.where(passing.any(1), scores.size - 1 - np.argmax(passing[:, ::-1], axis=1), -1)
+        last = np.array([_last_true(scores >= t) for t in thresh])
     valid = np.cumsum(proposal == 1)
     some = last >= 0
     out[some, 0] = valid[last[some]]
