@@ -231,8 +231,8 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
 
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
-    for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step", "checkpoint",
-                "outputs"):
+    for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
+                "checkpoint", "outputs"):
         lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]

@@ -134,10 +134,10 @@ def detection_geometry(data: dict[str, Any], max_side: int | None = None) -> tup
     return int(data["image_size"]), None
 
 
-def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float],
+def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float | str],
                colour: tuple[int, int, int] = (255, 40, 40)) -> torch.Tensor:
-    """Boxes ``[n, 4]`` (xyxy pixels) with their scores drawn on a uint8 image ``[3, H, W]``, legibly at
-    any size: line width and text height follow the image's shorter side (2 px and 12 px at least),
+    """Boxes ``[n, 4]`` (xyxy pixels) with their scores (or text labels) drawn on a uint8 image ``[3, H, W]``,
+    legibly at any size: line width and text height follow the image's shorter side (2 px and 12 px at least),
     and each score sits on a filled label above its box (inside it when the box touches the top)."""
     from PIL import Image, ImageDraw, ImageFont
 
@@ -153,7 +153,7 @@ def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float]
     for box, score in zip(boxes.tolist(), scores):
         x1, y1, x2, y2 = box
         draw.rectangle([x1, y1, x2, y2], outline=colour, width=width)
-        text = f"{score:.2f}"
+        text = score if isinstance(score, str) else f"{score:.2f}"
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
         tw, th = right - left + 2 * width, bottom - top + 2 * width
         ty = y1 - th if y1 - th >= 0 else y1
