@@ -256,7 +256,8 @@ class WiderFaceAP(Metric):
     listed ones (as :class:`~snntrain.data.widerface.WiderFaceRecord` holds them). :meth:`update` takes
     the image ids and their detections in original pixels. Only the images seen since the last reset
     take part (their listed faces form the denominator), so a partial validation pass scores the
-    images it saw; a full pass is the official protocol. States are concatenated across processes.
+    images it saw; a full pass is the official protocol. States are concatenated across processes; an
+    image seen twice (a distributed sampler pads the set with repeats) counts once.
     """
 
     full_state_update = False
@@ -298,14 +299,22 @@ class WiderFaceAP(Metric):
             return torch.cat([t.reshape(shape) for t in state]).cpu().numpy()
 
         boxes, scores = cat(self.boxes, (-1, 4)), cat(self.scores, (-1,))
-        owner, seen = cat(self.owner, (-1,)).astype(np.int64), np.unique(cat(self.seen, (-1,)).astype(np.int64))
+        owner = cat(self.owner, (-1,)).astype(np.int64)
+        seen, times = np.unique(cat(self.seen, (-1,)).astype(np.int64), return_counts=True)
         order = np.argsort(owner, kind="stable")
         boxes, scores, owner = boxes[order], scores[order], owner[order]
         starts = np.searchsorted(owner, seen, side="left")
         ends = np.searchsorted(owner, seen, side="right")
+        per_image = []
+        for a, b, n in zip(starts, ends, times):
+            rows = np.concatenate([boxes[a:b], scores[a:b, None]], 1)
+            if n > 1:  # an image evaluated twice (a distributed sampler pads the set): keep one copy of each row
+                _, first = np.unique(rows, axis=0, return_index=True)
+                rows = rows[np.sort(first)]
+            per_image.append(rows)
         result = evaluate(
-            [boxes[a:b] for a, b in zip(starts, ends)],
-            [scores[a:b] for a, b in zip(starts, ends)],
+            [r[:, :4] for r in per_image],
+            [r[:, 4] for r in per_image],
             [self.gt_boxes[i] for i in seen],
             {level: [masks[i] for i in seen] for level, masks in self.keep.items()},
         )

@@ -239,3 +239,15 @@ def test_metric_collects_batches_in_any_order():
     assert metric.compute() == {"easy": pytest.approx(1.0), "hard": pytest.approx(1.0)}
     with pytest.raises(ValueError, match="image id 7"):
         metric.update([7], [torch.zeros(0, 4)], [torch.zeros(0)])
+
+
+def test_metric_counts_a_repeated_image_once():
+    gts = [np.array([FACE_A], float), np.array([FACE_B], float)]
+    keep = {"hard": [np.array([True]), np.array([True])]}
+    boxes = [np.array([FACE_A, MISS], float), np.array([MISS, FACE_B], float)]
+    scores = [np.array([0.9, 0.4]), np.array([0.8, 0.3])]
+    expected = evaluate(boxes, scores, gts, keep)["hard"].ap
+    metric = WiderFaceAP(gts, keep)
+    for ids in ([0, 1], [1]):  # image 1 again, as a padded distributed sampler would repeat it
+        metric.update(ids, [torch.from_numpy(boxes[i]) for i in ids], [torch.from_numpy(scores[i]) for i in ids])
+    assert metric.compute()["hard"] == pytest.approx(expected, abs=1e-12)

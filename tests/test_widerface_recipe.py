@@ -237,3 +237,12 @@ def test_drawn_labels_are_legible_at_any_size(side):
     assert int(white.sum()) > 10 and int(rows.max() - rows.min() + 1) >= 0.6 * max(12, round(side / 40))
     assert bool(red[rows.min() - 1:rows.max() + 2].any(0).sum() > 0)  # on the red label
     assert ys.min() >= 0 and xs.max() < side
+
+
+def test_model_card_says_what_the_model_was_trained_on():
+    from snntrain.export import training_data_summary
+
+    faces = training_data_summary({"data": {"name": "faces", "image_size": 64, "face_size": [12, 32]}})
+    assert "synthetic" in faces and "12-32 px" in faces and "never trained on real photographs" in faces
+    wider = training_data_summary({"data": {"name": "widerface", "image_size": 640, "eval_max_side": None}})
+    assert "WIDER FACE train" in wider and "640x640" in wider and "original resolution" in wider
