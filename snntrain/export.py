@@ -174,6 +174,31 @@ def input_shape(config: dict[str, Any]) -> list[int]:
     return [1, int(config["model"]["in_channels"]), int(size), int(size)]
 
 
+def training_data_summary(config: dict[str, Any]) -> str:
+    """One sentence on what the model was trained on, from the run config's ``data`` section: the model
+    card, the export README and ``task=predict`` state it, so nobody mistakes a synthetic-data model for
+    one trained on photographs."""
+    data = config.get("data", {})
+    name = data.get("name")
+    size = data.get("image_size")
+    if name == "faces":
+        lo, hi = data.get("face_size", ["?", "?"])
+        return (f"synthetic faces (data=faces): scikit-image's 25x25 grey LFW face crops, tinted, resized to "
+                f"{lo}-{hi} px and pasted on tiles, textures and face-free photographs, {size}x{size} images; "
+                "never trained on real photographs of people")
+    if name == "widerface":
+        side = data.get("eval_max_side")
+        return (f"WIDER FACE train (data=widerface): random square crops resized to {size}x{size}; "
+                f"evaluated at {'the original resolution' if side is None else f'a longer side of at most {side}'}")
+    if name == "digits":
+        return f"scikit-learn's 8x8 handwritten digits (data=digits), resized to {size}x{size}"
+    if name == "cifar10":
+        return f"CIFAR-10 (data=cifar10), {size}x{size}"
+    if name == "image_folder":
+        return f"an image folder (data=image_folder: {data.get('root')}), {size}x{size}"
+    return f"data={name}"
+
+
 def check_formats(formats: object) -> list[str]:
     if isinstance(formats, str):
         formats = [formats]
@@ -189,6 +214,7 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "snntrain_version": __version__,
         "task": task,
         "classes": list(config.get("data", {}).get("classes") or []),
+        "training_data": training_data_summary(config),
         "T": config["model"].get("T", config.get("T")),
         "input_shape": shape,
         "input_normalisation": "as the training data module: see config.yaml's data section",
@@ -205,8 +231,8 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
 
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
-    for key in ("task", "classes", "T", "input_shape", "backend_in_training", "epoch", "global_step", "checkpoint",
-                "outputs"):
+    for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
+                "checkpoint", "outputs"):
         lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]

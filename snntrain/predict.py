@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from .export import SpikingDetector, load_checkpoint, load_exported
+from .export import SpikingDetector, load_checkpoint, load_exported, training_data_summary
 from .fileio import atomic_path
+from .validation import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,25 @@ def predict(
     out_dir: str | os.PathLike,
     backend: str = "auto",
     batch_size: int = 16,
-    score_thresh: float | None = None,
+    score_thresh: float | None = 0.5,
     draw: bool = True,
+    max_side: int | None = None,
 ) -> list[dict[str, Any]]:
     """Predict every image of ``inputs`` with the model in ``source``; writes ``predictions.json``
-    (and, for a detector with ``draw``, ``images/<name>.png``) into ``out_dir``."""
+    (and, for a detector with ``draw``, ``images/<name>.png``) into ``out_dir``.
+
+    Detectors: only boxes scoring at least ``score_thresh`` are written and drawn (``None``: the
+    model's own evaluation threshold, which is low on purpose and keeps many weak boxes). Images are
+    fed the way the model was evaluated: letterboxed to the training square for detectors trained on
+    fixed squares (data=faces), at the original resolution (or the data's ``eval_max_side``) for
+    full-resolution detectors (data=widerface). ``max_side`` overrides both: the image keeps its aspect
+    ratio and its longer side is shrunk to at most ``max_side``.
+    """
     files = list_images(inputs)
+    if score_thresh is not None and (isinstance(score_thresh, bool) or not 0.0 <= float(score_thresh) <= 1.0):
+        raise ValueError(f"predict.score_thresh={score_thresh!r} must be a number in [0, 1] or null")
+    if max_side is not None:
+        max_side = positive_int("predict.max_side", max_side)
     model = load_model(source, backend)
     device = torch.device("cuda" if torch.cuda.is_available() and backend != "torch" else "cpu")
     model = model.to(device)
@@ -85,9 +101,13 @@ def predict(
     config = model.config
     records: list[dict[str, Any]] = []
     if isinstance(model, SpikingDetector):
+        log.info("snntrain: %s", training_data_summary(config))
+        if config.get("data", {}).get("name") == "faces":
+            log.warning("snntrain: this detector was trained only on synthetic images (small grey face crops "
+                        "pasted on backgrounds); expect it to miss or misplace faces in photographs")
         if score_thresh is not None:
             model.model.score_thresh = float(score_thresh)
-        records = _detect(model, files, out_dir, batch_size, draw, device)
+        records = _detect(model, files, out_dir, batch_size, draw, device, max_side)
     else:
         for i in range(0, len(files), batch_size):
             chunk = files[i:i + batch_size]
@@ -104,19 +124,58 @@ def predict(
     return records
 
 
+def detection_geometry(data: dict[str, Any], max_side: int | None = None) -> tuple[int | None, int | None]:
+    """``(image_size, max_side)`` for :func:`~snntrain.data.detection.load_image_for_detection`: how a
+    detector trained with the data config ``data`` sees a photograph (see :func:`predict`)."""
+    if max_side is not None:
+        return None, max_side
+    if "eval_max_side" in data:
+        return None, data["eval_max_side"]
+    return int(data["image_size"]), None
+
+
+def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float | str],
+               colour: tuple[int, int, int] = (255, 40, 40)) -> torch.Tensor:
+    """Boxes ``[n, 4]`` (xyxy pixels) with their scores (or text labels) drawn on a uint8 image ``[3, H, W]``,
+    legibly at any size: line width and text height follow the image's shorter side (2 px and 12 px at least),
+    and each score sits on a filled label above its box (inside it when the box touches the top)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    pil = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
+    short = min(pil.size)
+    width = max(2, round(short / 250))
+    font_size = max(12, round(short / 40))
+    try:
+        font = ImageFont.load_default(size=font_size)
+    except TypeError:  # Pillow < 10.1 has one fixed-size bitmap font
+        font = ImageFont.load_default()
+    draw = ImageDraw.Draw(pil)
+    for box, score in zip(boxes.tolist(), scores):
+        x1, y1, x2, y2 = box
+        draw.rectangle([x1, y1, x2, y2], outline=colour, width=width)
+        text = score if isinstance(score, str) else f"{score:.2f}"
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        tw, th = right - left + 2 * width, bottom - top + 2 * width
+        ty = y1 - th if y1 - th >= 0 else y1
+        draw.rectangle([x1, ty, x1 + tw, ty + th], fill=colour)
+        draw.text((x1 + width - left, ty + width - top), text, fill=(255, 255, 255), font=font)
+    return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).contiguous()
+
+
 def _detect(model: SpikingDetector, files: list[Path], out_dir: Path, batch_size: int, draw: bool,
-            device: torch.device) -> list[dict[str, Any]]:
+            device: torch.device, max_side: int | None = None) -> list[dict[str, Any]]:
     from torchvision.io import write_png
-    from torchvision.utils import draw_bounding_boxes
 
-    from .data.detection import boxes_to_original, load_image_for_detection, read_rgb
+    from .data.detection import boxes_to_original, load_image_for_detection, pad_images, read_rgb
 
-    size = int(model.config["data"]["image_size"])
+    data = model.config["data"]
+    size, side = detection_geometry(data, max_side)
+    divisor = int(data.get("size_divisor") or 32)
     records = []
     for i in range(0, len(files), batch_size):
         chunk = files[i:i + batch_size]
-        loaded = [load_image_for_detection(f, size) for f in chunk]
-        x = torch.stack([img for img, _ in loaded]).to(device)
+        loaded = [load_image_for_detection(f, size, side) for f in chunk]
+        x = pad_images([img for img, _ in loaded], 1 if size is not None else divisor).to(device)
         with torch.no_grad():
             dets = model(x)
         for f, (_, meta), det in zip(chunk, loaded, dets):
@@ -130,8 +189,7 @@ def _detect(model: SpikingDetector, files: list[Path], out_dir: Path, batch_size
             if draw:
                 image, _ = read_rgb(f)
                 if len(boxes):
-                    labels = [f"{d['score']:.2f}" for d in rec["detections"]]
-                    image = draw_bounding_boxes(image, boxes, labels=labels, colors="red", width=2)
+                    image = draw_boxes(image, boxes, [d["score"] for d in rec["detections"]])
                 (out_dir / "images").mkdir(exist_ok=True)
                 with atomic_path(out_dir / "images" / f"{f.stem}.png") as tmp:
                     write_png(image, str(tmp))

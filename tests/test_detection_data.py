@@ -486,10 +486,10 @@ def test_widerface_datamodule_on_fixture(tmp_path):
     dm.setup()
     assert len(dm.train_set) == 3 and len(dm.val_set) == 2 and dm.test_set is dm.val_set
     assert dm.val_set.records[0].difficulty is None  # no eval_tools
-    # evaluation samples: letterboxed, boxes on the bright rectangles, mapping back to the file's pixels
+    # evaluation samples: original resolution, boxes on the bright rectangles, mapping back to the file's pixels
     for i, rec in enumerate(dm.val_set.records):
         image, target = dm.val_set[i]
-        assert image.shape == (3, 32, 32) and target["orig_size"] == SIZES[rec.path]
+        assert image.shape == (3, *SIZES[rec.path]) and target["orig_size"] == SIZES[rec.path]
         assert target["boxes"].shape == (int(rec.keep.sum()), 4)
         back = boxes_to_original(target["boxes"], target["scale"], target["pad"], target["orig_size"])
         torch.testing.assert_close(back, torch.from_numpy(rec.boxes[rec.keep]), atol=1e-3, rtol=1e-4)
@@ -497,7 +497,7 @@ def test_widerface_datamodule_on_fixture(tmp_path):
         for x1, y1, x2, y2 in target["boxes"].round().int().tolist():
             assert grey[y1 + 1:y2 - 1, x1 + 1:x2 - 1].mean() > 0.6
     images, t = next(iter(dm.val_dataloader()))
-    assert images.shape == (2, 3, 32, 32) and t["boxes"].shape == (2, 4, 4)
+    assert images.shape == (2, 3, 416, 256) and t["boxes"].shape == (2, 4, 4)  # padded to multiples of 32
     assert t["num_boxes"].tolist() == [2, 1] and not torch.isnan(t["scale"]).any()
     # training: the 0-face image gives an empty target; batches keep the fixed shape
     torch.manual_seed(0)
@@ -570,4 +570,5 @@ def test_configs_compose_and_build(tmp_path, monkeypatch):
             assert dm.seed == 3 and dm.num_classes == 1
             dm.setup()
             images, t = next(iter(dm.val_dataloader()))
-            assert images.shape[-1] == cfg.data.image_size and t["boxes"].shape[-1] == 4
+            # faces: the rendered squares; widerface: the original resolution, padded to multiples of 32
+            assert images.shape[-1] == (cfg.data.image_size if name == "faces" else 256) and t["boxes"].shape[-1] == 4

@@ -133,3 +133,25 @@ def test_decode_thresholds_nms_and_clipping():
     outputs["cls_logits"][0, 3, 0] = logit(0.99)
     det = m.decode(outputs, image_size=(64, 64))[0]
     assert det["boxes"][0].tolist() == [40.0, 40.0, 64.0, 64.0]  # clipped to the image
+
+
+def test_targets_do_not_depend_on_the_box_chunking():
+    # many boxes, equal-area ties and duplicates: chunked candidate tests must give the same assignment
+    g = torch.Generator().manual_seed(0)
+    points = torch.rand(300, 2, generator=g) * 200
+    strides = torch.randint(1, 4, (300,), generator=g).float() * 4
+    ranges = torch.stack([torch.zeros(300), torch.full((300,), 1e5)], 1)
+    ranges[::3, 1] = 20
+    xy = torch.rand(2, 30, 2, generator=g) * 180
+    wh = torch.rand(2, 30, 2, generator=g) * 60 + 2
+    wh[:, 5] = wh[:, 4]
+    boxes = torch.cat([xy, xy + wh], -1)
+    boxes[:, 7] = boxes[:, 6]
+    labels = torch.zeros(2, 30, dtype=torch.long)
+    num = torch.tensor([30, 11])
+    whole = fcos_targets(points, strides, ranges, boxes, labels, num, 1.5, chunk_elements=1 << 30)
+    assert whole["positive"].sum() > 20
+    for chunk in (1, 4, 7):
+        part = fcos_targets(points, strides, ranges, boxes, labels, num, 1.5, chunk_elements=chunk * 600)
+        for key in whole:
+            assert torch.equal(part[key], whole[key]), (chunk, key)

@@ -190,20 +190,63 @@ def read_rgb(path: str | Path, min_side: int | None = None) -> tuple[torch.Tenso
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous(), full
 
 
-def load_image_for_detection(path: str | Path, image_size: int) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Load any image file the way the evaluation samples are made, for running a trained detector.
+def fit_long_side(
+    image: torch.Tensor, max_side: int | None, orig_size: tuple[int, int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Evaluation geometry of full-resolution detectors: keep the aspect ratio, shrink only when the
+    longer side of the original exceeds ``max_side`` (``None``: the original resolution), no padding.
 
-    Returns the letterboxed, normalised float32 image ``[3, S, S]`` and ``meta`` with ``"orig_size"``
-    ``(h, w)``, ``"scale"`` and ``"pad"`` (float32 ``[2]``, ``(x, y)``); pass the detector's boxes with
-    them to :func:`boxes_to_original` to get boxes in the file's pixels.
+    ``image`` is uint8 ``[3, h, w]``, possibly a reduced decode of an original of ``orig_size = (H, W)``.
+    Returns the normalised float32 image, ``scale`` and ``pad`` (float32 ``[2]``, ``(x, y)``; pad is 0)
+    with ``returned = original * scale``. Batches of such images are padded by :func:`collate_detection`.
+    """
+    height, width = (int(image.shape[-2]), int(image.shape[-1])) if orig_size is None else map(int, orig_size)
+    ratio = 1.0 if max_side is None else min(1.0, positive_int("max_side", max_side) / max(height, width))
+    new_h, new_w = max(1, round(height * ratio)), max(1, round(width * ratio))
+    if (new_h, new_w) != tuple(image.shape[-2:]):
+        image = TF.resize(image, [new_h, new_w], antialias=True)
+    scale = torch.tensor([new_w / width, new_h / height], dtype=torch.float32)
+    return normalize_image(image), scale, torch.zeros(2, dtype=torch.float32)
+
+
+def load_image_for_detection(
+    path: str | Path, image_size: int | None, max_side: int | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Load any image file the way a detector's evaluation samples are made, for running it.
+
+    With ``image_size`` (detectors trained and evaluated on fixed squares) the image is letterboxed to
+    ``[3, S, S]``; with ``image_size=None`` it keeps its aspect ratio and its longer side is shrunk to at
+    most ``max_side`` (``None``: original resolution), as :func:`fit_long_side` does. Returns the
+    normalised float32 image and ``meta`` with ``"orig_size"`` ``(h, w)``, ``"scale"`` and ``"pad"``
+    (float32 ``[2]``, ``(x, y)``); pass the detector's boxes with them to :func:`boxes_to_original` to
+    get boxes in the file's pixels.
     """
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"image {str(path)!r} does not exist")
+    if image_size is None:
+        image, orig = read_rgb(path, min_side=None if max_side is None else positive_int("max_side", max_side))
+        out, scale, pad = fit_long_side(image, max_side, orig_size=orig)
+        return out, {"orig_size": orig, "scale": scale, "pad": pad}
     size = positive_int("image_size", image_size)
     image, orig = read_rgb(path, min_side=size)
     out, _, scale, pad = letterbox(image, torch.zeros(0, 4), size, orig_size=orig)
     return out, {"orig_size": orig, "scale": scale, "pad": pad}
+
+
+def pad_images(images: Sequence[torch.Tensor], size_divisor: int = 1) -> torch.Tensor:
+    """Stack ``[3, h_i, w_i]`` images into ``[B, 3, H, W]``: each at the top left, padded with 0 (mid grey
+    after normalisation) on the right and bottom; ``H``, ``W`` are the largest sides rounded up to a
+    multiple of ``size_divisor``. Points keep their coordinates, so targets need no change."""
+    div = positive_int("size_divisor", size_divisor)
+    h = -(-max(int(im.shape[-2]) for im in images) // div) * div
+    w = -(-max(int(im.shape[-1]) for im in images) // div) * div
+    if all(tuple(im.shape[-2:]) == (h, w) for im in images):
+        return torch.stack(list(images))
+    out = images[0].new_zeros((len(images), images[0].shape[0], h, w))
+    for i, im in enumerate(images):
+        out[i, :, : im.shape[-2], : im.shape[-1]] = im
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,6 +335,113 @@ class TrainTransform:
         )
 
 
+class SquareCropTransform:
+    """The face-detection training recipe of RetinaFace and SCRFD: a random square crop, resized.
+
+    Steps, in order: a square of side ``scale * min(H, W)``, ``scale`` uniform in ``crop_scale``
+    (values above 1 reach past the image, which is then surrounded by mid grey), at a uniformly random
+    position (the square stays inside the image where it fits); the faces whose centre lies inside the
+    square are kept, clipped to it. Up to ``max_tries`` squares are drawn until one holds a face; if none
+    does, the whole image placed in a square (top left) is used, which keeps every face. The square is
+    resized to ``image_size`` (one scale factor for both axes, so the boxes move exactly with the
+    pixels); then a horizontal flip (probability ``hflip``) and, with ``photometric``, brightness /
+    contrast / saturation / hue jitter, each applied with probability 0.5 (:meth:`colour_jitter`). Boxes smaller than
+    ``min_box_size`` pixels on either side after resizing are dropped. Randomness comes from torch's
+    global generator (seeded per DataLoader worker).
+
+    Call with a uint8 image ``[3, H, W]``, boxes float ``[n, 4]`` (xyxy, its pixels) and labels int64
+    ``[n]``; returns the normalised float32 image ``[3, S, S]``, boxes float32 ``[n', 4]``, labels ``[n']``.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 640,
+        crop_scale: Sequence[float] = (0.3, 1.0),
+        hflip: float = 0.5,
+        photometric: bool = True,
+        min_box_size: float = 2.0,
+        max_tries: int = 50,
+    ) -> None:
+        self.image_size = positive_int("image_size", image_size)
+        self.crop_scale = float_range("crop_scale", crop_scale, 1e-3, 4.0)
+        self.hflip = _number("hflip", hflip, 0.0, 1.0)
+        self.photometric = bool(photometric)
+        self.min_box_size = _number("min_box_size", min_box_size, 0.0, float(self.image_size))
+        self.max_tries = positive_int("max_tries", max_tries)
+
+    @staticmethod
+    def colour_jitter(image: torch.Tensor) -> torch.Tensor:
+        """Photometric distortion of a float RGB image ``[3, H, W]`` in [0, 1], each part with probability
+        0.5: brightness (an offset of up to 32/255), contrast (x0.5-1.5 around the image's mean grey),
+        saturation (x0.5-1.5 away from each pixel's grey) and hue (a rotation of up to 18 degrees about
+        the grey axis in YIQ space). All four are affine in RGB, so they are composed into one 3x3 matrix
+        and offset and applied in a single pass (cheap enough for a DataLoader worker at 640x640)."""
+        luma = torch.tensor([0.299, 0.587, 0.114])
+        matrix, offset = torch.eye(3), torch.zeros(3)
+        mean = image.mean(dim=(1, 2))
+        if float(torch.rand(())) < 0.5:  # brightness
+            offset = offset + (float(torch.rand(())) * 2 - 1) * 32 / 255
+        if float(torch.rand(())) < 0.5:  # contrast: alpha * x + (1 - alpha) * mean grey of the current image
+            alpha = 0.5 + float(torch.rand(()))
+            grey = float(luma @ (matrix @ mean + offset))
+            matrix, offset = alpha * matrix, alpha * offset + (1 - alpha) * grey
+        if float(torch.rand(())) < 0.5:  # saturation: s * x + (1 - s) * grey(x)
+            sat = 0.5 + float(torch.rand(()))
+            blend = sat * torch.eye(3) + (1 - sat) * luma.expand(3, 3)
+            matrix, offset = blend @ matrix, blend @ offset
+        if float(torch.rand(())) < 0.5:  # hue: rotate the chroma (I, Q) of YIQ
+            angle = (float(torch.rand(())) * 2 - 1) * torch.pi / 10
+            to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+            c, s = torch.cos(torch.tensor(angle)), torch.sin(torch.tensor(angle))
+            rot = torch.tensor([[1.0, 0.0, 0.0], [0.0, float(c), float(-s)], [0.0, float(s), float(c)]])
+            hue = torch.linalg.inv(to_yiq) @ rot @ to_yiq
+            matrix, offset = hue @ matrix, hue @ offset
+        out = torch.einsum("ij,jhw->ihw", matrix, image) + offset[:, None, None]
+        return out.clamp_(0.0, 1.0)
+
+    def _square(self, height: int, width: int, boxes: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
+        """``(x0, y0, side, kept)``: the square's corner and side, and which boxes have their centre in it."""
+        cx = (boxes[:, 0] + boxes[:, 2]) / 2
+        cy = (boxes[:, 1] + boxes[:, 3]) / 2
+        lo, hi = self.crop_scale
+        short = min(height, width)
+        for _ in range(self.max_tries):
+            scale = lo + (hi - lo) * float(torch.rand(()))
+            side = max(1, int(round(scale * short)))
+            x0 = int(torch.randint(min(0, width - side), max(0, width - side) + 1, ()))
+            y0 = int(torch.randint(min(0, height - side), max(0, height - side) + 1, ()))
+            kept = (cx >= x0) & (cx < x0 + side) & (cy >= y0) & (cy < y0 + side)
+            if boxes.shape[0] == 0 or bool(kept.any()):
+                return x0, y0, side, kept
+        return 0, 0, max(height, width), torch.ones(boxes.shape[0], dtype=torch.bool)
+
+    def __call__(
+        self, image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        height, width = int(image.shape[-2]), int(image.shape[-1])
+        boxes = boxes.to(torch.float32).reshape(-1, 4)
+        x0, y0, side, kept = self._square(height, width, boxes)
+        canvas = torch.full((image.shape[0], side, side), FILL_UINT8, dtype=torch.uint8)
+        ix0, iy0 = max(x0, 0), max(y0, 0)
+        ix1, iy1 = min(x0 + side, width), min(y0 + side, height)
+        canvas[:, iy0 - y0:iy1 - y0, ix0 - x0:ix1 - x0] = image[:, iy0:iy1, ix0:ix1]
+        size = self.image_size
+        if side != size:
+            canvas = TF.resize(canvas, [size, size], antialias=True)
+        factor = size / side
+        out = (boxes[kept] - torch.tensor([x0, y0, x0, y0], dtype=torch.float32)).clamp(0.0, float(side)) * factor
+        labels = labels[kept]
+        if self.hflip > 0 and float(torch.rand(())) < self.hflip:
+            canvas = canvas.flip(-1)
+            out = torch.stack([size - out[:, 2], out[:, 1], size - out[:, 0], out[:, 3]], dim=1)
+        image = canvas.to(torch.float32) / 255.0
+        if self.photometric:
+            image = self.colour_jitter(image)
+        big = ((out[:, 2] - out[:, 0]) >= self.min_box_size) & ((out[:, 3] - out[:, 1]) >= self.min_box_size)
+        big &= (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
+        return normalize_image(image), out[big].reshape(-1, 4), labels[big]
+
+
 # --------------------------------------------------------------------------------------------------
 # Batching
 # --------------------------------------------------------------------------------------------------
@@ -306,11 +456,13 @@ def select_boxes(boxes: torch.Tensor, max_boxes: int) -> torch.Tensor:
 
 
 def collate_detection(
-    batch: Sequence[tuple[torch.Tensor, Target]], max_boxes: int | None = None, drop: bool = True
+    batch: Sequence[tuple[torch.Tensor, Target]], max_boxes: int | None = None, drop: bool = True,
+    size_divisor: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Stack detection samples into tensors with padded boxes.
 
-    Returns ``images`` float32 ``[B, 3, S, S]`` and a dict:
+    Returns ``images`` float32 ``[B, 3, H, W]`` (images of different sizes are padded at the bottom and
+    right by :func:`pad_images`, to a multiple of ``size_divisor``) and a dict:
 
     * ``"boxes"`` float32 ``[B, M, 4]`` (xyxy pixels), padding rows all 0 (so ``y2 <= 0`` marks padding);
     * ``"labels"`` int64 ``[B, M]``, padding -1;
@@ -326,7 +478,7 @@ def collate_detection(
     if len(batch) == 0:
         raise ValueError("collate_detection got an empty batch")
     max_boxes = optional_max_boxes(max_boxes)
-    images = torch.stack([img for img, _ in batch])
+    images = pad_images([img for img, _ in batch], size_divisor)
     kept: list[tuple[torch.Tensor, torch.Tensor]] = []
     for _, target in batch:
         boxes = target["boxes"].to(torch.float32).reshape(-1, 4)
@@ -367,12 +519,13 @@ def collate_detection(
 class DetectionCollate:
     """A picklable ``collate_fn`` (works with worker processes): :func:`collate_detection` with settings."""
 
-    def __init__(self, max_boxes: int | None = None, drop: bool = True) -> None:
+    def __init__(self, max_boxes: int | None = None, drop: bool = True, size_divisor: int = 1) -> None:
         self.max_boxes = optional_max_boxes(max_boxes)
         self.drop = bool(drop)
+        self.size_divisor = positive_int("size_divisor", size_divisor)
 
     def __call__(self, batch: Sequence[tuple[torch.Tensor, Target]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return collate_detection(batch, self.max_boxes, self.drop)
+        return collate_detection(batch, self.max_boxes, self.drop, self.size_divisor)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,6 +564,8 @@ class DetectionDataModule(L.LightningDataModule):
     num_classes = 1
     in_channels = 3
     classes = ["face"]
+    #: Evaluation batches of images with different sizes are padded to a multiple of this.
+    size_divisor = 1
 
     def __init__(self, image_size: int, batch_size: int, num_workers: int, max_boxes: int | None, seed: int) -> None:
         super().__init__()
@@ -435,7 +590,7 @@ class DetectionDataModule(L.LightningDataModule):
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            collate_fn=DetectionCollate(self.max_boxes, drop=train),
+            collate_fn=DetectionCollate(self.max_boxes, drop=train, size_divisor=self.size_divisor),
             generator=loader_generator(self.seed) if train else None,
         )
 
@@ -457,15 +612,18 @@ __all__ = [
     "IMAGE_STD",
     "DetectionCollate",
     "DetectionDataModule",
+    "SquareCropTransform",
     "TrainTransform",
     "box_area",
     "boxes_to_original",
     "collate_detection",
     "denormalize_image",
+    "fit_long_side",
     "letterbox",
     "load_image_for_detection",
     "make_target",
     "normalize_image",
+    "pad_images",
     "read_rgb",
     "select_boxes",
 ]

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .detection import DetectionDataModule, TrainTransform, letterbox, make_target, read_rgb
+from .common import positive_int
+from .detection import DetectionDataModule, SquareCropTransform, TrainTransform, fit_long_side, make_target, read_rgb
 
 URL = "http://shuoyang1213.me/WIDERFACE/"
 SPLITS = ("train", "val")
@@ -270,8 +271,11 @@ def attach_difficulty(
 class WiderFaceDataset(Dataset):
     """One split of WIDER FACE as detection samples (format of :mod:`snntrain.data.detection`).
 
-    Without ``transform`` an image is letterboxed to ``image_size`` (``scale``/``pad`` recorded); with a
-    :class:`TrainTransform` it is randomly augmented to ``image_size`` instead.
+    Without ``transform`` an image keeps its aspect ratio and its original resolution, its longer side
+    shrunk to at most ``eval_max_side`` when that is set (:func:`~snntrain.data.detection.fit_long_side`;
+    ``scale``/``pad`` recorded, so predictions map back to the file's pixels). With a transform
+    (:class:`~snntrain.data.detection.SquareCropTransform` or
+    :class:`~snntrain.data.detection.TrainTransform`) it is randomly augmented to ``image_size`` instead.
     """
 
     def __init__(
@@ -279,8 +283,9 @@ class WiderFaceDataset(Dataset):
         root: str | Path,
         split: str,
         image_size: int,
-        transform: TrainTransform | None = None,
+        transform: SquareCropTransform | TrainTransform | None = None,
         difficulty: bool = True,
+        eval_max_side: int | None = None,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
@@ -288,6 +293,7 @@ class WiderFaceDataset(Dataset):
         self.split = split
         self.image_size = int(image_size)
         self.transform = transform
+        self.eval_max_side = None if eval_max_side is None else positive_int("eval_max_side", eval_max_side)
         self.image_dir = self.root / f"WIDER_{split}" / "images"
         self.annotation_file = self.root / "wider_face_split" / f"wider_face_{split}_bbx_gt.txt"
         for needed in (self.image_dir, self.annotation_file):
@@ -313,16 +319,22 @@ class WiderFaceDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict]:
         record = self.records[index]
-        # A reduced JPEG decode keeps enough pixels for the crop (augmented) or the letterbox.
-        min_side = self.image_size * 2 if self.transform is not None else self.image_size
+        # A reduced JPEG decode keeps enough pixels for the evaluation size or a resized crop; square crops
+        # may enlarge a small part of the image, so they read every pixel.
+        if self.transform is None:
+            min_side = self.eval_max_side
+        elif isinstance(self.transform, SquareCropTransform):
+            min_side = None
+        else:
+            min_side = self.image_size * 2
         image, (h, w) = read_rgb(self.image_path(index), min_side=min_side)
         boxes = torch.from_numpy(record.boxes[record.keep]).clone()
         boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
         boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
         boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
         if self.transform is None:
-            out, mapped, scale, pad = letterbox(image, boxes, self.image_size, orig_size=(h, w))
-            return out, make_target(mapped, index, (h, w), scale, pad)
+            out, scale, pad = fit_long_side(image, self.eval_max_side, orig_size=(h, w))
+            return out, make_target(boxes * scale.repeat(2), index, (h, w), scale, pad)
         dh, dw = image.shape[-2:]
         if (dh, dw) != (h, w):  # reduced decode: move the boxes to its pixels
             boxes = boxes * torch.tensor([dw / w, dh / h, dw / w, dh / h], dtype=torch.float32)
@@ -334,9 +346,12 @@ class WiderFaceDataset(Dataset):
 class WiderFaceDataModule(DetectionDataModule):
     """``data=widerface``: WIDER FACE train / val from ``root`` in the official layout (no download).
 
-    Train images are augmented (when ``augment``) with :class:`~snntrain.data.detection.TrainTransform`;
-    val and test (= val) images are letterboxed to ``image_size``. Training batches hold ``max_boxes``
-    rows (an image with more faces keeps its largest); evaluation batches never drop a box.
+    Training (``augment``): the RetinaFace / SCRFD recipe, :class:`~snntrain.data.detection.SquareCropTransform`
+    (random squares of ``crop_scale`` times the short side resized to ``image_size``, flip, photometric
+    jitter); without ``augment`` training images are used like evaluation images. Validation and test
+    (= val): each image at its original resolution, or with its longer side shrunk to ``eval_max_side``,
+    batched by padding at the bottom and right to a multiple of ``size_divisor``. Training batches hold
+    ``max_boxes`` rows (an image with more faces keeps its largest); evaluation batches never drop a box.
     ``val_set.records`` holds every image's path, all annotated boxes and, when eval_tools is present,
     the official difficulty masks.
     """
@@ -344,13 +359,14 @@ class WiderFaceDataModule(DetectionDataModule):
     def __init__(
         self,
         root: str | None = None,
-        image_size: int = 256,
+        image_size: int = 640,
         augment: bool = True,
-        hflip: float = 0.5,
-        zoom_out: float = 1.0,
         crop_scale: Sequence[float] = (0.3, 1.0),
-        min_visibility: float = 0.5,
+        hflip: float = 0.5,
+        photometric: bool = True,
         min_box_size: float = 2.0,
+        eval_max_side: int | None = None,
+        size_divisor: int = 32,
         batch_size: int = 16,
         num_workers: int = 4,
         max_boxes: int | None = 256,
@@ -361,9 +377,10 @@ class WiderFaceDataModule(DetectionDataModule):
             raise ValueError(f"data=widerface needs data.root=<folder with WIDER FACE from {URL}>")
         self.root = Path(root).expanduser()
         self.augment = bool(augment)
+        self.eval_max_side = None if eval_max_side is None else positive_int("eval_max_side", eval_max_side)
+        self.size_divisor = positive_int("size_divisor", size_divisor)
         self.train_transform = (
-            TrainTransform(self.image_size, hflip, zoom_out, crop_scale, min_visibility=min_visibility,
-                           min_box_size=min_box_size)
+            SquareCropTransform(self.image_size, crop_scale, hflip, photometric, min_box_size)
             if self.augment
             else None
         )
@@ -384,8 +401,9 @@ class WiderFaceDataModule(DetectionDataModule):
         if self.val_set is not None:
             return
         self.prepare_data()
-        self.train_set = WiderFaceDataset(self.root, "train", self.image_size, self.train_transform)
-        self.val_set = WiderFaceDataset(self.root, "val", self.image_size, None)
+        self.train_set = WiderFaceDataset(self.root, "train", self.image_size, self.train_transform,
+                                          eval_max_side=self.eval_max_side)
+        self.val_set = WiderFaceDataset(self.root, "val", self.image_size, None, eval_max_side=self.eval_max_side)
         self.test_set = self.val_set
 
 

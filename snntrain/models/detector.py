@@ -276,6 +276,7 @@ def fcos_targets(
     labels: torch.Tensor,
     num_boxes: torch.Tensor,
     center_sampling_radius: float = 1.5,
+    chunk_elements: int = 1 << 24,
 ) -> dict[str, torch.Tensor]:
     """Assign padded ground truth to locations, the FCOS way, without host synchronisation.
 
@@ -285,6 +286,8 @@ def fcos_targets(
         boxes: ``[B, M, 4]`` xyxy ground truth padded to M; labels ``[B, M]``; num_boxes ``[B]``.
         center_sampling_radius: a location is positive only inside the box and within this many
             strides of the box centre (the region is clipped to the box).
+        chunk_elements: boxes are tested in chunks of about this many ``[B, L, chunk]`` elements, so
+            memory does not grow with B x L x M (the result does not depend on it).
 
     Returns a dict with ``labels`` ``[B, L]`` (class index, -1 for background), ``ltrb``
     ``[B, L, 4]`` (distances to the assigned box; zeros for background, so the GIoU loss
@@ -299,24 +302,36 @@ def fcos_targets(
                 "ltrb": points.new_zeros((B, L, 4)), "centerness": zeros, "positive": zeros.bool()}
     x = points[None, :, None, 0]  # [1, L, 1]
     y = points[None, :, None, 1]
-    x1, y1, x2, y2 = (boxes[:, None, :, i] for i in range(4))  # [B, 1, M]
-    ltrb = torch.stack([x - x1, y - y1, x2 - x, y2 - y], -1)  # [B, L, M, 4]
-    inside_box = ltrb.amin(-1) > 0
     radius = strides[None, :, None] * center_sampling_radius
-    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-    inside_center = (
-        (x > torch.maximum(cx - radius, x1)) & (x < torch.minimum(cx + radius, x2))
-        & (y > torch.maximum(cy - radius, y1)) & (y < torch.minimum(cy + radius, y2))
-    )
-    reach = ltrb.amax(-1)
-    in_range = (reach >= ranges[None, :, None, 0]) & (reach <= ranges[None, :, None, 1])
+    lo, hi = ranges[None, :, None, 0], ranges[None, :, None, 1]
     valid = torch.arange(M, device=boxes.device)[None, :] < num_boxes[:, None]  # [B, M]
-    candidate = inside_box & inside_center & in_range & valid[:, None, :]
-    area = ((x2 - x1) * (y2 - y1)).expand(B, L, M)
-    area = torch.where(candidate, area, torch.full_like(area, math.inf))
-    min_area, best = area.min(-1)  # ties between equal areas: the lowest box index
+    # The [B, L, chunk] candidate tests run over chunks of boxes with a running minimum, so memory stays
+    # bounded for images with many faces (WIDER FACE has images with over a thousand at full resolution).
+    chunk = max(1, min(M, int(chunk_elements) // max(1, B * L)))
+    min_area = points.new_full((B, L), math.inf)
+    best = torch.zeros((B, L), dtype=torch.long, device=points.device)
+    for start in range(0, M, chunk):
+        part = boxes[:, start:start + chunk]
+        x1, y1, x2, y2 = (part[:, None, :, i] for i in range(4))  # [B, 1, C]
+        left, top, right, bottom = x - x1, y - y1, x2 - x, y2 - y  # [B, L, C]
+        inside_box = torch.minimum(torch.minimum(left, top), torch.minimum(right, bottom)) > 0
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        inside_center = (
+            (x > torch.maximum(cx - radius, x1)) & (x < torch.minimum(cx + radius, x2))
+            & (y > torch.maximum(cy - radius, y1)) & (y < torch.minimum(cy + radius, y2))
+        )
+        reach = torch.maximum(torch.maximum(left, top), torch.maximum(right, bottom))
+        candidate = inside_box & inside_center & (reach >= lo) & (reach <= hi) & valid[:, None, start:start + chunk]
+        area = ((x2 - x1) * (y2 - y1)).expand_as(candidate)
+        area = torch.where(candidate, area, torch.full_like(area, math.inf))
+        part_min, part_best = area.min(-1)  # ties between equal areas: the lowest box index
+        better = part_min < min_area  # strictly: an earlier chunk keeps its ties
+        min_area = torch.where(better, part_min, min_area)
+        best = torch.where(better, part_best + start, best)
     positive = torch.isfinite(min_area)
-    target = ltrb.gather(2, best[..., None, None].expand(B, L, 1, 4)).squeeze(2)
+    chosen = boxes.gather(1, best[..., None].expand(B, L, 4))  # [B, L, 4]
+    px, py = points[None, :, 0], points[None, :, 1]
+    target = torch.stack([px - chosen[..., 0], py - chosen[..., 1], chosen[..., 2] - px, chosen[..., 3] - py], -1)
     target = torch.where(positive[..., None], target, torch.zeros_like(target))
     lr, tb = target[..., 0::2], target[..., 1::2]
     ctr = torch.sqrt(

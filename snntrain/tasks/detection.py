@@ -8,12 +8,11 @@ NMS), mAP@0.5 and mAP@[.5:.95] with torchmetrics, and a few images with predicte
 
 WIDER FACE easy / medium / hard: when the validation set carries the official
 difficulty lists (``eval_tools/ground_truth/wider_{easy,medium,hard}_val.mat``), each
-level is scored like the official protocol does it, on the original image pixels: the
-level's listed faces are the ground truth, every other annotated face is ignored
-(a detection on it is neither a true nor a false positive; torchmetrics' ``iscrowd``),
-and AP is taken at IoU 0.5 (``val/wider_easy`` etc.). The official code draws its own
-precision-recall curve over 1000 score thresholds; COCO-style 101-point interpolation
-here gives close, not identical, numbers.
+level is scored with the official protocol (:mod:`snntrain.wider_eval`: global score
+normalisation, 1000-threshold precision-recall curve, unlisted faces ignored, VOC AP)
+on the original image pixels, the predictions mapped back from the network's input
+frame (``val/wider_easy`` etc.). These are the numbers papers report; ``val/map_50`` is
+COCO-style AP over the kept boxes and is not comparable with them.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ class DetectionTask(SpikingTask):
         self.num_images_logged = int(task.get("num_images_logged", 4))
         self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend())
         self._shown: tuple[torch.Tensor, list, list] | None = None
-        self._wider: dict[str, Any] | None = None  # per-level metrics, when the val set has difficulty lists
+        self._wider = None  # WiderFaceAP for the epoch, when the val set has the official difficulty lists
 
     def _losses(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
         outputs = self(images)
@@ -118,27 +117,20 @@ class DetectionTask(SpikingTask):
         records = self._difficulty_records()
         self._wider = None
         if records is not None:
-            from torchmetrics.detection import MeanAveragePrecision
+            from ..wider_eval import WiderFaceAP
 
-            self._wider = {"records": records, "levels": {
-                level: MeanAveragePrecision(box_format="xyxy", iou_type="bbox", iou_thresholds=[0.5],
-                                            backend=_map_backend())
-                for level in records[0].difficulty}}
+            levels = list(records[0].difficulty)
+            self._wider = WiderFaceAP([r.boxes for r in records],
+                                      {level: [r.difficulty[level] for r in records] for level in levels}
+                                      ).to(self.device)
 
     def _update_wider(self, preds: list[dict[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> None:
+        """Feed the official WIDER FACE metric: detections mapped back to each image's original pixels."""
         from ..data.detection import boxes_to_original
 
-        records = self._wider["records"]
-        for i, pred in enumerate(preds):
-            record = records[int(targets["image_id"][i])]
-            boxes = boxes_to_original(pred["boxes"].float().cpu(), targets["scale"][i].cpu(), targets["pad"][i].cpu(),
-                                      tuple(int(v) for v in targets["orig_size"][i]))
-            p = {"boxes": boxes, "scores": pred["scores"].float().cpu(), "labels": pred["labels"].cpu()}
-            gt_boxes = torch.from_numpy(record.boxes).float()
-            for level, metric in self._wider["levels"].items():
-                listed = torch.from_numpy(record.difficulty[level]).bool()
-                metric.update([p], [{"boxes": gt_boxes, "labels": torch.zeros(len(gt_boxes), dtype=torch.long),
-                                     "iscrowd": (~listed).long()}])
+        boxes = [boxes_to_original(p["boxes"].float(), targets["scale"][i], targets["pad"][i],
+                                   targets["orig_size"][i]) for i, p in enumerate(preds)]
+        self._wider.update(targets["image_id"].tolist(), boxes, [p["scores"].float() for p in preds])
 
     def validation_step(self, batch, batch_idx: int) -> None:
         images, targets = batch
@@ -160,8 +152,8 @@ class DetectionTask(SpikingTask):
         for key in ("map", "map_50", "map_75", "mar_100"):
             self.log(f"val/{key}", result[key].float().clamp(min=0.0), prog_bar=key == "map_50")
         if self._wider is not None:
-            for level, metric in self._wider["levels"].items():
-                self.log(f"val/wider_{level}", metric.compute()["map_50"].float().clamp(min=0.0))
+            for level, ap in self._wider.compute().items():
+                self.log(f"val/wider_{level}", float(ap))
             self._wider = None
         if self._shown is not None and not self.trainer.sanity_checking:
             self._log_images(*self._shown)
