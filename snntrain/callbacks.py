@@ -20,7 +20,9 @@ class FiringRateMonitor(L.Callback):
     Scalars ``firing_rate/<layer>`` (fraction of neuron-steps that spiked) and
     ``firing_rate/mean`` (over all layers), and, with TensorBoard, a histogram
     ``firing_rate_per_channel/<layer>`` of the rates of the layer's channels (dim 2 of
-    ``[T, B, C, ...]``). Sums stay on the device until the epoch ends.
+    ``[T, B, C, ...]``). Sums stay on the device until the epoch ends; with several processes
+    (DDP) the spike sums and neuron-step counts are added over all of them before dividing, so
+    every process logs the rates of the whole validation set, and rank 0 writes the histograms.
     """
 
     def __init__(self, histograms: bool = True) -> None:
@@ -36,6 +38,7 @@ class FiringRateMonitor(L.Callback):
         else:
             per_channel = s.sum(dim=0, dtype=torch.float32)
         count = s.numel() // per_channel.numel()
+        per_channel = per_channel.double()  # exact counts of 0/1 spikes far beyond float32's 2**24
         if name in self._sums and self._sums[name].shape == per_channel.shape:
             self._sums[name] += per_channel
             self._counts[name] += count
@@ -57,20 +60,35 @@ class FiringRateMonitor(L.Callback):
             h.remove()
         self._handles.clear()
 
+    def _reduced(self, trainer: L.Trainer) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer: spike sums per channel and the neuron-steps behind each, added over all processes
+        in one collective (every process ran the same layers in the same order)."""
+        names = list(self._sums)
+        sums = [self._sums[n] for n in names]
+        device = sums[0].device
+        flat = torch.cat([*sums, torch.tensor([float(self._counts[n]) for n in names], dtype=torch.float64,
+                                              device=device)])
+        flat = trainer.strategy.reduce(flat, reduce_op="sum")
+        parts = flat.split([*(s.numel() for s in sums), len(names)])
+        return {name: (parts[i], parts[-1][i]) for i, name in enumerate(names)}
+
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._detach()
         if not self._sums:
             return
-        total_spikes, total_count = 0.0, 0
+        total_spikes, total_count = 0.0, 0.0
         tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        for name, sums in self._sums.items():
-            rates = sums / self._counts[name]
-            pl_module.log(f"firing_rate/{name}", rates.mean(), on_epoch=True)
+        # the values below are the same on every process; sync_dist (a mean of equal values over
+        # batch_size 1) only tells Lightning that they are
+        log = partial(pl_module.log, on_epoch=True, sync_dist=True, batch_size=1)
+        for name, (sums, count) in self._reduced(trainer).items():
+            rates = sums / count
+            log(f"firing_rate/{name}", rates.mean().float())
             total_spikes = total_spikes + sums.sum()
-            total_count += self._counts[name] * sums.numel()
+            total_count = total_count + count * sums.numel()
             if self.histograms and tb is not None and trainer.is_global_zero:
-                tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.cpu(), trainer.global_step)
-        pl_module.log("firing_rate/mean", total_spikes / total_count, on_epoch=True)
+                tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.float().cpu(), trainer.global_step)
+        log("firing_rate/mean", (total_spikes / total_count).float())
         self._sums.clear()
         self._counts.clear()
 
