@@ -60,7 +60,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import AtomicCheckpointIO, FiringRateMonitor
+    from .callbacks import AtomicCheckpointIO, FiringRateMonitor, TrainingSpeedMonitor
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, is_rank_zero
@@ -102,7 +102,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_top_k=1,
         save_last=True,
     )
-    callbacks = [checkpoint, FiringRateMonitor()]
+    callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor()]
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugins = [AtomicCheckpointIO()]

@@ -147,10 +147,10 @@ def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["epoch"] == 1 and last["global_step"] == 4
     logged, others, images = tb_scalars(run)
-    assert "firing_rate_per_channel/sn1" in others and images == 1  # drawn once, by rank 0, after the sanity check
+    assert "firing_rate_per_channel/backbone.sn1" in others and images == 1  # drawn once, by rank 0, after the sanity check
     single = single_process_validation(DETECT, run / "checkpoints" / "last.ckpt", tmp_path / "val")
     assert_close(logged, single, ["val/loss", "val/loss_box", "val/loss_cls", "val/loss_ctr", "val/num_pos",
-                                  "val/map", "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/sn1"])
+                                  "val/map", "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/backbone.sn1"])
 
 
 # ----------------------------------------------------------------------------------------- pieces
@@ -206,3 +206,27 @@ def test_sync_batchnorm_conversion_and_revert():
     assert type(reverted[1]) is nn.BatchNorm2d and type(reverted[2][0]) is nn.BatchNorm2d
     assert reverted[1].weight is weight and torch.all(reverted[1].running_mean == 0.5)
     assert not reverted[3].synced
+
+
+def test_training_speed_is_logged_on_synthetic_data(tmp_path):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "backend=torch", "trainer.accelerator=cpu", "T=2", "model.width=4", "data=synthetic", "data.image_size=8",
+            "data.num_train=64", "data.num_val=16", "data.batch_size=8", "data.num_classes=3", "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false", "logger=none", f"paths.output_dir={tmp_path}"])
+    metrics = train(cfg)
+    assert metrics["perf/train_images_per_s"] > 0  # 8 steps: 3 timed after 5 warm-up steps
+    assert 0.0 <= metrics["val/acc"] <= 1.0
+
+
+def test_synthetic_data_is_a_fixed_pool():
+    from snntrain.data import build_datamodule
+
+    dm = build_datamodule({"name": "synthetic", "num_train": 10, "num_val": 3, "image_size": 5, "in_channels": 2,
+                           "num_classes": 4, "pool_size": 4, "batch_size": 2}, seed=3)
+    dm.setup()
+    x, y = dm.train_set[5]
+    assert x.shape == (2, 5, 5) and torch.equal(x, dm.train_set[1][0]) and 0 <= int(y) < 4
+    assert torch.equal(dm.val_set[0][0], dm.train_set[2][0]) and len(dm.val_set) == 3
+    with pytest.raises(ValueError, match="pool_size=0"):
+        build_datamodule({"name": "synthetic", "pool_size": 0})
