@@ -115,7 +115,8 @@ def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_
     for run in runs:
         check_run_dir(run)
         logged = logged_epoch_metrics(run)
-        single = single_process_validation(CLASSIFY, run / "checkpoints" / "last.ckpt", tmp_path / f"val{run.name}")
+        seed = f"seed={int(run.name) + 1}"  # job n of the sweep ran seed=n+1 (the seed also picks the split)
+        single = single_process_validation([*CLASSIFY, seed], run / "checkpoints" / "last.ckpt", tmp_path / f"v{seed}")
         rates = [k for k in single if k.startswith("firing_rate/")]
         assert len(rates) > 10
         assert_close(logged, single, ["val/loss", "val/acc", *rates])
