@@ -18,7 +18,7 @@ Cases:
 It also checks that every process of a DDP run reported the same validation metrics (the
 ``final metrics`` line of ``cli.log`` and ``cli_rank<N>.log``).
 
-    python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 40]
+    python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 60]
 
 Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
 """
@@ -64,13 +64,14 @@ def rank_metrics(run: Path) -> dict[str, dict]:
 
 
 def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, precision: str, out: Path,
-             extra: list[str]) -> dict:
+             extra: list[str], accelerator: str = "gpu") -> dict:
     run = out / f"{case}_{devices}gpu"
     per_gpu = 32
     n_train = steps * per_gpu * devices
     size = ["data.num_train=" + str(n_train)]
-    cmd = [sys.executable, "-m", "snntrain", *CASES[case], *size, f"backend={backend}", "trainer.accelerator=gpu",
-           f"trainer.devices={devices}", f"trainer.max_epochs={epochs}", f"trainer.precision={precision}",
+    cmd = [sys.executable, "-m", "snntrain", *CASES[case], *size, f"backend={backend}",
+           f"trainer.accelerator={accelerator}", f"trainer.devices={devices}", f"trainer.max_epochs={epochs}",
+           f"trainer.precision={precision}",
            "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=50", "logger=csv",
            f"hydra.run.dir={run}", *extra]
     print(" ".join(cmd[1:]), flush=True)
@@ -93,24 +94,27 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "bench_results"))
     p.add_argument("--devices", nargs="+", type=int, default=[1, 2])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    p.add_argument("--steps", type=int, default=40, help="training steps per epoch and GPU (5 are warm-up)")
+    p.add_argument("--steps", type=int, default=60, help="training steps per epoch and GPU (5 are warm-up)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--precision", default="32-true")
+    p.add_argument("--accelerator", default="gpu", choices=["gpu", "cpu"], help="cpu: a dry run of the script")
     p.add_argument("extra", nargs="*", help="more overrides for every run (e.g. trainer.sync_batchnorm=true)")
     args = p.parse_args()
-    if not torch.cuda.is_available() or torch.cuda.device_count() < max(args.devices):
+    if args.accelerator == "gpu" and torch.cuda.device_count() < max(args.devices):
         sys.exit(f"needs {max(args.devices)} CUDA GPU(s); found {torch.cuda.device_count()}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra)
+    rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra, args.accelerator)
             for case in args.cases for n in args.devices]
-    base = {r["case"]: r["images_per_s"] for r in rows if r.get("devices") == min(args.devices) and r.get("images_per_s")}
+    base = {r["case"]: r["images_per_s"] for r in rows
+            if r.get("devices") == min(args.devices) and r.get("images_per_s")}
     for r in rows:
         if r.get("images_per_s") and base.get(r["case"]):
             r["speedup"] = r["images_per_s"] / base[r["case"]]
-    info = {"gpu": torch.cuda.get_device_name(), "gpus": torch.cuda.device_count(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    info = {"gpu": torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu",
+            "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "rows": rows}
     (out / "bench_ddp.json").write_text(json.dumps(info, indent=2))
     print(f"\nGPU: {info['gpu']} x {info['gpus']}  torch {info['torch']}  date {info['date']}")
     print(f"{'case':9s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} {'same val metrics on all ranks':>30s}")

@@ -179,6 +179,27 @@ def eval_sampler(dataset: Dataset) -> EvalShardSampler | None:
     return None
 
 
+def gather_list_states(metric: Any) -> None:
+    """Replace each list state of a torchmetrics ``metric`` (one entry per image, say) by the entries of
+    all processes in rank order: rank 0's first, then rank 1's, and so on. With contiguous evaluation
+    shards this is the single-process order of the data, so order-sensitive results (a detection
+    metric's ranking of equal scores) match one process over the same data. Works for any number of
+    entries per process; torchmetrics' own sync gathers list entries index by index, which needs the
+    same number on every process and interleaves them. Build the metric with ``sync_on_compute=False``.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return
+    for name, value in metric.metric_state.items():
+        if not isinstance(value, list):
+            continue
+        parts: list[Any] = [None] * world
+        torch.distributed.all_gather_object(parts, [t.cpu() for t in value])
+        setattr(metric, name, [t.to(metric.device) for part in parts for t in part])
+
+
 # ----------------------------------------------------------------------------------------- batch norm
 
 
@@ -240,6 +261,7 @@ __all__ = [
     "convert_sync_batchnorm",
     "ddp_job",
     "eval_sampler",
+    "gather_list_states",
     "is_rank_zero",
     "rank_name",
 ]

@@ -93,7 +93,9 @@ class DetectionTask(SpikingTask):
         self.num_images_logged = int(task.get("num_images_logged", 4))
         from torchmetrics.aggregation import MeanMetric
 
-        self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend())
+        # synchronised by gather_list_states (rank order, any number of images per process)
+        self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend(),
+                                            sync_on_compute=False)
         self.train_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
         self.val_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
         self._shown: tuple[torch.Tensor, list, list] | None = None
@@ -142,7 +144,7 @@ class DetectionTask(SpikingTask):
 
             self._wider = {"records": records, "levels": {
                 level: MeanAveragePrecision(box_format="xyxy", iou_type="bbox", iou_thresholds=[0.5],
-                                            backend=_map_backend())
+                                            backend=_map_backend(), sync_on_compute=False)
                 for level in records[0].difficulty}}
 
     def _update_wider(self, preds: list[dict[str, torch.Tensor]], targets: dict[str, torch.Tensor]) -> None:
@@ -175,16 +177,19 @@ class DetectionTask(SpikingTask):
                            [{k: v.cpu() for k, v in g.items()} for g in gts[:n]])
 
     def on_validation_epoch_end(self) -> None:
+        from ..distributed import gather_list_states
+
+        # every process scores every process's detections, in the data's order: the values are the same
+        # on all of them, and sync_dist (a mean of equal values, batch_size 1) only tells Lightning so
+        gather_list_states(self.val_map)
         result = self.val_map.compute()
         self.val_map.reset()
-        # compute() gathered every process's detections: the values are the same on all of them, and
-        # sync_dist (a mean of equal values, batch_size 1) only tells Lightning so
         for key in ("map", "map_50", "map_75", "mar_100"):
             self.log(f"val/{key}", result[key].float().clamp(min=0.0).to(self.device), prog_bar=key == "map_50",
                      sync_dist=True, batch_size=1)
         if self._wider is not None:
             for level, metric in self._wider["levels"].items():
-                metric.to(self.device)  # its states travel between processes on the device (NCCL)
+                gather_list_states(metric)
                 self.log(f"val/wider_{level}", metric.compute()["map_50"].float().clamp(min=0.0).to(self.device),
                          sync_dist=True, batch_size=1)
             self._wider = None
