@@ -60,9 +60,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import AtomicCheckpointIO, FiringRateMonitor
+    from .callbacks import AtomicCheckpointIO, FiringRateMonitor, TrainingSpeedMonitor
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
+    from .distributed import SyncBatchNorm, ddp_job, is_rank_zero
     from .tasks import TASKS
 
     out = Path(cfg.paths.output_dir)
@@ -86,7 +87,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             cfg.data.classes = list(datamodule.classes)
         cfg.backend.resolved = backend
     config = resolved_config(cfg)
-    _save_config(config, out / "config.yaml")
+    if is_rank_zero():  # with DDP every process runs this; the run files are written once
+        _save_config(config, out / "config.yaml")
 
     task_cls = TASKS[task_name]
     task = task_cls(config, backend=backend)
@@ -100,21 +102,25 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_top_k=1,
         save_last=True,
     )
-    callbacks = [checkpoint, FiringRateMonitor()]
+    callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor()]
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    plugins = [AtomicCheckpointIO()]
+    if trainer_kwargs.get("sync_batchnorm"):
+        plugins.append(SyncBatchNorm())
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(out),
         logger=logger,
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
+        plugins=plugins,
     )
-    if cfg.train:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-    else:
-        task = task_cls.load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
-        trainer.validate(task, datamodule=datamodule)
+    with ddp_job(out):  # with devices x num_nodes > 1, Lightning starts the other processes in here
+        if cfg.train:
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        else:
+            task = task_cls.load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
+            trainer.validate(task, datamodule=datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1}
     shown = {k: round(v, 4) for k, v in sorted(metrics.items()) if k.startswith("val/")}
     _announce(f"snntrain: final metrics {shown}")
@@ -166,7 +172,7 @@ def run(cfg: DictConfig) -> Any:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://snntrain.conf", config_name="config")
-def main(cfg: DictConfig) -> Any:
+def _hydra_main(cfg: DictConfig) -> Any:
     out = Path(cfg.paths.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     _announce(f"snntrain: run directory {out.resolve()}")
@@ -174,3 +180,14 @@ def main(cfg: DictConfig) -> Any:
         return run(cfg)
     finally:
         _announce(f"snntrain: run directory {out.resolve()}")
+
+
+def main() -> Any:
+    """``python -m snntrain`` / ``snntrain``. A process that Lightning starts for DDP runs its parent's
+    job (same overrides, same run directory); see :func:`snntrain.distributed.command_line`."""
+    import sys
+
+    from .distributed import command_line
+
+    sys.argv = command_line(sys.argv)
+    return _hydra_main()

@@ -281,6 +281,22 @@ def test_unfused_flag_runs_norm_then_neuron(device):
     assert torch.equal(s, ref(x))
 
 
+def test_sync_batchnorm_runs_unfused(device):
+    from snntrain.distributed import convert_sync_batchnorm
+
+    m = _module("bn", 3, _NEURONS[0]).to(device)
+    ref = copy.deepcopy(m)
+    synced = convert_sync_batchnorm(m)
+    assert isinstance(synced.norm, nn.SyncBatchNorm)
+    set_backend(synced, "triton")
+    x = torch.randn(2, 2, 3, 4, 4, device=device)
+    with torch.profiler.profile() as prof:
+        s = synced(x)  # no process group: SyncBatchNorm computes this process's statistics
+    assert "snntrain::bn_neuron_fwd" not in {e.name for e in prof.events()}
+    assert torch.equal(s, ref(x))
+    assert torch.equal(synced.norm.running_mean, ref.norm.running_mean)
+
+
 @pytest.mark.parametrize("norm", ["bn", "ln"])
 def test_torch_compile_fullgraph(norm, device):
     """Forward, backward and the running-statistics update trace without graph breaks."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
 from .faces import FacesDataModule
 from .image_folder import ImageFolderDataModule
+from .synthetic import SyntheticDataModule
 from .widerface import WiderFaceDataModule
 
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
@@ -19,6 +21,7 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "image_folder": ImageFolderDataModule,
     "faces": FacesDataModule,
     "widerface": WiderFaceDataModule,
+    "synthetic": SyntheticDataModule,
 }
 
 # Keys of a data config that describe the data for the model rather than configure the module.
@@ -33,8 +36,11 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
         raise ValueError(f"data name={name!r} is not valid; choose one of {', '.join(DATAMODULES)}")
     cls = DATAMODULES[name]
     kwargs = {k: v for k, v in cfg.items() if k not in _DESCRIPTIVE}
-    if name == "image_folder" and cfg.get("in_channels") is not None:
-        kwargs["in_channels"] = cfg["in_channels"]
+    # descriptive keys that a datamodule also takes as settings (image_folder: in_channels; synthetic: both)
+    accepted = inspect.signature(cls).parameters
+    for key in ("num_classes", "in_channels"):
+        if key in accepted and cfg.get(key) is not None:
+            kwargs[key] = cfg[key]
     kwargs.setdefault("seed", seed)
     try:
         return cls(**kwargs)
@@ -48,6 +54,7 @@ __all__ = [
     "DigitsDataModule",
     "FacesDataModule",
     "ImageFolderDataModule",
+    "SyntheticDataModule",
     "WiderFaceDataModule",
     "build_datamodule",
 ]

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .common import check_fraction, loader_generator, positive_int
+from .common import check_fraction, eval_sampler, loader_generator, positive_int
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -94,4 +94,4 @@ class CIFAR10DataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0, sampler=eval_sampler(self.val_set))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed import eval_sampler
 from ..validation import positive_int
 
-__all__ = ["check_fraction", "loader_generator", "positive_int", "split_indices"]
+__all__ = ["check_fraction", "eval_sampler", "loader_generator", "positive_int", "split_indices"]
 
 
 def check_fraction(name: str, value: object) -> float:

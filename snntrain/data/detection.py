@@ -39,7 +39,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from .common import loader_generator, positive_int
+from .common import eval_sampler, loader_generator, positive_int
 
 #: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
 IMAGE_MEAN = 0.5
@@ -592,6 +592,7 @@ class DetectionDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             collate_fn=DetectionCollate(self.max_boxes, drop=train, size_divisor=self.size_divisor),
             generator=loader_generator(self.seed) if train else None,
+            sampler=None if train else eval_sampler(dataset),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from .common import check_fraction, loader_generator, positive_int
+from .common import check_fraction, eval_sampler, loader_generator, positive_int
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -63,4 +63,5 @@ class DigitsDataModule(L.LightningDataModule):
                           num_workers=self.num_workers, generator=loader_generator(self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          sampler=eval_sampler(self.val_set))

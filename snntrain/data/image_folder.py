@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from torchvision.transforms import v2
 
-from .common import check_fraction, loader_generator, positive_int, split_indices
+from .common import check_fraction, eval_sampler, loader_generator, positive_int, split_indices
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -95,4 +95,5 @@ class ImageFolderDataModule(L.LightningDataModule):
                           generator=loader_generator(self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          sampler=eval_sampler(self.val_set))

@@ -189,6 +189,10 @@ class SpikingFCOS(nn.Module):
                                   stem=stem, width=width, neuron=neuron, norm=norm,
                                   zero_init_residual=zero_init_residual, backend=backend)
         self.levels = levels
+        # stages above the pyramid's top level would never run: keep no parameters for them (DDP needs a
+        # gradient for every parameter, and they would only cost memory)
+        for i in range(levels[-1] + 1, 5):
+            setattr(self.backbone, f"layer{i}", None)
         self.strides = [self.backbone.stage_strides[lv - 1] for lv in levels]
         if scale_ranges is None:
             ranges = default_scale_ranges(self.strides)
@@ -218,7 +222,7 @@ class SpikingFCOS(nn.Module):
         return self._points_cache[key]
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
-        feats = self.backbone.forward_features(images)
+        feats = self.backbone.forward_features(images, num_stages=self.levels[-1])
         feats = self.fpn([feats[lv - 1] for lv in self.levels])
         cls_logits, box_ltrb, centerness = self.head(feats, self.strides)
         points, strides, ranges = self.locations([tuple(f.shape[-2:]) for f in feats], images.device)

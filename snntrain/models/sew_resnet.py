@@ -214,11 +214,11 @@ class SEWResNet(nn.Module):
         first = 1 if isinstance(self.pool, nn.Identity) else 4
         return [first * 2**i for i in range(4)]
 
-    def forward_features(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Spike maps ``[T, B, C, H, W]`` after each of the four stages."""
+    def forward_features(self, x: torch.Tensor, num_stages: int = 4) -> list[torch.Tensor]:
+        """Spike maps ``[T, B, C, H, W]`` after each of the first ``num_stages`` (of four) stages."""
         x = self.pool(self.encode(x))
         feats = []
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4)[:num_stages]:
             x = stage(x)
             feats.append(x)
         return feats

@@ -40,14 +40,17 @@ class NormNeuron(nn.Module):
     repeated over ``T`` steps (direct encoding of a static image): the norm sees each
     element once, as when the stem's output is normalised before it is repeated.
     Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
-    The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
+    A :class:`torch.nn.SyncBatchNorm` (``trainer.sync_batchnorm=true`` converts the batch norm in
+    place) runs unfused too: its statistics come from every process, which the fused kernels do not
+    gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
     (a plain attribute: the norm's and the neuron's own kernels, one after the other).
     """
 
     def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
         super().__init__()
-        if not isinstance(norm, (nn.BatchNorm2d, LayerNorm2d)):
-            raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d or LayerNorm2d")
+        if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d)):
+            raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d, SyncBatchNorm "
+                            "or LayerNorm2d")
         if not isinstance(neuron, BaseNeuron):
             raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF or PLIF module")
         self.norm = norm
@@ -61,11 +64,12 @@ class NormNeuron(nn.Module):
                              f"{tuple(x.shape)}")
         if steps is not None and x.dim() != 4:
             raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
-        channels = self.norm.num_features if isinstance(self.norm, nn.BatchNorm2d) else self.norm.num_channels
+        channels = self.norm.num_channels if isinstance(self.norm, LayerNorm2d) else self.norm.num_features
         if x.shape[-3] != channels:
             raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
                              f"was built for {channels}")
-        if self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq:
+        if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq
+                and not isinstance(self.norm, nn.SyncBatchNorm)):
             return self._fused(x, steps)
         if steps is not None:
             y = self.norm(x)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from .base import SpikingTask
@@ -14,8 +15,9 @@ from .base import SpikingTask
 class ClassificationTask(SpikingTask):
     """Trains ``config["model"]`` on (image, label) batches.
 
-    Logs ``train/loss``, ``train/acc``, ``val/loss``, ``val/acc`` (top-1) and, through the
-    scheduler, ``train/lr``.
+    Logs ``train/loss_step`` (this process's batch), ``train/loss_epoch``, ``train/acc``,
+    ``val/loss``, ``val/acc`` (top-1) and, through the scheduler, ``train/lr``. Epoch values are
+    torchmetrics states summed over all processes, so with DDP they are those of the whole data.
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
@@ -25,6 +27,8 @@ class ClassificationTask(SpikingTask):
         # no input validation in the training step: it synchronises with the host every step
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.train_loss = MeanMetric(nan_strategy="disable")
+        self.val_loss = MeanMetric(nan_strategy="disable")
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
@@ -32,18 +36,21 @@ class ClassificationTask(SpikingTask):
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
-        self.train_acc(logits.detach(), y)
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(y))
-        self.log("train/acc", self.train_acc, prog_bar=True, on_step=False, on_epoch=True, batch_size=len(y))
+        self.train_acc.update(logits.detach(), y)
+        self.train_loss.update(loss.detach(), len(y))
+        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(y))
+        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
+        self.log("train/acc", self.train_acc, prog_bar=True, on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
-        self.val_acc(logits, y)
-        self.log("val/loss", loss, prog_bar=True, on_epoch=True, batch_size=len(y))
-        self.log("val/acc", self.val_acc, prog_bar=True, on_epoch=True, batch_size=len(y))
+        self.val_acc.update(logits, y)
+        self.val_loss.update(loss, len(y))
+        self.log("val/loss", self.val_loss, prog_bar=True, on_epoch=True)
+        self.log("val/acc", self.val_acc, prog_bar=True, on_epoch=True)
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch

@@ -25,6 +25,10 @@ from ..losses import fcos_loss
 from .base import SpikingTask
 
 
+#: Losses logged per stage (``fcos_loss``'s outputs).
+LOGGED_LOSSES = ("loss", "loss_cls", "loss_box", "loss_ctr", "num_pos")
+
+
 def _map_backend() -> str:
     try:
         import faster_coco_eval  # noqa: F401
@@ -68,8 +72,12 @@ class DetectionTask(SpikingTask):
     ``(images [B, 3, S, S], {"boxes" [B, M, 4], "labels" [B, M], "num_boxes" [B], ...})``.
 
     Logs ``train/loss`` and its parts ``train/loss_cls``, ``train/loss_box``,
-    ``train/loss_ctr``, ``train/num_pos``; the same under ``val/``; ``val/map_50``,
-    ``val/map`` (0.5:0.95), ``val/mar_100``; and images under ``val/detections``.
+    ``train/loss_ctr``, and ``train/num_pos`` (positive locations per image), each for this
+    process's batch (``_step``) and the epoch (``_epoch``); the epoch values under ``val/``;
+    ``val/map_50``, ``val/map`` (0.5:0.95), ``val/mar_100``; and images under ``val/detections``
+    (rank 0's first validation images). Epoch losses are sums over all positives divided by their
+    number (each batch's loss weighted by its positives), reduced over all processes: with DDP they
+    equal one process's value over the same data, whatever the batches.
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
@@ -82,7 +90,13 @@ class DetectionTask(SpikingTask):
         task = config["task"]
         self.loss_cfg = dict(task.get("loss", {}))
         self.num_images_logged = int(task.get("num_images_logged", 4))
-        self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend())
+        from torchmetrics.aggregation import MeanMetric
+
+        # synchronised by gather_list_states (rank order, any number of images per process)
+        self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend(),
+                                            sync_on_compute=False)
+        self.train_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
+        self.val_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
         self._shown: tuple[torch.Tensor, list, list] | None = None
         self._wider = None  # WiderFaceAP for the epoch, when the val set has the official difficulty lists
 
@@ -92,10 +106,20 @@ class DetectionTask(SpikingTask):
         return outputs, fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
 
     def _log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int) -> None:
-        on_step = stage == "train"
-        for name, value in losses.items():
-            key = f"{stage}/{name}" if name != "loss" else f"{stage}/loss"
-            self.log(key, value, on_step=on_step, on_epoch=True, prog_bar=name == "loss", batch_size=batch_size)
+        num_pos = losses["num_pos"]
+        train = stage == "train"
+        for name in LOGGED_LOSSES:
+            if name == "num_pos":  # per image
+                value, weight = num_pos / batch_size, batch_size
+            else:  # per positive: the loss is normalised by the batch's positives
+                value, weight = losses[name], num_pos
+            mean = (self.train_means if train else self.val_means)[name]
+            mean.update(value.detach(), weight)
+            if train:
+                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss",
+                         batch_size=batch_size)
+            self.log(f"{stage}/{name}_epoch" if train else f"{stage}/{name}", mean, on_step=False, on_epoch=True,
+                     prog_bar=not train and name == "loss")
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
@@ -141,19 +165,26 @@ class DetectionTask(SpikingTask):
         self.val_map.update(preds, gts)
         if self._wider is not None:
             self._update_wider(preds, targets)
-        if batch_idx == 0 and self.num_images_logged > 0:
+        if batch_idx == 0 and self.num_images_logged > 0 and self.trainer.is_global_zero:
             n = self.num_images_logged
             self._shown = (images[:n].detach().cpu(), [{k: v.cpu() for k, v in p.items()} for p in preds[:n]],
                            [{k: v.cpu() for k, v in g.items()} for g in gts[:n]])
 
     def on_validation_epoch_end(self) -> None:
+        from ..distributed import gather_list_states
+
+        # every process scores every process's detections, in the data's order: the values are the same
+        # on all of them, and sync_dist (a mean of equal values, batch_size 1) only tells Lightning so
+        gather_list_states(self.val_map)
         result = self.val_map.compute()
         self.val_map.reset()
         for key in ("map", "map_50", "map_75", "mar_100"):
-            self.log(f"val/{key}", result[key].float().clamp(min=0.0), prog_bar=key == "map_50")
+            self.log(f"val/{key}", result[key].float().clamp(min=0.0).to(self.device), prog_bar=key == "map_50",
+                     sync_dist=True, batch_size=1)
         if self._wider is not None:
             for level, ap in self._wider.compute().items():
-                self.log(f"val/wider_{level}", float(ap))
+                self.log(f"val/wider_{level}", torch.as_tensor(ap, dtype=torch.float32, device=self.device),
+                         sync_dist=True, batch_size=1)
             self._wider = None
         if self._shown is not None and not self.trainer.sanity_checking:
             self._log_images(*self._shown)
@@ -163,7 +194,7 @@ class DetectionTask(SpikingTask):
         from lightning.pytorch.loggers import TensorBoardLogger
 
         tb = next((lg for lg in self.loggers if isinstance(lg, TensorBoardLogger)), None)
-        if tb is None:
+        if tb is None or not self.trainer.is_global_zero:
             return
         grid = torch.stack([draw_detections(img, p, g) for img, p, g in zip(images, preds, gts)])
         tb.experiment.add_images("val/detections", grid, self.global_step)

@@ -1,0 +1,132 @@
+"""Training throughput on one GPU against several, through the real command line and Trainer.
+
+Each case runs ``python -m snntrain ...`` once per device count with ``trainer.devices=N`` (DDP
+for N > 1), on data that costs next to nothing to load, and reads the rate that
+:class:`snntrain.callbacks.TrainingSpeedMonitor` logs as ``perf/train_images_per_s``: images of
+all GPUs per second of the training steps after 5 warm-up steps of each epoch, the GPUs
+synchronised only at the two ends of that window (start-up, compilation, autotuning and
+validation are outside it). The rate of the last epoch is reported. Every device count runs the
+same number of steps per GPU with the same per-GPU batch, so N GPUs see N times the images.
+
+Cases:
+
+* ``sew18``: SEW-ResNet-18 (ImageNet stem, width 64, LIF), T = 4, 224 x 224 RGB, batch 32 per GPU,
+  ``data=synthetic`` (a pool of random images in memory), the classification task (AdamW).
+* ``detector``: the default ``task=detect`` model and loss on ``data=faces`` (64 x 64, batch 32 per
+  GPU, no augmentation, images rendered in the first epoch and cached, so later epochs only copy).
+
+It also checks that every process of a DDP run reported the same validation metrics (the
+``final metrics`` line of ``cli.log`` and ``cli_rank<N>.log``).
+
+    python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 60]
+
+Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+CASES = {
+    "sew18": ["task=classify", "data=synthetic", "data.image_size=224", "data.batch_size=32", "data.num_val=128",
+              "model.stem=imagenet", "model.width=64", "T=4"],
+    "detector": ["task=detect", "data.augment=false", "data.batch_size=32", "data.num_val=128", "T=4"],
+}
+
+
+def last_epoch_rate(run: Path) -> float | None:
+    import csv
+
+    rate = None
+    with open(run / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get("perf/train_images_per_s"):
+                rate = float(row["perf/train_images_per_s"])
+    return rate
+
+
+def rank_metrics(run: Path) -> dict[str, dict]:
+    out = {}
+    for log in sorted(run.glob("cli*.log")):
+        lines = [ln for ln in log.read_text().splitlines() if "final metrics " in ln]
+        if lines:
+            out[log.stem] = ast.literal_eval(lines[-1].split("final metrics ", 1)[1])
+    return out
+
+
+def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, precision: str, out: Path,
+             extra: list[str], accelerator: str = "gpu") -> dict:
+    run = out / f"{case}_{devices}gpu"
+    per_gpu = 32
+    n_train = steps * per_gpu * devices
+    size = ["data.num_train=" + str(n_train)]
+    cmd = [sys.executable, "-m", "snntrain", *CASES[case], *size, f"backend={backend}",
+           f"trainer.accelerator={accelerator}", f"trainer.devices={devices}", f"trainer.max_epochs={epochs}",
+           f"trainer.precision={precision}",
+           "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=50", "logger=csv",
+           f"hydra.run.dir={run}", *extra]
+    print(" ".join(cmd[1:]), flush=True)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        print(res.stdout[-2000:], res.stderr[-4000:], sep="\n")
+        return {"case": case, "devices": devices, "error": res.stderr.strip().splitlines()[-1:]}
+    metrics = rank_metrics(run)
+    same = len({json.dumps(m, sort_keys=True) for m in metrics.values()}) == 1
+    return {"case": case, "devices": devices, "backend": backend, "precision": precision,
+            "batch_per_gpu": per_gpu, "steps_per_epoch": steps, "epochs": epochs,
+            "images_per_s": last_epoch_rate(run), "wall_s": wall, "ranks_report_same_val_metrics": same,
+            "val_metrics": metrics, "run_dir": str(run)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "bench_results"))
+    p.add_argument("--devices", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--steps", type=int, default=60, help="training steps per epoch and GPU (5 are warm-up)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--backend", default="triton", choices=["triton", "torch"])
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--accelerator", default="gpu", choices=["gpu", "cpu"], help="cpu: a dry run of the script")
+    p.add_argument("extra", nargs="*", help="more overrides for every run (e.g. trainer.sync_batchnorm=true)")
+    args = p.parse_args()
+    if args.accelerator == "gpu" and torch.cuda.device_count() < max(args.devices):
+        sys.exit(f"needs {max(args.devices)} CUDA GPU(s); found {torch.cuda.device_count()}")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra, args.accelerator)
+            for case in args.cases for n in args.devices]
+    base = {r["case"]: r["images_per_s"] for r in rows
+            if r.get("devices") == min(args.devices) and r.get("images_per_s")}
+    for r in rows:
+        if r.get("images_per_s") and base.get(r["case"]):
+            r["speedup"] = r["images_per_s"] / base[r["case"]]
+    info = {"gpu": torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu",
+            "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "rows": rows}
+    (out / "bench_ddp.json").write_text(json.dumps(info, indent=2))
+    print(f"\nGPU: {info['gpu']} x {info['gpus']}  torch {info['torch']}  date {info['date']}")
+    print(f"{'case':9s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} {'same val metrics on all ranks':>30s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:9s} {r['devices']:4d} failed: {r['error']}")
+            continue
+        rate = f"{r['images_per_s']:.1f}" if r["images_per_s"] else "-"
+        print(f"{r['case']:9s} {r['devices']:4d} {rate:>10s} {r.get('speedup', float('nan')):9.2f} "
+              f"{str(r['ranks_report_same_val_metrics']):>30s}")
+    print(f"json: {out / 'bench_ddp.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""Training on several processes (GPUs, nodes) with Lightning's DDP: what snntrain adds around it.
+
+Lightning does the distributed work: it starts one process per device, wraps the model
+in ``DistributedDataParallel``, shards the training data with a ``DistributedSampler``
+and writes checkpoints and logs from global rank 0 only. This module holds the few
+pieces that make that right for a Hydra app and for exact validation metrics:
+
+* :func:`ddp_job` / :func:`command_line`: Lightning starts ranks 1.. of a node by running
+  the parent's command line again. Under Hydra that command line may be a sweep
+  (``-m``) and its run directory may contain ``${now:...}``, so the parent hands its
+  children the exact job instead: its overrides and its run directory (through the
+  environment variable :data:`JOB_ENV`), and the children run that single job in the
+  same directory, without a second ``.hydra`` folder, logging to ``cli_rank<N>.log``.
+* :class:`EvalShardSampler` / :func:`eval_sampler`: validation data split into one
+  contiguous block per process with every sample exactly once (Lightning's
+  ``DistributedSampler`` pads the last block with repeated samples), so metrics
+  reduced over the processes equal the single-process value over the same data.
+* :func:`convert_sync_batchnorm` and :class:`SyncBatchNorm`: ``trainer.sync_batchnorm``
+  in one place, extendable by fused norm modules.
+
+Nothing here starts processes or talks to the network itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm
+from torch import nn
+from torch.utils.data import Dataset, DistributedSampler
+
+#: Environment variable through which a DDP parent tells the processes it starts which job to run.
+JOB_ENV = "SNNTRAIN_DDP_JOB"
+# Variables Lightning's process launcher sets in the parent; restored after each job so that the next
+# job of a sweep launches its own processes again (Lightning takes a set LOCAL_RANK to mean that an
+# outside launcher created the processes).
+_LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", JOB_ENV)
+# Hydra settings a child keeps from the parent's command line (logging); everything else about Hydra's
+# own run (mode, sweep, run dir, launcher) is replaced by the single job.
+_HYDRA_KEPT = ("hydra/job_logging", "hydra/hydra_logging", "hydra.job_logging", "hydra.hydra_logging", "hydra.verbose")
+
+
+def rank_name(environ: Mapping[str, str] | None = None) -> str | None:
+    """This process's rank as the launcher announces it before any process group exists, as a name
+    (``rank3``, ``node1_rank0``), or ``None`` for global rank 0.
+
+    ``RANK`` (torchrun), ``SLURM_PROCID`` (SLURM) or ``JSM_NAMESPACE_RANK`` (LSF) give the global rank;
+    otherwise ``NODE_RANK`` and ``LOCAL_RANK`` (Lightning's own launcher, one command per node) do.
+    """
+    env = os.environ if environ is None else environ
+    for key in ("RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if env.get(key, "").strip():
+            rank = int(env[key])
+            return f"rank{rank}" if rank else None
+    node = int(env.get("NODE_RANK", "") or env.get("GROUP_RANK", "") or 0)
+    local = int(env.get("LOCAL_RANK", "") or 0)
+    if node:
+        return f"node{node}_rank{local}"
+    return f"rank{local}" if local else None
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0 (the one that writes run files), before the Trainer starts."""
+    return rank_name() is None
+
+
+def _quote(value: str) -> str:
+    """``value`` as a quoted Hydra override value."""
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def command_line(argv: Sequence[str], environ: Mapping[str, str] | None = None, ppid: int | None = None) -> list[str]:
+    """The command line this process should hand to Hydra.
+
+    A process started by a DDP parent (:data:`JOB_ENV` names its parent process) runs the parent's
+    job: the parent's overrides plus its run directory. Any other process of a non-zero rank (started
+    by torchrun, SLURM or on another node, each running the whole command itself) keeps its
+    arguments but writes no ``.hydra`` folder. Both log to ``cli_rank<N>.log``. Rank 0 is unchanged.
+    """
+    env = os.environ if environ is None else environ
+    argv = list(argv)
+    job = env.get(JOB_ENV)
+    if job:
+        spec = json.loads(job)
+        if spec.get("parent") == (os.getppid() if ppid is None else ppid):
+            return [argv[0], *spec["argv"], f"hydra.job.name=cli_{rank_name(env) or 'rank0'}"]
+    name = rank_name(env)
+    if name is not None:
+        return [*argv, "hydra.output_subdir=null", f"hydra.job.name=cli_{name}"]
+    return argv
+
+
+def _job_argv(output_dir: str) -> list[str] | None:
+    """The overrides that rerun the current Hydra job, in ``output_dir``, as a single run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        return None
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    kept = [o for o in hc.overrides.hydra if o.lstrip("+~").startswith(_HYDRA_KEPT)]
+    return [*hc.overrides.task, *kept, f"hydra.run.dir={_quote(str(output_dir))}", "hydra.output_subdir=null"]
+
+
+@contextlib.contextmanager
+def ddp_job(output_dir: str | os.PathLike) -> Iterator[None]:
+    """Around ``trainer.fit``/``validate``: processes Lightning starts run this job, and the next
+    job of a sweep starts afresh.
+
+    On entry, when a Hydra job is running, its overrides and ``output_dir`` are put in
+    :data:`JOB_ENV` for :func:`command_line` in the children. On exit the launcher's environment
+    variables are restored and a process group created during the job is destroyed (Lightning
+    otherwise keeps it until the interpreter exits, and the next job would reuse it).
+    """
+    saved = {k: os.environ.get(k) for k in _LAUNCH_ENV}
+    had_group = torch.distributed.is_available() and torch.distributed.is_initialized()
+    argv = _job_argv(str(output_dir))
+    if argv is not None and is_rank_zero() and JOB_ENV not in os.environ:
+        os.environ[JOB_ENV] = json.dumps({"parent": os.getpid(), "argv": argv})
+    try:
+        yield
+    finally:
+        if not had_group and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ----------------------------------------------------------------------------------------- evaluation data
+
+
+class EvalShardSampler(DistributedSampler):
+    """Evaluation order for several processes: process ``r`` of ``W`` reads the contiguous block
+    ``[r * N // W, (r + 1) * N // W)`` of the ``N`` samples, in order.
+
+    Every sample is read exactly once over all processes (blocks differ in length by at most one;
+    nothing is repeated to even them out), so sums and counts reduced over the processes are those
+    of one process reading the whole set, and rank 0 starts with the same samples as a single
+    process. Subclassing ``DistributedSampler`` tells Lightning the loader is already sharded.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        n = len(dataset)  # type: ignore[arg-type]
+        if n < self.num_replicas:
+            raise ValueError(
+                f"the evaluation set has {n} sample(s), fewer than the {self.num_replicas} processes: "
+                "every process needs at least one; use fewer devices or more validation data"
+            )
+        self.start = n * self.rank // self.num_replicas
+        self.end = n * (self.rank + 1) // self.num_replicas
+        self.num_samples = self.end - self.start
+        self.total_size = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def eval_sampler(dataset: Dataset) -> EvalShardSampler | None:
+    """The sampler of an evaluation loader: an :class:`EvalShardSampler` when several processes
+    train together, ``None`` (the loader's own sequential order) otherwise."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() > 1:
+            return EvalShardSampler(dataset)
+    return None
+
+
+def gather_list_states(metric: Any) -> None:
+    """Replace each list state of a torchmetrics ``metric`` (one entry per image, say) by the entries of
+    all processes in rank order: rank 0's first, then rank 1's, and so on. With contiguous evaluation
+    shards this is the single-process order of the data, so order-sensitive results (a detection
+    metric's ranking of equal scores) match one process over the same data. Works for any number of
+    entries per process; torchmetrics' own sync gathers list entries index by index, which needs the
+    same number on every process and interleaves them. Build the metric with ``sync_on_compute=False``.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return
+    for name, value in metric.metric_state.items():
+        if not isinstance(value, list):
+            continue
+        parts: list[Any] = [None] * world
+        torch.distributed.all_gather_object(parts, [t.cpu() for t in value])
+        setattr(metric, name, [t.to(metric.device) for part in parts for t in part])
+
+
+# ----------------------------------------------------------------------------------------- batch norm
+
+
+def convert_sync_batchnorm(model: nn.Module, process_group: Any = None) -> nn.Module:
+    """``model`` with batch statistics computed over all processes of ``process_group`` (default: all).
+
+    ``torch.nn`` batch norms become :class:`torch.nn.SyncBatchNorm`. A module with its own batch
+    statistics (a fused norm + neuron, say) takes part by defining
+    ``to_sync_batchnorm(process_group) -> nn.Module`` (and ``from_sync_batchnorm() -> nn.Module``
+    to undo it): it is replaced by what that returns, and its children are left to it.
+    """
+    if hasattr(model, "to_sync_batchnorm"):
+        return model.to_sync_batchnorm(process_group)
+    if isinstance(model, nn.modules.batchnorm._BatchNorm) and not isinstance(model, nn.SyncBatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+    for name, child in model.named_children():
+        converted = convert_sync_batchnorm(child, process_group)
+        if converted is not child:
+            model.add_module(name, converted)
+    return model
+
+
+def _revert_sync_batchnorm(model: nn.Module) -> nn.Module:
+    if hasattr(model, "from_sync_batchnorm"):
+        return model.from_sync_batchnorm()
+    if isinstance(model, nn.SyncBatchNorm):
+        # the same parameter and buffer objects, in a plain 2-d batch norm (all of snntrain's are 2-d)
+        bn = nn.BatchNorm2d(model.num_features, model.eps, model.momentum, model.affine, model.track_running_stats)
+        if model.affine:
+            bn.weight, bn.bias = model.weight, model.bias
+        bn.running_mean, bn.running_var = model.running_mean, model.running_var
+        bn.num_batches_tracked = model.num_batches_tracked
+        bn.train(model.training)
+        return bn
+    for name, child in model.named_children():
+        reverted = _revert_sync_batchnorm(child)
+        if reverted is not child:
+            model.add_module(name, reverted)
+    return model
+
+
+class SyncBatchNorm(TorchSyncBatchNorm):
+    """Lightning plugin for ``trainer.sync_batchnorm=true``: :func:`convert_sync_batchnorm` while
+    fitting on several processes, undone when the fit ends. (A subclass of Lightning's own plugin, so
+    the Trainer accepts it together with ``sync_batchnorm=True``.)"""
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        return convert_sync_batchnorm(model)
+
+    def revert(self, model: nn.Module) -> nn.Module:
+        return _revert_sync_batchnorm(model)
+
+
+__all__ = [
+    "JOB_ENV",
+    "EvalShardSampler",
+    "SyncBatchNorm",
+    "command_line",
+    "convert_sync_batchnorm",
+    "ddp_job",
+    "eval_sampler",
+    "gather_list_states",
+    "is_rank_zero",
+    "rank_name",
+]

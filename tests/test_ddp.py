@@ -1,0 +1,235 @@
+"""Training on two processes with Lightning's DDP, through the real command line.
+
+Without two GPUs the processes run on the CPU over gloo with ``backend=torch``; on a machine with
+two GPUs the same tests run over NCCL with ``backend=triton`` and ``trainer.sync_batchnorm=true``.
+
+What is checked: one run directory per job (a sweep included) with one ``config.yaml``, one
+``.hydra`` folder and each checkpoint once; both processes report the same validation metrics; and
+the logged validation metrics equal one process validating the same checkpoint over the same data.
+That last comparison is exact up to float rounding because validation is sharded without repeats
+(:class:`snntrain.distributed.EvalShardSampler`) and losses, firing rates, accuracy and mAP are sums
+and counts reduced over the processes. The validation sizes are chosen so that each process's batches
+are also the single process's batches (digits: 360 images = 2 blocks of 3 batches of 60; faces:
+7 images = blocks of 3 and 4, batches of 1, so the shards are uneven): then not even a convolution
+sees a different batch, and the only differences left are the order of the cross-process sums.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from torch import nn
+
+from snntrain.cli import train
+from snntrain.distributed import (JOB_ENV, EvalShardSampler, SyncBatchNorm, command_line, convert_sync_batchnorm,
+                                  rank_name)
+
+GPUS = torch.cuda.device_count() >= 2
+ON = (["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS
+      else ["trainer.accelerator=cpu", "backend=torch"])
+COMMON = [*ON, "T=2", "model.width=4", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+          "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false"]
+CLASSIFY = [*COMMON, "data.image_size=8", "data.batch_size=60"]
+DETECT = [*COMMON, "task=detect", "model.head.fpn_channels=8", "model.head.num_convs=1", "data.num_train=16",
+          "data.num_val=7", "data.num_test=4", "data.image_size=32", "data.face_size=[8,14]", "data.batch_size=1"]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", JOB_ENV)}
+    env["HYDRA_FULL_ERROR"] = "1"
+    res = subprocess.run([sys.executable, "-m", "snntrain", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "sync_dist=True" not in res.stderr, "a metric was logged without reduction over processes"
+    return res
+
+
+def single_process_validation(overrides: list[str], ckpt: Path, out: Path) -> dict[str, float]:
+    device = ["trainer.devices=1", "trainer.sync_batchnorm=false"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*overrides, *device, "train=false", f"ckpt_path={ckpt}",
+                                                       "logger=none", f"paths.output_dir={out}"])
+    return train(cfg)
+
+
+def logged_epoch_metrics(run: Path) -> dict[str, float]:
+    """The last validation epoch's values in the CSV log."""
+    out: dict[str, float] = {}
+    with open(run / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            out.update({k: float(v) for k, v in row.items() if v and k.startswith(("val/", "firing_rate/"))})
+    return out
+
+
+def tb_scalars(run: Path) -> tuple[dict[str, float], set[str], int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = glob.glob(str(run / "tensorboard" / "events.out.tfevents.*"))
+    assert len(files) == 1, files  # written by rank 0 only
+    ea = EventAccumulator(files[0], size_guidance={"scalars": 0, "images": 0, "histograms": 0})
+    ea.Reload()
+    last = {tag: ea.Scalars(tag)[-1].value for tag in ea.Tags()["scalars"]}
+    return last, set(ea.Tags()["images"]) | set(ea.Tags()["histograms"]), len(ea.Images("val/detections"))
+
+
+def final_metrics_lines(run: Path) -> list[str]:
+    lines = []
+    for log in sorted(run.glob("cli*.log")):
+        lines += [ln.split("final metrics ", 1)[1] for ln in log.read_text().splitlines() if "final metrics" in ln]
+    return lines
+
+
+def check_run_dir(run: Path) -> None:
+    names = sorted(p.name for p in run.iterdir())
+    assert names.count("config.yaml") == 1 and ".hydra" in names, names
+    assert sorted(p.name for p in run.glob("cli*.log")) == ["cli.log", "cli_rank1.log"], names
+    assert not [n for n in names if n.startswith(("train_ddp", "lightning_logs"))], names
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(ckpts) == 2 and "last.ckpt" in ckpts, ckpts  # last + best, each once, no temporary file
+    lines = final_metrics_lines(run)
+    assert len(lines) == 2 and lines[0] == lines[1], lines  # both ranks report the same validation metrics
+
+
+def assert_close(logged: dict[str, float], single: dict[str, float], keys: list[str]) -> None:
+    for k in keys:
+        assert k in logged and k in single, (k, sorted(logged), sorted(single))
+        assert logged[k] == pytest.approx(single[k], rel=1e-5, abs=1e-6), (k, logged[k], single[k])
+
+
+@pytest.mark.slow
+def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_path):
+    res = cli("-m", "seed=1,2", *CLASSIFY, "trainer.devices=2", "logger=csv", "paths.log_dir=logs", cwd=tmp_path)
+    sweeps = list((tmp_path / "logs" / "classify" / "multirun").iterdir())
+    assert len(sweeps) == 1, sweeps  # the processes of each job ran that job, not the sweep again
+    runs = sorted(p for p in sweeps[0].iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["0", "1"], res.stderr[-2000:]
+    for run in runs:
+        check_run_dir(run)
+        logged = logged_epoch_metrics(run)
+        seed = f"seed={int(run.name) + 1}"  # job n of the sweep ran seed=n+1 (the seed also picks the split)
+        single = single_process_validation([*CLASSIFY, seed], run / "checkpoints" / "last.ckpt",
+                                           tmp_path / f"val{run.name}")
+        rates = [k for k in single if k.startswith("firing_rate/")]
+        assert len(rates) > 10
+        assert_close(logged, single, ["val/loss", "val/acc", *rates])
+
+    # a two-process checkpoint resumes on one process (next epoch, same step count per epoch there)
+    last = runs[0] / "checkpoints" / "last.ckpt"
+    first = torch.load(last, map_location="cpu", weights_only=True)
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*CLASSIFY, "trainer.sync_batchnorm=false", f"ckpt_path={last}",
+                                                       "trainer.max_epochs=2", "logger=none",
+                                                       f"paths.output_dir={tmp_path / 'resumed'}"])
+    train(cfg)
+    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert first["epoch"] == 0 and resumed["epoch"] == 1
+    assert first["global_step"] == 2 and resumed["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp_path):
+    # one epoch on one process, then a second on two: resuming on a different number of devices
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*DETECT, "trainer.sync_batchnorm=false", "trainer.devices=1",
+                                                       "logger=none", f"paths.output_dir={tmp_path / 'one'}"])
+    train(cfg)
+    run = tmp_path / "two"
+    first = tmp_path / "one" / "checkpoints" / "last.ckpt"
+    cli(*DETECT, "trainer.devices=2", "trainer.max_epochs=2", f"ckpt_path={first}", f"hydra.run.dir={run}",
+        cwd=tmp_path)
+    check_run_dir(run)
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["epoch"] == 1 and last["global_step"] == 4
+    logged, others, images = tb_scalars(run)
+    # histograms and images written once, by rank 0 (images after the sanity check only)
+    assert "firing_rate_per_channel/backbone.sn1" in others and images == 1
+    single = single_process_validation(DETECT, run / "checkpoints" / "last.ckpt", tmp_path / "val")
+    assert_close(logged, single, ["val/loss", "val/loss_box", "val/loss_cls", "val/loss_ctr", "val/num_pos", "val/map",
+                                  "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/backbone.sn1"])
+
+
+# ----------------------------------------------------------------------------------------- pieces
+
+
+def test_eval_shards_cover_every_sample_once_in_order():
+    data = list(range(11))
+    shards = [list(EvalShardSampler(data, num_replicas=3, rank=r)) for r in range(3)]
+    assert shards == [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9, 10]]
+    assert [len(EvalShardSampler(data, num_replicas=3, rank=r)) for r in range(3)] == [3, 4, 4]
+    with pytest.raises(ValueError, match="2 sample.*fewer than the 3 processes"):
+        EvalShardSampler([0, 1], num_replicas=3, rank=0)
+
+
+def test_command_line_of_ddp_children_and_other_ranks():
+    argv = ["snntrain", "-m", "T=1,2"]
+    job = '{"parent": 7, "argv": ["T=2", "hydra.run.dir=\'out/0\'", "hydra.output_subdir=null"]}'
+    child = command_line(argv, {JOB_ENV: job, "LOCAL_RANK": "1", "NODE_RANK": "0"}, ppid=7)
+    assert child == ["snntrain", "T=2", "hydra.run.dir='out/0'", "hydra.output_subdir=null", "hydra.job.name=cli_rank1"]
+    # the job is for the parent's own children only; rank 0 keeps its command line
+    assert command_line(argv, {JOB_ENV: job, "LOCAL_RANK": "1"}, ppid=8)[:3] == argv
+    assert command_line(argv, {}) == argv
+    assert command_line(argv, {"RANK": "3"}) == [*argv, "hydra.output_subdir=null", "hydra.job.name=cli_rank3"]
+    assert rank_name({"NODE_RANK": "1", "LOCAL_RANK": "0"}) == "node1_rank0"
+    assert rank_name({"SLURM_PROCID": "0", "LOCAL_RANK": "0"}) is None
+
+
+class FusedNormStandIn(nn.Module):
+    """A module with its own batch statistics, taking part through the conversion protocol."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced = False
+        self.inner = nn.BatchNorm2d(3)  # left to the module itself
+
+    def to_sync_batchnorm(self, process_group):
+        self.synced = True
+        return self
+
+    def from_sync_batchnorm(self):
+        self.synced = False
+        return self
+
+
+def test_sync_batchnorm_conversion_and_revert():
+    model = nn.Sequential(nn.Conv2d(1, 3, 1), nn.BatchNorm2d(3), nn.Sequential(nn.BatchNorm2d(3)), FusedNormStandIn())
+    weight = model[1].weight
+    model[1].running_mean.fill_(0.5)
+    converted = convert_sync_batchnorm(model)
+    assert isinstance(converted[1], nn.SyncBatchNorm) and isinstance(converted[2][0], nn.SyncBatchNorm)
+    assert converted[3].synced and type(converted[3].inner) is nn.BatchNorm2d
+    reverted = SyncBatchNorm().revert(converted)
+    assert type(reverted[1]) is nn.BatchNorm2d and type(reverted[2][0]) is nn.BatchNorm2d
+    assert reverted[1].weight is weight and torch.all(reverted[1].running_mean == 0.5)
+    assert not reverted[3].synced
+
+
+def test_training_speed_is_logged_on_synthetic_data(tmp_path):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "backend=torch", "trainer.accelerator=cpu", "T=2", "model.width=4", "data=synthetic", "data.image_size=8",
+            "data.num_train=64", "data.num_val=16", "data.batch_size=8", "data.num_classes=3", "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false", "logger=none", f"paths.output_dir={tmp_path}"])
+    metrics = train(cfg)
+    assert metrics["perf/train_images_per_s"] > 0  # 8 steps: 3 timed after 5 warm-up steps
+    assert 0.0 <= metrics["val/acc"] <= 1.0
+
+
+def test_synthetic_data_is_a_fixed_pool():
+    from snntrain.data import build_datamodule
+
+    dm = build_datamodule({"name": "synthetic", "num_train": 10, "num_val": 3, "image_size": 5, "in_channels": 2,
+                           "num_classes": 4, "pool_size": 4, "batch_size": 2}, seed=3)
+    dm.setup()
+    x, y = dm.train_set[5]
+    assert x.shape == (2, 5, 5) and torch.equal(x, dm.train_set[1][0]) and 0 <= int(y) < 4
+    assert torch.equal(dm.val_set[0][0], dm.train_set[2][0]) and len(dm.val_set) == 3
+    with pytest.raises(ValueError, match="pool_size=0"):
+        build_datamodule({"name": "synthetic", "pool_size": 0})
