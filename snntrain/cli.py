@@ -60,7 +60,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import AtomicCheckpointIO, FiringRateMonitor
+    from .callbacks import AtomicCheckpointIO, FiringRateMonitor, IntervalCheckpoint, PreciseBatchNorm, RandomState
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .tasks import TASKS
@@ -100,7 +100,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_top_k=1,
         save_last=True,
     )
-    callbacks = [checkpoint, FiringRateMonitor()]
+    callbacks = [checkpoint, FiringRateMonitor(), RandomState(),
+                 IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
+                                    every_n_minutes=cfg.checkpoint.every_n_minutes)]
+    if cfg.precise_bn.enabled:
+        callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer = L.Trainer(

@@ -39,7 +39,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from .common import loader_generator, positive_int
+from .common import positive_int, train_loader
 
 #: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
 IMAGE_MEAN = 0.5
@@ -226,7 +226,8 @@ class TrainTransform:
     ``tv_tensors.BoundingBoxes`` (XYXY) without clamping, so their full extent is known after the crop;
     a box is then clipped to the image and dropped when less than ``min_visibility`` of its area remains
     visible, and finally ``SanitizeBoundingBoxes`` drops boxes smaller than ``min_box_size`` pixels.
-    Randomness comes from torch's global generator (seeded per DataLoader worker).
+    Randomness comes from torch's global generator; the training loader seeds it per sample from
+    ``(seed, epoch, index)`` (:class:`~snntrain.data.common.SeededDataset`).
 
     Call with a uint8 image ``[3, H, W]``, boxes float ``[n, 4]`` (xyxy, its pixels) and labels int64
     ``[n]``; returns the normalised float32 image ``[3, S, S]``, boxes float32 ``[n', 4]``, labels ``[n']``.
@@ -403,8 +404,8 @@ def make_target(
 class DetectionDataModule(L.LightningDataModule):
     """Loaders shared by the face-detection datamodules; subclasses fill ``train_set``/``val_set``/``test_set``.
 
-    ``num_classes = 1`` (face), ``in_channels = 3`` (RGB). The training loader shuffles with a generator
-    seeded by ``seed`` and pads boxes to ``max_boxes`` (dropping the smallest extras); evaluation loaders
+    ``num_classes = 1`` (face), ``in_channels = 3`` (RGB). The training loader
+    (:func:`~snntrain.data.common.train_loader`) shuffles by ``(seed, epoch)``, can resume mid-epoch, and pads boxes to ``max_boxes`` (dropping the smallest extras); evaluation loaders
     never drop a ground-truth box.
     """
 
@@ -428,15 +429,18 @@ class DetectionDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        if train:
+            return train_loader(self, dataset, self.batch_size, self.seed, num_workers=self.num_workers,
+                                persistent_workers=self.num_workers > 0,
+                                collate_fn=DetectionCollate(self.max_boxes, drop=True))
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            shuffle=False,
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            collate_fn=DetectionCollate(self.max_boxes, drop=train),
-            generator=loader_generator(self.seed) if train else None,
+            collate_fn=DetectionCollate(self.max_boxes, drop=False),
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from torchvision.transforms import v2
 
-from .common import check_fraction, loader_generator, positive_int, split_indices
+from .common import check_fraction, positive_int, split_indices, train_loader
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -91,8 +91,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.train_set, self.val_set = Subset(full_train, train_idx), Subset(full_eval, val_idx)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
-                          generator=loader_generator(self.seed))
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers)
