@@ -21,8 +21,39 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..validation import positive_int
 
-__all__ = ["EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction", "derive_seed", "loader_generator",
-           "positive_int", "split_indices", "train_loader"]
+__all__ = ["BadDataError", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction", "derive_seed",
+           "loader_generator", "open_image", "positive_int", "split_indices", "train_loader"]
+
+
+class BadDataError(ValueError):
+    """A data file is unreadable or breaks its format; the message names the file (and the line)."""
+
+
+def open_image(path, mode: str = "RGB", draft: tuple[int, int] | None = None, with_size: bool = False):
+    """Read an image file completely into a PIL image of ``mode`` (with ``with_size``: and the file's
+    full ``(height, width)``).
+
+    A truncated, corrupt or non-image file raises :class:`BadDataError` naming it (PIL's messages
+    for a truncated file do not). ``draft`` = ``(w, h)`` lets a JPEG decode at a power-of-two
+    reduction that keeps at least that size.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            size = (img.height, img.width)
+            if draft is not None:
+                img.draft(mode, draft)
+            out = img.convert(mode)
+            out.load()
+    except FileNotFoundError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise BadDataError(
+            f"image {path} cannot be read ({type(err).__name__}: {err}): the file is truncated, corrupt or not "
+            "an image; replace or remove it"
+        ) from err
+    return (out, size) if with_size else out
 
 
 def check_fraction(name: str, value: object) -> float:

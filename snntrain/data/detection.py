@@ -39,7 +39,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from .common import positive_int, train_loader
+from .common import open_image, positive_int, train_loader
 
 #: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
 IMAGE_MEAN = 0.5
@@ -179,14 +179,10 @@ def read_rgb(path: str | Path, min_side: int | None = None) -> tuple[torch.Tenso
 
     With ``min_side``, a JPEG may be decoded at a power-of-two reduction that keeps both sides at least
     ``min_side`` (much faster for large photographs); boxes stay in the full-size pixels returned second.
+    A truncated, corrupt or non-image file raises :class:`~snntrain.data.common.BadDataError` naming it.
     """
-    from PIL import Image
-
-    with Image.open(path) as img:
-        full = (img.height, img.width)
-        if min_side is not None:
-            img.draft("RGB", (min_side, min_side))
-        arr = np.asarray(img.convert("RGB"))
+    image, full = open_image(path, "RGB", None if min_side is None else (min_side, min_side), with_size=True)
+    arr = np.asarray(image)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous(), full
 
 
