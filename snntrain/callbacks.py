@@ -150,9 +150,9 @@ def _chain(first, rest):
 
 
 class PreciseBatchNorm(L.Callback):
-    """Re-estimates batch-norm running statistics from ``num_batches`` training batches before every
-    validation of a fit, and at the end of an epoch whose weights changed since (for the epoch-end
-    checkpoint when no validation ran).
+    """Re-estimates batch-norm running statistics from ``num_batches`` training batches (at most the
+    trainer's batches per epoch) before every validation of a fit, and at the end of an epoch whose
+    weights changed since (for the epoch-end checkpoint when no validation ran).
 
     During training each batch-norm layer keeps an exponential average (momentum 0.1) of batch
     statistics taken while the weights moved; after a short run it is still close to its initial
@@ -195,7 +195,8 @@ class PreciseBatchNorm(L.Callback):
                 pl_module(x)
 
         with isolate_rng():
-            self.last_count = recompute_batchnorm(pl_module, islice(loader, self.num_batches), forward)
+            limit = min(self.num_batches, trainer.num_training_batches)  # limit_train_batches caps it too
+            self.last_count = recompute_batchnorm(pl_module, islice(loader, limit), forward)
         self._fresh_step = trainer.global_step
         return self.last_count
 
@@ -221,7 +222,7 @@ class IntervalCheckpoint(L.Callback):
     Each save goes through the trainer's checkpoint I/O (atomic: a temporary name, then a rename)
     and holds everything a resume needs: weights, optimizer, schedule, loop progress, the training
     loader's position and random states. The last batch of an epoch is left to the epoch-end
-    checkpoint. ``None`` disables a trigger.
+    checkpoint. Intervals count from the last checkpoint of any kind. ``None`` disables a trigger.
     """
 
     def __init__(self, dirpath, every_n_steps: int | None = None, every_n_minutes: float | None = None) -> None:
@@ -260,8 +261,13 @@ class IntervalCheckpoint(L.Callback):
             due = bool(trainer.strategy.broadcast(due))  # every process must agree to save
         if due and trainer.global_step != self._last_step:
             trainer.save_checkpoint(self.path)
-            self._last_step = trainer.global_step
-            self._last_time = time.monotonic()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint) -> None:
+        import time
+
+        # any checkpoint (this callback's or an epoch-end one) starts the next interval
+        self._last_step = trainer.global_step
+        self._last_time = time.monotonic()
 
 
 def _rng_state() -> dict[str, Any]:

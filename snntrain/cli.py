@@ -99,6 +99,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         mode=mode,
         save_top_k=1,
         save_last=True,
+        enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
     callbacks = [checkpoint, FiringRateMonitor(), RandomState(),
                  IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,

@@ -92,3 +92,26 @@ def test_any_module_with_running_statistics_is_recomputed():
     torch.testing.assert_close(fused.running_mean, torch.stack([x.mean([0, 2, 3]) for x in inputs]).mean(0))
     assert fused.momentum == 0.1
     assert recompute_batchnorm(model, []) == 0
+
+
+def test_one_epoch_run_validates_above_chance(tmp_path):
+    """The reported failure: a one-epoch run validated at chance (val/acc 0.100) with stale statistics."""
+    import csv
+
+    from hydra import compose, initialize_config_module
+
+    from snntrain.cli import run
+
+    overrides = ["backend=torch", "T=2", "model.width=8", "trainer.accelerator=cpu", "trainer.max_epochs=1",
+                 "trainer.enable_progress_bar=false", "logger=csv", "checkpoint.every_n_minutes=null",
+                 f"paths.output_dir={tmp_path}"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    val_acc = run(cfg)
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
+    train_acc = float(next(r["train/acc"] for r in reversed(rows) if r.get("train/acc")))
+    assert val_acc > 0.5, f"val/acc={val_acc:.3f} (chance is 0.1)"
+    assert val_acc >= train_acc - 0.05, f"val/acc={val_acc:.3f}, train/acc={train_acc:.3f}"
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    # the checkpoint carries the re-estimated statistics: a cumulative average over the epoch's 23 batches
+    assert int(ckpt["state_dict"]["model.stem.1.num_batches_tracked"]) == 23

@@ -193,7 +193,7 @@ def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, 
     ``limit_train_batches`` may make fewer than the loader's)."""
 
     def progress() -> tuple[int, float]:
-        trainer = getattr(datamodule, "_trainer", None)
+        trainer = getattr(datamodule, "trainer", None)
         if trainer is None:
             return 0, float("inf")
         return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready), trainer.num_training_batches
