@@ -299,9 +299,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class RandomState(L.Callback):
-    """Saves the global random states (torch, CUDA, NumPy, Python) in every checkpoint and restores them
-    on resume, so anything that draws from them continues as in the uninterrupted run."""
+class ExactResume(L.Callback):
+    """What a resumed run needs beyond Lightning's own state to continue exactly.
+
+    * The global random states (torch, CUDA, NumPy, Python) are saved in every checkpoint and
+      restored on resume, so anything that draws from them continues as in the uninterrupted run.
+    * The training loader's position is restored. Lightning saves a stateful loader's
+      ``state_dict`` with the loops and loads it when the fit loop sets up its data -- but a task
+      whose ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` makes the loop
+      set up (and start iterating) its loader before the checkpoint is restored. When resuming,
+      that early loader is dropped at ``on_fit_start``, so the loop builds a fresh one and
+      restores its position.
+    """
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.ckpt_path is not None and trainer.fit_loop._combined_loader is not None:
+            trainer.fit_loop._combined_loader = None
 
     def state_dict(self) -> dict[str, Any]:
         return _rng_state()

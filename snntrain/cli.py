@@ -60,7 +60,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import AtomicCheckpointIO, FiringRateMonitor, IntervalCheckpoint, PreciseBatchNorm, RandomState
+    from .callbacks import AtomicCheckpointIO, ExactResume, FiringRateMonitor, IntervalCheckpoint, PreciseBatchNorm
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .tasks import TASKS
@@ -101,7 +101,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    callbacks = [checkpoint, FiringRateMonitor(), RandomState(),
+    callbacks = [checkpoint, FiringRateMonitor(), ExactResume(),
                  IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
                                     every_n_minutes=cfg.checkpoint.every_n_minutes)]
     if cfg.precise_bn.enabled:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from snntrain.checkpoint import read_checkpoint
@@ -88,3 +89,44 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert a["lr_schedulers"] == b["lr_schedulers"]
     assert not [p for p in (resumed / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+class RandomItems(torch.utils.data.Dataset):
+    """Item i is (i, a draw from torch's global generator): the draw stands for random augmentation."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i):
+        return i, torch.rand(())
+
+
+def test_loader_state_continues_the_epoch_with_the_same_order_and_augmentation():
+    from snntrain.data.common import ResumableLoader
+
+    taken = {"n": 0}
+    loader = ResumableLoader(RandomItems(), batch_size=4, seed=3, progress=lambda: (taken["n"], 6))
+    loader.sampler.set_epoch(2)
+    batches = list(loader)
+    assert len(batches) == 6 and sorted(torch.cat([b[0] for b in batches]).tolist()) == list(range(23))
+    torch.manual_seed(0)
+    again = list(loader)  # the global generator does not matter
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
+    loader.sampler.set_epoch(3)
+    assert not torch.equal(next(iter(loader))[0], batches[0][0])  # another epoch, another order
+
+    loader.sampler.set_epoch(2)
+    taken["n"] = 4
+    state = loader.state_dict()
+    assert state == {"seed": 3, "epoch": 2, "batches_done": 4, "batch_size": 4, "size": 23}
+    fresh = ResumableLoader(RandomItems(), batch_size=4, seed=3)
+    fresh.load_state_dict(state)
+    rest = list(fresh)
+    assert len(rest) == 2
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches[4:], rest))
+    assert len(list(fresh)) == 6  # the skip applies once
+
+    taken["n"] = 6  # a state taken at the end of the epoch continues with the next one
+    assert loader.state_dict()["epoch"] == 3 and loader.state_dict()["batches_done"] == 0
+    with pytest.warns(UserWarning, match="batch_size was 4, is 5.*starts from its beginning"):
+        ResumableLoader(RandomItems(), batch_size=5, seed=3).load_state_dict(state)

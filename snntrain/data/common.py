@@ -12,6 +12,7 @@ every checkpoint) lets a resumed run continue an epoch where the checkpoint left
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -146,7 +147,8 @@ class ResumableLoader(DataLoader):
     number of batches the trainer runs per epoch; batches a prefetcher has read ahead do not
     count). ``load_state_dict()`` makes the next iteration continue that epoch
     with the following batch, in the same order and with the same augmentation; a state taken at
-    the end of an epoch continues with the next epoch.
+    the end of an epoch continues with the next epoch. A state from another seed, batch size or
+    dataset size cannot be continued exactly: it warns and starts the saved epoch afresh.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, seed: int, drop_last: bool = False, num_workers: int = 0,
@@ -173,18 +175,23 @@ class ResumableLoader(DataLoader):
         epoch = self.sampler.epoch  # type: ignore[attr-defined]
         if done >= min(per_epoch, self.batches_per_epoch()):
             epoch, done = epoch + 1, 0
+        size = len(self.sampler)  # type: ignore[arg-type]
         return {"seed": self.seed, "epoch": epoch, "batches_done": done, "batch_size": int(self.batch_size),
-                "size": len(self.sampler)}  # type: ignore[arg-type]
+                "size": size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        mine = {"seed": self.seed, "batch_size": int(self.batch_size), "size": len(self.sampler)}  # type: ignore[arg-type]
+        sampler: EpochSampler = self.sampler  # type: ignore[assignment]
+        mine = {"seed": self.seed, "batch_size": int(self.batch_size), "size": len(sampler)}
         differs = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if differs:
-            raise ValueError(
-                "the checkpoint's training data does not match this run's, so the epoch cannot be continued "
-                "exactly: " + ", ".join(f"{k} was {a!r}, is {b!r}" for k, (a, b) in differs.items())
-                + "; resume with the same seed, data and batch_size")
-        self.sampler.resume_at(int(state["epoch"]), int(state["batches_done"]) * int(self.batch_size))  # type: ignore[attr-defined]
+            warnings.warn(
+                "the checkpoint's training data differs from this run's ("
+                + ", ".join(f"{k} was {a!r}, is {b!r}" for k, (a, b) in differs.items())
+                + f"): epoch {state['epoch']} starts from its beginning instead of continuing exactly",
+                stacklevel=2)
+            sampler.resume_at(int(state["epoch"]), 0)
+            return
+        sampler.resume_at(int(state["epoch"]), int(state["batches_done"]) * int(self.batch_size))
 
 
 def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **kwargs: Any) -> ResumableLoader:
