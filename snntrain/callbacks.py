@@ -204,8 +204,7 @@ class PreciseBatchNorm(L.Callback):
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         if self._fresh_step != trainer.global_step:
-            self.recompute(trainer, pl_module)
-            pl_module.eval()
+            self.recompute(trainer, pl_module)  # leaves every module in the mode validation set
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._fresh_step != trainer.global_step:
