@@ -167,3 +167,238 @@ class TrainingSpeedMonitor(L.Callback):
         # the same value on every process; sync_dist (a mean of equal values) only tells Lightning so
         pl_module.log("perf/train_images_per_s", (images / seconds).float(), on_epoch=True, sync_dist=True,
                       batch_size=1)
+# ------------------------------------------------------------------------------------ batch-norm statistics
+
+
+def running_stat_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every sub-module that keeps batch-norm running statistics: instances of torch's ``_BatchNorm``,
+    and any other module (a fused norm->neuron layer, for example) that exposes ``running_mean``,
+    ``running_var``, ``momentum`` and ``reset_running_stats()`` with the same meaning."""
+    found = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            tracked = m.track_running_stats and m.running_mean is not None
+        else:
+            tracked = (all(torch.is_tensor(getattr(m, k, None)) for k in ("running_mean", "running_var"))
+                       and hasattr(m, "momentum") and callable(getattr(m, "reset_running_stats", None)))
+        if tracked:
+            found.append(m)
+    return found
+
+
+@torch.no_grad()
+def recompute_batchnorm(model: torch.nn.Module, batches, forward=None) -> int:
+    """Replace the running statistics of every batch-norm layer of ``model`` (see
+    :func:`running_stat_modules`) by their equal-weight average over ``batches``.
+
+    Each layer is reset and run with ``momentum=None`` (a cumulative average: after ``k`` batches the
+    running mean is the mean of the ``k`` batch means, and likewise the unbiased variances), the model
+    in training mode and without gradients; momentum and every module's training flag are restored
+    afterwards. ``forward(batch)`` runs the model on one batch (default ``model(batch)``). Returns the
+    number of batches used; with none, the statistics are left as they were.
+    """
+    layers = running_stat_modules(model)
+    if not layers:
+        return 0
+    iterator = iter(batches)
+    try:
+        first = next(iterator)
+    except StopIteration:
+        return 0
+    modes = {m: m.training for m in model.modules()}
+    momenta = {m: m.momentum for m in layers}
+    forward = forward or model
+    count = 0
+    try:
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None
+        model.train()
+        for batch in _chain(first, iterator):
+            forward(batch)
+            count += 1
+    finally:
+        for m, momentum in momenta.items():
+            m.momentum = momentum
+        for m, mode in modes.items():
+            m.training = mode
+    return count
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+class PreciseBatchNorm(L.Callback):
+    """Re-estimates batch-norm running statistics from ``num_batches`` training batches (at most the
+    trainer's batches per epoch) before every validation of a fit, and at the end of an epoch whose
+    weights changed since (for the epoch-end checkpoint when no validation ran).
+
+    During training each batch-norm layer keeps an exponential average (momentum 0.1) of batch
+    statistics taken while the weights moved; after a short run it is still close to its initial
+    value (variance 1) and the validated network barely spikes. This callback replaces those
+    statistics by the cumulative average over a fixed set of training batches at the current
+    weights (like detectron2's PreciseBN hook and ``torch.optim.swa_utils.update_bn``), so
+    validation, the checkpoints written after it and the exports made from them see statistics that
+    match the weights. The batches come from a fresh training loader with the training transforms
+    (the distribution the statistics were meant to track) and a fixed order per epoch, drawn without
+    touching the training loader's position or any global random state. With several processes each
+    one estimates from its own share of the data; use a synchronised batch norm to average them.
+    """
+
+    def __init__(self, num_batches: int = 50) -> None:
+        from .validation import positive_int
+
+        self.num_batches = positive_int("precise_bn.num_batches", num_batches)
+        self._fresh_step: int | None = None
+        self.last_count = 0
+
+    def _loader(self, trainer: L.Trainer, pl_module: L.LightningModule):
+        source = trainer.datamodule if trainer.datamodule is not None else pl_module
+        loader = source.train_dataloader()
+        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(trainer.current_epoch)
+        return loader
+
+    def recompute(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+        from itertools import islice
+
+        from lightning.pytorch.utilities.seed import isolate_rng
+
+        loader = self._loader(trainer, pl_module)
+        device = pl_module.device
+
+        def forward(batch) -> None:
+            batch = pl_module.transfer_batch_to_device(batch, device, 0)
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            with trainer.precision_plugin.forward_context():
+                pl_module(x)
+
+        with isolate_rng():
+            limit = min(self.num_batches, trainer.num_training_batches)  # limit_train_batches caps it too
+            self.last_count = recompute_batchnorm(pl_module, islice(loader, limit), forward)
+        self._fresh_step = trainer.global_step
+        return self.last_count
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        if self._fresh_step != trainer.global_step:
+            self.recompute(trainer, pl_module)  # leaves every module in the mode validation set
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._fresh_step != trainer.global_step:
+            self.recompute(trainer, pl_module)
+
+
+# ------------------------------------------------------------------------------------ checkpoints, resume
+
+
+class IntervalCheckpoint(L.Callback):
+    """Writes ``<dirpath>/last.ckpt`` inside an epoch every ``every_n_steps`` optimizer steps and/or
+    every ``every_n_minutes`` of training, so a crash loses at most that much work.
+
+    Each save goes through the trainer's checkpoint I/O (atomic: a temporary name, then a rename)
+    and holds everything a resume needs: weights, optimizer, schedule, loop progress, the training
+    loader's position and random states. The last batch of an epoch is left to the epoch-end
+    checkpoint. Intervals count from the last checkpoint of any kind. ``None`` disables a trigger.
+    """
+
+    def __init__(self, dirpath, every_n_steps: int | None = None, every_n_minutes: float | None = None) -> None:
+        from pathlib import Path
+
+        from .validation import number, positive_int
+
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = None if every_n_steps is None else positive_int("checkpoint.every_n_steps", every_n_steps)
+        if every_n_minutes is not None:
+            every_n_minutes = number("checkpoint.every_n_minutes", every_n_minutes)
+            if every_n_minutes <= 0:
+                raise ValueError(f"checkpoint.every_n_minutes={every_n_minutes!r} must be > 0 (or null: off)")
+        self.every_n_minutes = every_n_minutes
+        self._last_step = 0
+        self._last_time = 0.0
+
+    @property
+    def path(self):
+        return self.dirpath / "last.ckpt"
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        import time
+
+        self._last_step = trainer.global_step
+        self._last_time = time.monotonic()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        import time
+
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or trainer.sanity_checking:
+            return
+        due = self.every_n_steps is not None and trainer.global_step - self._last_step >= self.every_n_steps
+        if self.every_n_minutes is not None and not due:
+            due = (time.monotonic() - self._last_time) >= 60.0 * self.every_n_minutes
+            due = bool(trainer.strategy.broadcast(due))  # every process must agree to save
+        if due and trainer.global_step != self._last_step:
+            trainer.save_checkpoint(self.path)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint) -> None:
+        import time
+
+        # any checkpoint (this callback's or an epoch-end one) starts the next interval
+        self._last_step = trainer.global_step
+        self._last_time = time.monotonic()
+
+
+def _rng_state() -> dict[str, Any]:
+    """The global random states as plain values and tensors (loadable with ``weights_only``)."""
+    import random
+
+    import numpy as np
+
+    version, mt, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": [version, list(mt), gauss],
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ExactResume(L.Callback):
+    """What a resumed run needs beyond Lightning's own state to continue exactly.
+
+    * The global random states (torch, CUDA, NumPy, Python) are saved in every checkpoint and
+      restored on resume, so anything that draws from them continues as in the uninterrupted run.
+    * The training loader's position is restored. Lightning saves a stateful loader's
+      ``state_dict`` with the loops and loads it when the fit loop sets up its data -- but a task
+      whose ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` makes the loop
+      set up (and start iterating) its loader before the checkpoint is restored. When resuming,
+      that early loader is dropped at ``on_fit_start``, so the loop builds a fresh one and
+      restores its position.
+    """
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.ckpt_path is not None and trainer.fit_loop._combined_loader is not None:
+            trainer.fit_loop._combined_loader = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return _rng_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            _set_rng_state(state_dict)

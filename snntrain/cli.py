@@ -60,7 +60,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import AtomicCheckpointIO, FiringRateMonitor, TrainingSpeedMonitor
+    from .callbacks import (AtomicCheckpointIO, ExactResume, FiringRateMonitor, IntervalCheckpoint, PreciseBatchNorm,
+                            TrainingSpeedMonitor)
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, is_rank_zero
@@ -101,8 +102,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         mode=mode,
         save_top_k=1,
         save_last=True,
+        enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor()]
+    callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
+                 IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
+                                    every_n_minutes=cfg.checkpoint.every_n_minutes)]
+    if cfg.precise_bn.enabled:
+        callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugins = [AtomicCheckpointIO()]

@@ -45,15 +45,15 @@ def load_model(source: str | os.PathLike, backend: str = "auto") -> nn.Module:
 
 def classification_input(path: Path, data: dict[str, Any], in_channels: int) -> torch.Tensor:
     """An image file as the classification data module feeds it to the model, ``[C, S, S]``."""
-    from PIL import Image
     from torchvision.transforms import v2
 
     from .data.cifar10 import MEAN as CIFAR_MEAN
+    from .data.common import open_image
     from .data.cifar10 import STD as CIFAR_STD
     from .data.image_folder import IMAGENET_MEAN, IMAGENET_STD
 
     size = int(data.get("image_size") or 32)
-    image = Image.open(path).convert("L" if in_channels == 1 else "RGB")
+    image = open_image(path, "L" if in_channels == 1 else "RGB")
     ops: list = [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True)]
     name = data.get("name")
     if name == "digits":

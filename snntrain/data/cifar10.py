@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .common import check_fraction, eval_sampler, loader_generator, positive_int
+from .common import check_fraction, eval_sampler, positive_int, train_loader
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -88,9 +88,8 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.val_set = Subset(self._dataset(True, eval_tf), val_idx)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          generator=loader_generator(self.seed))
+        return train_loader(self, self.train_set, self.batch_size, self.seed, drop_last=True,
+                            num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,

@@ -1,13 +1,61 @@
-"""Helpers shared by the datamodules."""
+"""Helpers shared by the datamodules, and the resumable training loader they all use.
+
+Training batches come from :func:`train_loader`: a :class:`ResumableLoader` whose sampler
+(:class:`EpochSampler`) shuffles by ``(seed, epoch)`` and whose dataset wrapper
+(:class:`SeededDataset`) seeds the random augmentation of each sample from
+``(seed, epoch, index)``. Data order and augmentation therefore depend only on the seed, the
+epoch and the position in the epoch -- not on worker processes, global random state or how
+many times the run was interrupted -- and the loader's ``state_dict`` (saved by Lightning in
+every checkpoint) lets a resumed run continue an epoch where the checkpoint left it.
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..distributed import eval_sampler
 from ..validation import positive_int
 
-__all__ = ["check_fraction", "eval_sampler", "loader_generator", "positive_int", "split_indices"]
+__all__ = ["BadDataError", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction", "derive_seed",
+           "eval_sampler", "loader_generator", "open_image", "positive_int", "split_indices", "train_loader"]
+
+
+class BadDataError(ValueError):
+    """A data file is unreadable or breaks its format; the message names the file (and the line)."""
+
+
+def open_image(path, mode: str = "RGB", draft: tuple[int, int] | None = None, with_size: bool = False):
+    """Read an image file completely into a PIL image of ``mode`` (with ``with_size``: and the file's
+    full ``(height, width)``).
+
+    A truncated, corrupt or non-image file raises :class:`BadDataError` naming it (PIL's messages
+    for a truncated file do not). ``draft`` = ``(w, h)`` lets a JPEG decode at a power-of-two
+    reduction that keeps at least that size.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            size = (img.height, img.width)
+            if draft is not None:
+                img.draft(mode, draft)
+            out = img.convert(mode)
+            out.load()
+    except FileNotFoundError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise BadDataError(
+            f"image {path} cannot be read ({type(err).__name__}: {err}): the file is truncated, corrupt or not "
+            "an image; replace or remove it"
+        ) from err
+    return (out, size) if with_size else out
 
 
 def check_fraction(name: str, value: object) -> float:
@@ -26,3 +74,136 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], li
 def loader_generator(seed: int) -> torch.Generator:
     """A generator for DataLoader shuffling, so the batch order depends only on the seed."""
     return torch.Generator().manual_seed(seed)
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed that is a pure function of the integers ``keys`` (negative values wrap mod 2**64)."""
+    seq = np.random.SeedSequence([int(k) % (1 << 64) for k in keys])
+    return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+class EpochSampler(Sampler):
+    """Shuffles ``range(size)`` with a permutation drawn from ``(seed, epoch)``; yields ``(epoch, index)``.
+
+    Lightning calls :meth:`set_epoch` at the start of every training epoch. :meth:`resume_at`
+    makes the next iteration start ``start`` samples into the epoch's permutation (once); the
+    iterations after it start at 0. The epoch travels with each index so that
+    :class:`SeededDataset` can seed the sample's augmentation, in any worker process.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = positive_int("dataset size", size)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._start = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def resume_at(self, epoch: int, start: int) -> None:
+        if not 0 <= start <= self.size:
+            raise ValueError(f"cannot resume {start} samples into an epoch of {self.size}")
+        self.epoch, self._start = int(epoch), int(start)
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
+        return torch.randperm(self.size, generator=generator)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, start = self.epoch, self._start
+        self._start = 0
+        for index in self.permutation(epoch)[start:].tolist():
+            yield epoch, index
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset so that item ``(epoch, index)`` is drawn with torch's random state seeded by
+    ``(seed, epoch, index)`` (torchvision's random transforms read it); the caller's random state is
+    left as it was. Plain integer indices read the wrapped dataset as it is."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
+        if not isinstance(key, tuple):
+            return self.dataset[key]
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, epoch, index))
+            return self.dataset[index]
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader over an :class:`EpochSampler` that Lightning can checkpoint mid-epoch.
+
+    ``state_dict()`` records the epoch and how many batches of it the trainer has taken
+    (``progress``, a callable the datamodule binds to the trainer, returns that count and the
+    number of batches the trainer runs per epoch; batches a prefetcher has read ahead do not
+    count). ``load_state_dict()`` makes the next iteration continue that epoch
+    with the following batch, in the same order and with the same augmentation; a state taken at
+    the end of an epoch continues with the next epoch. A state from another seed, batch size or
+    dataset size cannot be continued exactly: it warns and starts the saved epoch afresh.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, drop_last: bool = False, num_workers: int = 0,
+                 collate_fn: Callable | None = None, persistent_workers: bool = False,
+                 progress: Callable[[], tuple[int, float]] | None = None, **kwargs: Any) -> None:
+        sampler = kwargs.pop("sampler", None)
+        if not isinstance(sampler, EpochSampler):
+            sampler = EpochSampler(len(dataset), seed)  # type: ignore[arg-type]
+        if not isinstance(dataset, SeededDataset):
+            dataset = SeededDataset(dataset, seed)
+        kwargs.pop("shuffle", None)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                         num_workers=num_workers, collate_fn=collate_fn,
+                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
+        self.seed = int(seed)
+        self.progress = progress
+
+    def batches_per_epoch(self) -> int:
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def state_dict(self) -> dict[str, int]:
+        done, per_epoch = self.progress() if self.progress is not None else (0, self.batches_per_epoch())
+        epoch = self.sampler.epoch  # type: ignore[attr-defined]
+        if done >= min(per_epoch, self.batches_per_epoch()):
+            epoch, done = epoch + 1, 0
+        size = len(self.sampler)  # type: ignore[arg-type]
+        return {"seed": self.seed, "epoch": epoch, "batches_done": done, "batch_size": int(self.batch_size),
+                "size": size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        sampler: EpochSampler = self.sampler  # type: ignore[assignment]
+        mine = {"seed": self.seed, "batch_size": int(self.batch_size), "size": len(sampler)}
+        differs = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if differs:
+            warnings.warn(
+                "the checkpoint's training data differs from this run's ("
+                + ", ".join(f"{k} was {a!r}, is {b!r}" for k, (a, b) in differs.items())
+                + f"): epoch {state['epoch']} starts from its beginning instead of continuing exactly",
+                stacklevel=2)
+            sampler.resume_at(int(state["epoch"]), 0)
+            return
+        sampler.resume_at(int(state["epoch"]), int(state["batches_done"]) * int(self.batch_size))
+
+
+def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **kwargs: Any) -> ResumableLoader:
+    """The training loader of ``datamodule`` (see :class:`ResumableLoader`); its position is its trainer's
+    count of batches taken in the current epoch, out of the trainer's batches per epoch (which
+    ``limit_train_batches`` may make fewer than the loader's)."""
+
+    def progress() -> tuple[int, float]:
+        trainer = getattr(datamodule, "trainer", None)
+        if trainer is None:
+            return 0, float("inf")
+        return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready), trainer.num_training_batches
+
+    return ResumableLoader(dataset, batch_size, seed, progress=progress, **kwargs)

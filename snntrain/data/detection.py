@@ -39,7 +39,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from .common import eval_sampler, loader_generator, positive_int
+from .common import eval_sampler, open_image, positive_int, train_loader
 
 #: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
 IMAGE_MEAN = 0.5
@@ -179,14 +179,10 @@ def read_rgb(path: str | Path, min_side: int | None = None) -> tuple[torch.Tenso
 
     With ``min_side``, a JPEG may be decoded at a power-of-two reduction that keeps both sides at least
     ``min_side`` (much faster for large photographs); boxes stay in the full-size pixels returned second.
+    A truncated, corrupt or non-image file raises :class:`~snntrain.data.common.BadDataError` naming it.
     """
-    from PIL import Image
-
-    with Image.open(path) as img:
-        full = (img.height, img.width)
-        if min_side is not None:
-            img.draft("RGB", (min_side, min_side))
-        arr = np.asarray(img.convert("RGB"))
+    image, full = open_image(path, "RGB", None if min_side is None else (min_side, min_side), with_size=True)
+    arr = np.asarray(image)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous(), full
 
 
@@ -269,7 +265,8 @@ class TrainTransform:
     ``tv_tensors.BoundingBoxes`` (XYXY) without clamping, so their full extent is known after the crop;
     a box is then clipped to the image and dropped when less than ``min_visibility`` of its area remains
     visible, and finally ``SanitizeBoundingBoxes`` drops boxes smaller than ``min_box_size`` pixels.
-    Randomness comes from torch's global generator (seeded per DataLoader worker).
+    Randomness comes from torch's global generator; the training loader seeds it per sample from
+    ``(seed, epoch, index)`` (:class:`~snntrain.data.common.SeededDataset`).
 
     Call with a uint8 image ``[3, H, W]``, boxes float ``[n, 4]`` (xyxy, its pixels) and labels int64
     ``[n]``; returns the normalised float32 image ``[3, S, S]``, boxes float32 ``[n', 4]``, labels ``[n']``.
@@ -556,8 +553,8 @@ def make_target(
 class DetectionDataModule(L.LightningDataModule):
     """Loaders shared by the face-detection datamodules; subclasses fill ``train_set``/``val_set``/``test_set``.
 
-    ``num_classes = 1`` (face), ``in_channels = 3`` (RGB). The training loader shuffles with a generator
-    seeded by ``seed`` and pads boxes to ``max_boxes`` (dropping the smallest extras); evaluation loaders
+    ``num_classes = 1`` (face), ``in_channels = 3`` (RGB). The training loader
+    (:func:`~snntrain.data.common.train_loader`) shuffles by ``(seed, epoch)``, can resume mid-epoch, and pads boxes to ``max_boxes`` (dropping the smallest extras); evaluation loaders
     never drop a ground-truth box.
     """
 
@@ -583,16 +580,19 @@ class DetectionDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        if train:
+            return train_loader(self, dataset, self.batch_size, self.seed, num_workers=self.num_workers,
+                                persistent_workers=self.num_workers > 0,
+                                collate_fn=DetectionCollate(self.max_boxes, drop=True))
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            shuffle=False,
             drop_last=False,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            collate_fn=DetectionCollate(self.max_boxes, drop=train, size_divisor=self.size_divisor),
-            generator=loader_generator(self.seed) if train else None,
-            sampler=None if train else eval_sampler(dataset),
+            collate_fn=DetectionCollate(self.max_boxes, drop=False, size_divisor=self.size_divisor),
+            sampler=eval_sampler(dataset),
         )
 
     def train_dataloader(self) -> DataLoader:

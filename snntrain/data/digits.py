@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from .common import check_fraction, eval_sampler, loader_generator, positive_int
+from .common import check_fraction, eval_sampler, positive_int, train_loader
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -59,8 +59,7 @@ class DigitsDataModule(L.LightningDataModule):
         self.val_set = TensorDataset(images[val_idx], labels[val_idx])
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=False,
-                          num_workers=self.num_workers, generator=loader_generator(self.seed))
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,

@@ -13,9 +13,14 @@ import torch
 from torch.utils.data import DataLoader, Subset
 from torchvision.transforms import v2
 
-from .common import check_fraction, eval_sampler, loader_generator, positive_int, split_indices
+from .common import check_fraction, eval_sampler, open_image, positive_int, split_indices, train_loader
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def load_rgb(path: str):
+    """ImageFolder's loader: the whole file decoded to RGB; an unreadable file raises an error naming it."""
+    return open_image(path, "RGB")
 
 
 class ImageFolderDataModule(L.LightningDataModule):
@@ -78,7 +83,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         from torchvision.datasets import ImageFolder
 
         def folder(root: Path, train: bool) -> ImageFolder:
-            ds = ImageFolder(str(root), transform=self._transform(train))
+            ds = ImageFolder(str(root), transform=self._transform(train), loader=load_rgb)
             if ds.classes != self.classes:
                 raise ValueError(f"class folders of {root} ({ds.classes}) differ from {self.train_root} ({self.classes})")
             return ds
@@ -91,8 +96,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.train_set, self.val_set = Subset(full_train, train_idx), Subset(full_eval, val_idx)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
-                          generator=loader_generator(self.seed))
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,

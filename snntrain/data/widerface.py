@@ -15,7 +15,9 @@ followed by one placeholder line of ten zeros, which is consumed and gives no bo
 anything else raises ``ValueError`` naming the file and line.
 
 Boxes kept as training/validation targets: every annotated box except those flagged ``invalid`` and
-those with ``w <= 0`` or ``h <= 0``; a kept box is clipped to the image (and dropped if nothing is left).
+those with ``w <= 0`` or ``h <= 0``; a kept box is clipped to the image. A kept box that lies wholly
+outside its image is an error naming the annotation file and line (``bad_boxes="skip"``: it is
+dropped, counted and logged). An image that cannot be decoded is an error naming the file.
 Every record also keeps *all* annotated boxes with their attributes, since the official easy / medium /
 hard protocol matches detections against all of them and counts only the boxes its ``gt_list`` names.
 
@@ -25,6 +27,7 @@ benchmark split of WIDER FACE.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .common import positive_int
+from .common import BadDataError, positive_int
 from .detection import DetectionDataModule, SquareCropTransform, TrainTransform, fit_long_side, make_target, read_rgb
 
 URL = "http://shuoyang1213.me/WIDERFACE/"
@@ -42,6 +45,10 @@ DIFFICULTIES = ("easy", "medium", "hard")
 #: Column names of the ten integers of an annotation line.
 ATTRIBUTES = ("x1", "y1", "w", "h", "blur", "expression", "illumination", "invalid", "occlusion", "pose")
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+#: What to do with an annotated box that lies wholly outside its image.
+BAD_BOXES = ("error", "skip")
+
+log = logging.getLogger(__name__)
 
 
 def missing_message(root: Path, missing: Path) -> str:
@@ -286,9 +293,15 @@ class WiderFaceDataset(Dataset):
         transform: SquareCropTransform | TrainTransform | None = None,
         difficulty: bool = True,
         eval_max_side: int | None = None,
+        bad_boxes: str = "error",
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
+        if bad_boxes not in BAD_BOXES:
+            raise ValueError(f"bad_boxes={bad_boxes!r} is not valid; choose one of {', '.join(BAD_BOXES)}")
+        self.bad_boxes = bad_boxes
+        self.skipped_boxes = 0  # boxes dropped by bad_boxes="skip" (in this process)
+        self._skipped: set[int] = set()
         self.root = Path(root).expanduser()
         self.split = split
         self.image_size = int(image_size)
@@ -313,6 +326,22 @@ class WiderFaceDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    def _outside_boxes(self, index: int, outside: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """Boxes (of the kept ones) that lie wholly outside their image: an error naming the annotation
+        line, or with ``bad_boxes="skip"`` dropped, counted in ``skipped_boxes`` and logged."""
+        record = self.records[index]
+        kept = np.flatnonzero(record.keep)
+        lines = [record.line + 2 + int(kept[k]) for k in torch.nonzero(outside).flatten().tolist()]
+        what = (f"{self.annotation_file}, line(s) {', '.join(map(str, lines))}: box(es) of {record.path} lie wholly "
+                f"outside the {size[1]}x{size[0]} image")
+        if self.bad_boxes == "error":
+            raise BadDataError(f"{what}; fix the annotation, or set data.bad_boxes=skip to drop such boxes")
+        if index not in self._skipped:
+            self._skipped.add(index)
+            self.skipped_boxes += len(lines)
+            log.warning("%s; dropped (data.bad_boxes=skip, %d so far)", what, self.skipped_boxes)
+        return outside
+
     def image_path(self, index: int) -> Path:
         """Full path of image ``index``."""
         return self.image_dir / self.records[index].path
@@ -329,6 +358,9 @@ class WiderFaceDataset(Dataset):
             min_side = self.image_size * 2
         image, (h, w) = read_rgb(self.image_path(index), min_side=min_side)
         boxes = torch.from_numpy(record.boxes[record.keep]).clone()
+        outside = (boxes[:, 0] >= w) | (boxes[:, 1] >= h) | (boxes[:, 2] <= 0) | (boxes[:, 3] <= 0)
+        if outside.any():
+            boxes = boxes[~self._outside_boxes(index, outside, (h, w))]
         boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
         boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
         boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
@@ -371,8 +403,12 @@ class WiderFaceDataModule(DetectionDataModule):
         num_workers: int = 4,
         max_boxes: int | None = 256,
         seed: int = 0,
+        bad_boxes: str = "error",
     ) -> None:
         super().__init__(image_size, batch_size, num_workers, max_boxes, seed)
+        if bad_boxes not in BAD_BOXES:
+            raise ValueError(f"bad_boxes={bad_boxes!r} is not valid; choose one of {', '.join(BAD_BOXES)}")
+        self.bad_boxes = bad_boxes
         if root is None:
             raise ValueError(f"data=widerface needs data.root=<folder with WIDER FACE from {URL}>")
         self.root = Path(root).expanduser()
@@ -402,8 +438,9 @@ class WiderFaceDataModule(DetectionDataModule):
             return
         self.prepare_data()
         self.train_set = WiderFaceDataset(self.root, "train", self.image_size, self.train_transform,
-                                          eval_max_side=self.eval_max_side)
-        self.val_set = WiderFaceDataset(self.root, "val", self.image_size, None, eval_max_side=self.eval_max_side)
+                                          eval_max_side=self.eval_max_side, bad_boxes=self.bad_boxes)
+        self.val_set = WiderFaceDataset(self.root, "val", self.image_size, None, eval_max_side=self.eval_max_side,
+                                        bad_boxes=self.bad_boxes)
         self.test_set = self.val_set
 
 

@@ -1,0 +1,132 @@
+"""Crash and resume: a run killed with SIGKILL in the middle of an epoch, resumed from its last
+checkpoint, ends with exactly the weights of the uninterrupted run (deterministic mode, CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from snntrain.checkpoint import read_checkpoint
+
+# The child composes the config and runs it. With KILL_AT_STEP it SIGKILLs itself while writing the
+# checkpoint of that step: the file is complete under its temporary name but not yet renamed.
+CHILD = r"""
+import os, signal, sys
+from hydra import compose, initialize_config_module
+import lightning.fabric.plugins.io.torch_io as tio
+from snntrain.cli import run
+
+kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
+if kill_at:
+    original = tio.TorchCheckpointIO.save_checkpoint
+
+    def save_then_die(self, checkpoint, path, storage_options=None):
+        original(self, checkpoint, path, storage_options)
+        if checkpoint["global_step"] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    tio.TorchCheckpointIO.save_checkpoint = save_then_die
+with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+    cfg = compose(config_name="config", overrides=sys.argv[1:])
+run(cfg)
+"""
+
+RUN = [
+    "backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32", "logger=none",
+    "trainer.accelerator=cpu", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
+    "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
+    "checkpoint.every_n_steps=2", "checkpoint.every_n_minutes=null", "precise_bn.num_batches=3",
+    "task.optimizer.lr=0.01",
+]
+
+
+def start(out: Path, *extra: str, kill_at: int = 0) -> subprocess.Popen:
+    env = dict(os.environ, KILL_AT_STEP=str(kill_at), HYDRA_FULL_ERROR="1")
+    return subprocess.Popen([sys.executable, "-c", CHILD, *RUN, f"paths.output_dir={out}", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=600)
+    return proc.returncode, err
+
+
+def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
+    full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
+    # 6 steps per epoch; interval checkpoints at steps 2, 4, 8, 10 and epoch-end ones at 6 and 12.
+    # The killed run dies while writing step 10's, in the middle of its second epoch.
+    procs = [start(full), start(killed, kill_at=10)]
+    (rc_full, err_full), (rc_killed, err_killed) = (finish(p) for p in procs)
+    assert rc_full == 0, err_full[-3000:]
+    assert rc_killed == -9, f"the run was meant to die by SIGKILL: rc={rc_killed}\n{err_killed[-3000:]}"
+
+    ckpt_dir = killed / "checkpoints"
+    leftovers = [p for p in ckpt_dir.iterdir() if p.name.startswith(".")]
+    assert leftovers and all(p.name.endswith(".tmp") for p in leftovers), leftovers  # the interrupted write
+    for p in ckpt_dir.glob("*.ckpt"):  # everything named like a checkpoint is a complete one
+        read_checkpoint(p)
+    last = read_checkpoint(ckpt_dir / "last.ckpt")
+    assert (last["epoch"], last["global_step"]) == (1, 8), "resume point should be mid-way through epoch 1"
+    loader_state = last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+    assert (loader_state["epoch"], loader_state["batches_done"]) == (1, 2)
+
+    rc, err = finish(start(resumed, f"ckpt_path={ckpt_dir / 'last.ckpt'}"))
+    assert rc == 0, err[-3000:]
+    assert "not resumable" not in err
+
+    a = torch.load(full / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 12
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    different = [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
+    assert not different, f"weights differ after resume: {different[:5]}"
+    for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    assert not [p for p in (resumed / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+class RandomItems(torch.utils.data.Dataset):
+    """Item i is (i, a draw from torch's global generator): the draw stands for random augmentation."""
+
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i):
+        return i, torch.rand(())
+
+
+def test_loader_state_continues_the_epoch_with_the_same_order_and_augmentation():
+    from snntrain.data.common import ResumableLoader
+
+    taken = {"n": 0}
+    loader = ResumableLoader(RandomItems(), batch_size=4, seed=3, progress=lambda: (taken["n"], 6))
+    loader.sampler.set_epoch(2)
+    batches = list(loader)
+    assert len(batches) == 6 and sorted(torch.cat([b[0] for b in batches]).tolist()) == list(range(23))
+    torch.manual_seed(0)
+    again = list(loader)  # the global generator does not matter
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, again))
+    loader.sampler.set_epoch(3)
+    assert not torch.equal(next(iter(loader))[0], batches[0][0])  # another epoch, another order
+
+    loader.sampler.set_epoch(2)
+    taken["n"] = 4
+    state = loader.state_dict()
+    assert state == {"seed": 3, "epoch": 2, "batches_done": 4, "batch_size": 4, "size": 23}
+    fresh = ResumableLoader(RandomItems(), batch_size=4, seed=3)
+    fresh.load_state_dict(state)
+    rest = list(fresh)
+    assert len(rest) == 2
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches[4:], rest))
+    assert len(list(fresh)) == 6  # the skip applies once
+
+    taken["n"] = 6  # a state taken at the end of the epoch continues with the next one
+    assert loader.state_dict()["epoch"] == 3 and loader.state_dict()["batches_done"] == 0
+    with pytest.warns(UserWarning, match="batch_size was 4, is 5.*starts from its beginning"):
+        ResumableLoader(RandomItems(), batch_size=5, seed=3).load_state_dict(state)
