@@ -198,7 +198,8 @@ class _Indexed:
 class DigitsDVSDataModule(EventDataModule):
     """Simulated DVS recordings of the bundled digits (offline): stratified train/validation split.
 
-    ``root`` holds only the frame cache. The generator's settings are those of :class:`DigitsDVS`.
+    ``root`` holds only the frame cache. The generator's settings are those of :class:`DigitsDVS`;
+    ``max_recordings`` keeps only the first N digits (quick checks).
     """
 
     num_classes = 10
@@ -215,9 +216,11 @@ class DigitsDVSDataModule(EventDataModule):
         threshold_mismatch: float = 0.03,
         noise_rate_hz: float = 0.5,
         val_fraction: float = 0.2,
+        max_recordings: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(root=root, **kwargs)
+        self.max_recordings = None if max_recordings is None else positive_int("max_recordings", max_recordings)
         self.generator = {"digit_size": digit_size, "saccade": saccade, "saccade_ms": saccade_ms,
                           "steps_per_saccade": steps_per_saccade, "threshold": threshold,
                           "threshold_mismatch": threshold_mismatch, "noise_rate_hz": noise_rate_hz}
@@ -226,14 +229,15 @@ class DigitsDVSDataModule(EventDataModule):
         self.val_fraction = check_fraction("val_fraction", val_fraction)
 
     def _identity(self) -> dict[str, Any]:
-        return {"generator": self.generator, "seed": self.seed, "val_fraction": self.val_fraction}
+        return {"generator": self.generator, "seed": self.seed, "val_fraction": self.val_fraction,
+                "max_recordings": self.max_recordings}
 
     def _splits(self) -> tuple[Any, Any]:
         from sklearn.model_selection import train_test_split
 
-        idx = np.arange(len(self.dataset))
-        train_idx, val_idx = train_test_split(idx, test_size=self.val_fraction, random_state=self.seed,
-                                              stratify=self.dataset.targets)
+        n = len(self.dataset) if self.max_recordings is None else min(self.max_recordings, len(self.dataset))
+        train_idx, val_idx = train_test_split(np.arange(n), test_size=self.val_fraction, random_state=self.seed,
+                                              stratify=self.dataset.targets[:n])
         return _Indexed(self.dataset, np.sort(train_idx)), _Indexed(self.dataset, np.sort(val_idx))
 
     def setup(self, stage: str | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -136,7 +137,7 @@ class EventFrames(Dataset):
             try:
                 with np.load(path, allow_pickle=False) as f:
                     item = (f["frames"], f["label"])
-            except (FileNotFoundError, OSError, KeyError, ValueError, EOFError):  # absent or unreadable: build it
+            except (FileNotFoundError, OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # unreadable: rebuild
                 item = self._build(index)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
@@ -447,7 +448,8 @@ class CIFAR10DVSDataModule(TonicDataModule):
 
 
 class NCaltech101DataModule(TonicDataModule):
-    """N-Caltech101 (Orchard et al. 2015): Caltech101 images recorded by an ATIS camera in saccades.
+    """N-Caltech101 (Orchard et al. 2015): Caltech101 images recorded by an ATIS camera in saccades, 100 object
+    categories and a background class.
     Recordings differ in size; events are kept on a 240x180 sensor (``image_size`` downsamples it to a
     square). No official test split: ``val_fraction`` (default 0.1) is held out, deterministic by seed."""
 
@@ -456,7 +458,7 @@ class NCaltech101DataModule(TonicDataModule):
     sensor_size = (240, 180, 2)
     expected = ("N-Caltech101-archive.zip, the Caltech101.zip it holds and its contents extracted beside them: "
                 "Caltech101/<class>/*.bin")
-    # the 101 categories and the background class, as the folders of Caltech101/ are named
+    # the 100 object categories and the background class, as the folders of Caltech101/ are named
     classes = sorted("""BACKGROUND_Google Faces_easy Leopards Motorbikes accordion airplanes anchor ant barrel bass
     beaver binocular bonsai brain brontosaurus buddha butterfly camera cannon car_side ceiling_fan cellphone chair
     chandelier cougar_body cougar_face crab crayfish crocodile crocodile_head cup dalmatian dollar_bill dolphin
@@ -477,7 +479,7 @@ class NCaltech101DataModule(TonicDataModule):
             if isinstance(name, bytes):
                 name = name.decode()
             if name not in index:
-                raise ValueError(f"N-Caltech101 class folder {name!r} is not one of the 101 categories + background")
+                raise ValueError(f"N-Caltech101 class folder {name!r} is not one of the 100 categories or the background")
             return index[name]
 
         return label
