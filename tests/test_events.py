@@ -187,3 +187,24 @@ def test_cli_trains_on_offline_events_and_exports_nir(tmp_path):
     assert card["nir_max_abs_diff"] < 1e-4 and "model.nir" in card["files"]
     net = load_nir(export_dir / "model.nir")
     assert net(torch.zeros(2, 3, 2, 20, 20)).shape == (3, 10)
+
+
+@pytest.mark.parametrize("preset,data,classes", [("dvs_gesture_sew", "dvs_gesture", 11),
+                                                 ("cifar10_dvs_sew", "cifar10_dvs", 10)])
+def test_sew_event_presets(preset, data, classes, tmp_path):
+    """The SEW-ResNet paper's event settings: T=16 frames by event count, PLIF, ADD; the model builds."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from snntrain.models import build_model
+
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"experiment={preset}", f"paths.output_dir={tmp_path}"])
+    c = OmegaConf.to_container(cfg.data, resolve=True)
+    assert cfg.T == 16 and c["T"] == 16 and c["name"] == data and c["frame_split"] == "number"
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    assert model_cfg["T"] == 16 and model_cfg["num_classes"] == classes and model_cfg["in_channels"] == 2
+    model = build_model(model_cfg, backend="torch")
+    assert type(model.sn1).__name__ == "PLIF" and model.layer1[0].connect == "ADD"
+    dm = build_datamodule(c)
+    assert dm.frame_shape == (16, 2, 128, 128)
