@@ -30,7 +30,7 @@ def test_recordings_are_tonic_events_and_deterministic(dvs):
     events, label = dvs[5]
     assert events.dtype.names == ("x", "y", "t", "p") and label == int(dvs.targets[5])
     w, h, p = dvs.sensor_size
-    assert (w, h, p) == (20, 20, 2)
+    assert (w, h, p) == (16, 16, 2)
     assert events["x"].min() >= 0 and events["x"].max() < w and events["y"].min() >= 0 and events["y"].max() < h
     assert set(np.unique(events["p"])) == {0, 1}
     assert np.all(np.diff(events["t"]) >= 0) and events["t"].max() < 3 * dvs.saccade_ms * 1000
@@ -55,17 +55,17 @@ def test_tonic_transforms_apply(dvs):
 def test_frames_shape_dtype_and_counts(dvs, split):
     events, _ = dvs[1]
     frames = frame_transform(dvs.sensor_size, 5, split)(events)
-    assert frames.shape == (5, 2, 20, 20) and frames.dtype == np.float32
+    assert frames.shape == (5, 2, 16, 16) and frames.dtype == np.float32
     assert len(events) - 1 <= frames.sum() <= len(events)  # every event in one bin (tonic may drop the last)
     per_bin = frames.sum(axis=(1, 2, 3))
     if split == "number":
         assert per_bin.max() - per_bin.min() <= 1
     on = frames[:, 1].sum()
     assert (events["p"] == 1).sum() - 1 <= on <= (events["p"] == 1).sum()
-    small = frame_transform(dvs.sensor_size, 3, "time", image_size=10)(events)
-    assert small.shape == (3, 2, 10, 10) and len(events) - 1 <= small.sum() <= len(events)
+    small = frame_transform(dvs.sensor_size, 3, "time", image_size=8)(events)
+    assert small.shape == (3, 2, 8, 8) and len(events) - 1 <= small.sum() <= len(events)
     empty = frame_transform(dvs.sensor_size, 3)(events[:0])
-    assert empty.shape == (3, 2, 20, 20) and not empty.any()
+    assert empty.shape == (3, 2, 16, 16) and not empty.any()
 
 
 def test_frame_cache_and_memory(dvs, tmp_path):
@@ -76,7 +76,7 @@ def test_frame_cache_and_memory(dvs, tmp_path):
     assert frames.missing() == list(range(6))
     assert frames.fill_cache() == 6 and frames.missing() == [] and frames.fill_cache() == 0
     x, y = frames[2]
-    assert x.shape == (4, 2, 20, 20) and x.dtype == torch.float32 and y == int(dvs.targets[2])
+    assert x.shape == (4, 2, 16, 16) and x.dtype == torch.float32 and y == int(dvs.targets[2])
     # read back from disk, not rebuilt: a broken frame builder is never called
     cached = EventFrames(subset, lambda ev: 1 / 0, tmp_path / "c")
     assert torch.equal(cached[2][0], x)
@@ -104,7 +104,7 @@ def test_augment_and_time_first_batches():
 @pytest.fixture(scope="module")
 def digits_dm(tmp_path_factory) -> DigitsDVSDataModule:
     dm = build_datamodule({"name": "digits_dvs", "root": str(tmp_path_factory.mktemp("dvs")), "T": 3,
-                           "batch_size": 16, "num_classes": 10, "in_channels": 2, "image_size": 20,
+                           "batch_size": 16, "num_classes": 10, "in_channels": 2, "image_size": 16,
                            "max_recordings": 300}, seed=0)
     dm.setup("fit")
     return dm
@@ -114,14 +114,14 @@ def test_digits_dvs_datamodule(digits_dm):
     dm = digits_dm
     assert len(dm.train_set) + len(dm.val_set) == 300 and len(dm.val_set) == 60
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (3, 16, 2, 20, 20) and x.dtype == torch.float32 and y.shape == (16,) and y.dtype == torch.long
+    assert x.shape == (3, 16, 2, 16, 16) and x.dtype == torch.float32 and y.shape == (16,) and y.dtype == torch.long
     xv, _ = next(iter(dm.val_dataloader()))
-    assert xv.shape == (3, 16, 2, 20, 20)
+    assert xv.shape == (3, 16, 2, 16, 16)
     cache = dm.cache_dir("train")
     assert len(list(cache.glob("*.npz"))) == len(dm.train_set)
     # frames for another T (or split) live in another folder: no stale frames
     other = DigitsDVSDataModule(root=str(dm.root), T=4, max_recordings=300)
-    assert other.cache_dir("train") != cache and other.frame_shape == (4, 2, 20, 20)
+    assert other.cache_dir("train") != cache and other.frame_shape == (4, 2, 16, 16)
 
 
 def test_event_level_augmentation_bypasses_cache(digits_dm):
@@ -131,7 +131,7 @@ def test_event_level_augmentation_bypasses_cache(digits_dm):
     torch.manual_seed(0)
     np.random.seed(0)
     a, b = dm.train_set[0][0], dm.train_set[0][0]
-    assert a.shape == (3, 2, 20, 20) and not torch.equal(a, b)  # drawn anew on every access
+    assert a.shape == (3, 2, 16, 16) and not torch.equal(a, b)  # drawn anew on every access
 
 
 @pytest.mark.parametrize("cls,files", [
@@ -180,13 +180,13 @@ def test_cli_trains_on_offline_events_and_exports_nir(tmp_path):
     run(cfg([*common, "task=export", f"ckpt_path={ckpt}", f"export.dir={export_dir}", "export.formats=[nir]",
              f"paths.output_dir={tmp_path / 'exp'}"]))
     graph = nir.read(str(export_dir / "model.nir"))
-    assert graph.metadata["T"] == 2 and list(graph.nodes["input"].input_type["input"]) == [2, 20, 20]
+    assert graph.metadata["T"] == 2 and list(graph.nodes["input"].input_type["input"]) == [2, 16, 16]
     import json
 
     card = json.loads((export_dir / "model_card.json").read_text())
     assert card["nir_max_abs_diff"] < 1e-4 and "model.nir" in card["files"]
     net = load_nir(export_dir / "model.nir")
-    assert net(torch.zeros(2, 3, 2, 20, 20)).shape == (3, 10)
+    assert net(torch.zeros(2, 3, 2, 16, 16)).shape == (3, 10)
 
 
 @pytest.mark.parametrize("preset,data,classes", [("dvs_gesture_sew", "dvs_gesture", 11),

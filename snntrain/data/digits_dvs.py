@@ -65,7 +65,7 @@ class DigitsDVS:
 
     def __init__(
         self,
-        digit_size: int = 16,
+        digit_size: int = 12,
         saccade: int = 2,
         saccade_ms: float = 100.0,
         steps_per_saccade: int = 12,
@@ -208,7 +208,7 @@ class DigitsDVSDataModule(EventDataModule):
     def __init__(
         self,
         root: str = "data/digits_dvs",
-        digit_size: int = 16,
+        digit_size: int = 12,
         saccade: int = 2,
         saccade_ms: float = 100.0,
         steps_per_saccade: int = 12,
