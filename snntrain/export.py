@@ -41,6 +41,8 @@ from .nn.neurons import set_backend
 log = logging.getLogger(__name__)
 
 FORMATS = ("safetensors", "onnx", "torch_export", "nir")
+#: What an export writes unless told otherwise (NIR is opt-in: not every network has a NIR form).
+DEFAULT_FORMATS = ("safetensors", "onnx", "torch_export")
 ONNX_OPSET = 18
 
 
@@ -230,7 +232,7 @@ def _max_diff(a, b) -> float:
 def export_checkpoint(
     ckpt_path: str | os.PathLike,
     out_dir: str | os.PathLike,
-    formats: Sequence[str] = FORMATS,
+    formats: Sequence[str] = DEFAULT_FORMATS,
     backend: str = "auto",
     opset: int = ONNX_OPSET,
     seed: int = 0,
