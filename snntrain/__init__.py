@@ -1,12 +1,13 @@
 """snntrain: training spiking neural networks for vision, with Triton kernels.
 
 ``snntrain.load_checkpoint(path)`` and ``snntrain.load_exported(folder)`` return a ready
-classifier or detector without Hydra or Lightning (see :mod:`snntrain.export`).
+classifier or detector without Hydra or Lightning (see :mod:`snntrain.export`);
+``snntrain.load_nir(path)`` runs a NIR graph with snntrain layers (see :mod:`snntrain.nir_graph`).
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_checkpoint", "load_exported"]
+__all__ = ["__version__", "load_checkpoint", "load_exported", "load_nir"]
 
 
 def __getattr__(name: str):
@@ -15,4 +16,8 @@ def __getattr__(name: str):
         from . import export
 
         return getattr(export, name)
+    if name == "load_nir":
+        from .nir_graph import load_nir
+
+        return load_nir
     raise AttributeError(f"module 'snntrain' has no attribute {name!r}")

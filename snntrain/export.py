@@ -8,6 +8,8 @@ An export folder holds:
 ``README.md``           the same card for people
 ``model.onnx``          the network with the T loop unrolled (PyTorch backend), opset 18
 ``model.pt2``           a ``torch.export`` program (Triton ops when exported on a GPU)
+``model.nir``           the NIR graph (neuromorphic hardware and other SNN libraries; see docs/nir.md):
+                        a classifier, or a detector's backbone, with BatchNorm folded into the convolutions
 
 The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
 A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
@@ -38,7 +40,9 @@ from .nn.neurons import set_backend
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("safetensors", "onnx", "torch_export")
+FORMATS = ("safetensors", "onnx", "torch_export", "nir")
+#: What an export writes unless told otherwise (NIR is opt-in: not every network has a NIR form).
+DEFAULT_FORMATS = ("safetensors", "onnx", "torch_export")
 ONNX_OPSET = 18
 
 
@@ -239,7 +243,8 @@ def _readme(card: dict[str, Any]) -> str:
         lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]
     lines += ["", "## Files", ""] + [f"- {k}: {v}" for k, v in card["files"].items()]
     lines += ["", "Load with `snntrain.load_exported(folder)` (safetensors + config), "
-              "`onnxruntime.InferenceSession('model.onnx')`, or `snntrain.export.load_program('model.pt2')`.", ""]
+              "`onnxruntime.InferenceSession('model.onnx')`, `snntrain.export.load_program('model.pt2')`, or "
+              "`snntrain.load_nir('model.nir')` (any NIR reader: `nir.read`).", ""]
     return "\n".join(lines)
 
 
@@ -253,15 +258,17 @@ def _max_diff(a, b) -> float:
 def export_checkpoint(
     ckpt_path: str | os.PathLike,
     out_dir: str | os.PathLike,
-    formats: Sequence[str] = FORMATS,
+    formats: Sequence[str] = DEFAULT_FORMATS,
     backend: str = "auto",
     opset: int = ONNX_OPSET,
     seed: int = 0,
+    nir_dt: float | None = None,
 ) -> dict[str, Any]:
     """Export a checkpoint into ``out_dir`` (replaced atomically); returns the model card.
 
     ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
-    otherwise); ONNX always goes through the PyTorch backend.
+    otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_dt`` is the NIR
+    graph's seconds per time step (None: :data:`snntrain.nir_graph.DEFAULT_DT`).
     """
     formats = check_formats(formats)
     source = Path(ckpt_path)
@@ -297,6 +304,10 @@ def export_checkpoint(
                 model, prog_backend, sample, tmp / "model.pt2")
             batch = "batch 1 (fixed)" if prog_backend == "triton" else "any batch"
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {batch}"
+        if "nir" in formats:
+            card["nir_dt"], card["nir_max_abs_diff"] = _export_nir(model, sample, tmp / "model.nir", nir_dt)
+            what = "backbone stage spikes" if isinstance(model, SpikingFCOS) else "per-step logits (mean over T)"
+            card["files"]["model.nir"] = f"NIR graph, BatchNorm folded, dt={card['nir_dt']:g} s, {what}"
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
         (tmp / "README.md").write_text(_readme(card))
     log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
@@ -318,6 +329,29 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     log.info("snntrain: ONNX check with onnxruntime: largest difference %.3g", diff)
     print(f"ONNX (onnxruntime) vs PyTorch backend: largest absolute difference {diff:.3g}", flush=True)
     return diff
+
+
+def _export_nir(model: nn.Module, sample: torch.Tensor, path: Path, dt: float | None) -> tuple[float, float]:
+    """Write the NIR graph, read it back with the NIR package, run it with snntrain layers and compare with
+    the model on the PyTorch backend."""
+    from .nir_graph import DEFAULT_DT, load_nir, write_nir
+
+    dt = DEFAULT_DT if dt is None else dt
+    set_backend(model, "torch")
+    write_nir(model, path, tuple(sample.shape[1:]), dt)
+    net = load_nir(path, backend="torch")
+    x = sample.unsqueeze(0).expand(net.T, *sample.shape)  # [T, B, C, H, W]: the same input at every step
+    with torch.no_grad():
+        if isinstance(model, SpikingFCOS):
+            ref = model.backbone.forward_features(x)
+            got = net(x)
+            got = [got[f"stage{i}"] for i in range(1, 5)]
+        else:
+            ref, got = model(x), net(x)
+    diff = _max_diff(tuple(got) if isinstance(got, list) else got, tuple(ref) if isinstance(ref, list) else ref)
+    print(f"NIR graph (read back, snntrain layers) vs PyTorch backend: largest absolute difference {diff:.3g}",
+          flush=True)
+    return float(dt), diff
 
 
 def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: Path):

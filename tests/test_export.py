@@ -235,3 +235,16 @@ def test_predict_input_errors(classifier_ckpt, tmp_path):
         list_images(tmp_path)
     with pytest.raises(ValueError, match="task=predict needs ckpt_path"):
         run(compose_cfg(tmp_path / "r", ["task=predict", f"input={tmp_path}"]))
+
+
+def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
+    """A detector exports its backbone to NIR: four spike-map outputs that match the model's stages."""
+    import nir
+
+    card = ex.export_checkpoint(detector_ckpt, tmp_path / "e", formats=["nir"], backend="torch", nir_dt=1e-3)
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["README.md", "config.yaml", "model.nir",
+                                                                 "model_card.json"]
+    assert card["nir_dt"] == 1e-3 and card["nir_max_abs_diff"] < 1e-4 and "backbone" in card["files"]["model.nir"]
+    graph = nir.read(str(tmp_path / "e" / "model.nir"))
+    outputs = sorted(n for n, node in graph.nodes.items() if isinstance(node, nir.Output))
+    assert outputs == ["stage1", "stage2", "stage3", "stage4"] and graph.metadata["dt"] == 1e-3

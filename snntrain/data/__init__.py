@@ -10,6 +10,8 @@ import lightning as L
 
 from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
+from .digits_dvs import DigitsDVSDataModule
+from .events import CIFAR10DVSDataModule, DVSGestureDataModule, NCaltech101DataModule, NMNISTDataModule
 from .faces import FacesDataModule
 from .image_folder import ImageFolderDataModule
 from .synthetic import SyntheticDataModule
@@ -22,6 +24,12 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "faces": FacesDataModule,
     "widerface": WiderFaceDataModule,
     "synthetic": SyntheticDataModule,
+    # event cameras: [T, 2, H, W] frames, batched time-first
+    "digits_dvs": DigitsDVSDataModule,
+    "nmnist": NMNISTDataModule,
+    "dvs_gesture": DVSGestureDataModule,
+    "cifar10_dvs": CIFAR10DVSDataModule,
+    "ncaltech101": NCaltech101DataModule,
 }
 
 # Keys of a data config that describe the data for the model rather than configure the module.
@@ -50,11 +58,16 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
 
 __all__ = [
     "DATAMODULES",
+    "CIFAR10DVSDataModule",
     "CIFAR10DataModule",
+    "DVSGestureDataModule",
+    "DigitsDVSDataModule",
     "DigitsDataModule",
     "FacesDataModule",
     "ImageFolderDataModule",
     "SyntheticDataModule",
+    "NCaltech101DataModule",
+    "NMNISTDataModule",
     "WiderFaceDataModule",
     "build_datamodule",
 ]

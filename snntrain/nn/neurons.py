@@ -165,10 +165,16 @@ NEURONS: dict[str, type[BaseNeuron]] = {"IF": IF, "LIF": LIF, "PLIF": PLIF}
 
 
 def build_neuron(type: str = "LIF", **kwargs) -> BaseNeuron:
-    """Build a neuron from config values: ``type`` is ``IF``, ``LIF`` or ``PLIF``."""
+    """Build a neuron from config values: ``type`` is ``IF``, ``LIF`` or ``PLIF`` (for which ``tau`` is
+    taken as ``init_tau``, as the model config's ``neuron.tau`` documents)."""
     if type not in NEURONS:
         raise ValueError(f"neuron type={type!r} is not valid; choose one of {', '.join(NEURONS)}")
     cls = NEURONS[type]
+    if type == "PLIF" and "tau" in kwargs:  # the config's tau is PLIF's initial time constant
+        if "init_tau" in kwargs:
+            raise ValueError("neuron PLIF got both tau and init_tau; give one (its initial time constant)")
+        kwargs = dict(kwargs)
+        kwargs["init_tau"] = kwargs.pop("tau")
     try:
         return cls(**kwargs)
     except TypeError as err:
