@@ -48,10 +48,10 @@ def test_stem_statistics_match_the_data_not_the_initial_values():
     model = tiny_sew()
     x = torch.randn(8, 1, 8, 8) * 0.05
     recompute_batchnorm(model, [x])
-    stem = model.stem[1]
+    stem = model.sn1.norm
     assert running_stat_modules(model)[0] is stem
     with torch.no_grad():
-        torch.testing.assert_close(stem.running_var, model.stem[0](x).var([0, 2, 3]), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(stem.running_var, model.stem(x).var([0, 2, 3]), rtol=1e-5, atol=1e-7)
     assert float(stem.running_var.max()) < 0.5  # the default momentum would still be near 1 here
 
 
