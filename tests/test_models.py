@@ -106,3 +106,36 @@ def test_bad_model_name_and_input():
         build_model({"name": "sew_resnet", "layers": 3})
     with pytest.raises(ValueError, match=r"expected \[B, C, H, W\] or \[T, B, C, H, W\]"):
         tiny()(torch.randn(2, 16, 16))
+
+
+@pytest.mark.parametrize("neuron,depth", [("LIF", 18), ("PLIF", 50)])
+def test_checkpoints_in_the_unfused_naming_still_load(neuron, depth):
+    """State dicts written before norm and neuron became one NormNeuron (``stem.1.*``,
+    ``layerI.J.convK.1.*``, ``downsample.0.1.*``, PLIF's ``snK.w``) load into today's model."""
+    import re
+
+    from snntrain.models import SEWResNet
+
+    torch.manual_seed(0)
+    cfg = dict(depth=depth, num_classes=3, in_channels=1, T=2, width=4, neuron={"type": neuron}, backend="torch")
+    src = SEWResNet(**cfg)
+    for m in src.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            torch.nn.init.uniform_(m.weight)
+            m.running_mean.uniform_()
+    old_names = [(r"^sn1\.norm\.(.+)$", r"stem.1.\1"), (r"^(.+\.)sn(\d)\.norm\.(.+)$", r"\1conv\2.1.\3"),
+                 (r"^(.+\.)downsample\.1\.norm\.(.+)$", r"\1downsample.0.1.\2"),
+                 (r"^((?:.+\.)?(?:sn\d|downsample\.1))\.neuron\.w$", r"\1.w")]
+    old = {}
+    for key, value in src.state_dict().items():
+        for pattern, repl in old_names:
+            key, n = re.subn(pattern, repl, key)
+            if n:
+                break
+        old["model." + key] = value
+    assert "model.stem.1.weight" in old and "model.layer1.0.conv1.1.running_var" in old
+    wrapper = torch.nn.Module()
+    wrapper.model = SEWResNet(**cfg)
+    wrapper.load_state_dict(old)  # strict
+    for key, value in src.state_dict().items():
+        assert torch.equal(wrapper.model.state_dict()[key], value), key

@@ -8,6 +8,7 @@ scanning over T), fused into one Triton op under ``backend=triton``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,6 +97,33 @@ class Bottleneck(nn.Module):
         return sew_connect(out, identity, self.connect)
 
 
+#: State-dict names of checkpoints written before each norm and its neuron became one
+#: :class:`NormNeuron` (norm inside ``MultiStep(conv, norm)``, neuron beside it) -> today's names.
+_UNFUSED_NAMES = (
+    (re.compile(r"^stem\.1\.(.+)$"), r"sn1.norm.\1"),
+    (re.compile(r"^(.+\.)conv(\d)\.1\.(.+)$"), r"\1sn\2.norm.\3"),
+    (re.compile(r"^(.+\.)downsample\.0\.1\.(.+)$"), r"\1downsample.1.norm.\2"),
+    (re.compile(r"^((?:.+\.)?(?:sn\d|downsample\.1))\.w$"), r"\1.neuron.w"),
+)
+
+
+def _rename_unfused_keys(state_dict, prefix, *args) -> None:
+    """Load-time hook: a SEW-ResNet state dict in the older unfused naming (``stem.1.weight``,
+    ``layer1.0.conv1.1.running_mean``, ``layer1.0.sn1.w``, ...) is renamed in place to today's
+    (``sn1.norm.weight``, ``layer1.0.sn1.norm.running_mean``, ``layer1.0.sn1.neuron.w``), so
+    checkpoints and exports written before the fused layout still load."""
+    ours = [k for k in state_dict if k.startswith(prefix)]
+    if not any(k[len(prefix):].startswith("stem.1.") for k in ours):
+        return  # today's naming (the stem's norm is sn1.norm)
+    for key in ours:
+        rel = key[len(prefix):]
+        for pattern, repl in _UNFUSED_NAMES:
+            new, n = pattern.subn(repl, rel)
+            if n:
+                state_dict[prefix + new] = state_dict.pop(key)
+                break
+
+
 ARCHS: dict[int, tuple[type[nn.Module], tuple[int, int, int, int]]] = {
     18: (BasicBlock, (2, 2, 2, 2)),
     34: (BasicBlock, (3, 4, 6, 3)),
@@ -180,6 +208,7 @@ class SEWResNet(nn.Module):
             self.avgpool = MultiStep(nn.AdaptiveAvgPool2d(1), nn.Flatten(1))
             self.fc = nn.Linear(cin, num_classes)
         self._init_weights(zero_init_residual)
+        self._register_load_state_dict_pre_hook(_rename_unfused_keys)
 
     def _init_weights(self, zero_init_residual: bool) -> None:
         for m in self.modules():
