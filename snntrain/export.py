@@ -345,7 +345,7 @@ def _export_nir(model: nn.Module, sample: torch.Tensor, path: Path, dt: float | 
         if isinstance(model, SpikingFCOS):
             ref = model.backbone.forward_features(x)
             got = net(x)
-            got = [got[f"stage{i}"] for i in range(1, 5)]
+            got = [got[f"stage{i}"] for i in range(1, len(ref) + 1)]
         else:
             ref, got = model(x), net(x)
     diff = _max_diff(tuple(got) if isinstance(got, list) else got, tuple(ref) if isinstance(ref, list) else ref)

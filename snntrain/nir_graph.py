@@ -39,6 +39,7 @@ from torch import nn
 
 from .nn.layers import MultiStep
 from .nn.neurons import IF, LIF, BaseNeuron, PLIF
+from .nn.norm_neuron import NormNeuron
 
 #: Seconds per time step written into exported graphs (snnTorch's convention; Norse uses 1e-3).
 DEFAULT_DT = 1e-4
@@ -88,8 +89,13 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.Module | None) -> nn.Conv2d:
 
 
 def fold_batchnorm(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (eval mode) with every BatchNorm that follows a convolution in a sequence folded
-    into that convolution: the network that an exported NIR graph describes, as a PyTorch model."""
+    """A copy of ``model`` (eval mode) with every BatchNorm that follows a convolution folded into that
+    convolution: the network that an exported NIR graph describes, as a PyTorch model.
+
+    A BatchNorm follows a convolution when it comes next in an ``nn.Sequential``, or when it is the norm
+    of a :class:`~snntrain.nn.norm_neuron.NormNeuron` whose preceding sibling modules (in registration
+    order, which is the forward order of SEW-ResNet's stem and blocks) end with that convolution; the
+    folded NormNeuron keeps its neuron behind an ``nn.Identity`` norm."""
     import copy
 
     model = copy.deepcopy(model).eval()
@@ -100,6 +106,21 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
             if isinstance(conv, nn.Conv2d) and _is_batchnorm(bn) and not _is_neuron(bn):
                 seq._modules[a] = fold_conv_bn(conv, bn)
                 seq._modules[b] = nn.Identity()
+    for parent in list(model.modules()):
+        last_conv: tuple[nn.Module, str] | None = None  # (module holding the conv, its attribute name)
+        for child in parent.children():
+            if isinstance(child, NormNeuron):
+                if last_conv is not None and _is_batchnorm(child.norm):
+                    holder, key = last_conv
+                    holder._modules[key] = fold_conv_bn(holder._modules[key], child.norm)
+                    child.norm = nn.Identity()
+                last_conv = None
+            elif isinstance(child, nn.Conv2d):
+                last_conv = (parent, next(k for k, v in parent._modules.items() if v is child))
+            elif isinstance(child, nn.Sequential) and len(child) and isinstance(child[-1], nn.Conv2d):
+                last_conv = (child, list(child._modules)[-1])
+            elif isinstance(child, nn.Sequential) and len(child) and isinstance(child[-1], NormNeuron):
+                last_conv = None
     return model
 
 
@@ -163,7 +184,11 @@ class _GraphBuilder:
         flat: list[tuple[str, nn.Module]] = []
 
         def expand(name: str, m: nn.Module) -> None:
-            if isinstance(m, nn.Sequential):
+            if isinstance(m, NormNeuron):  # the norm (folded into the convolution before it), then the neuron
+                if not isinstance(m.norm, nn.Identity):
+                    flat.append((f"{name}.norm", m.norm))
+                flat.append((name, m.neuron))
+            elif isinstance(m, nn.Sequential):
                 for child_name, child in m.named_children():
                     expand(f"{name}.{child_name}" if name else child_name, child)
             else:
@@ -295,6 +320,8 @@ def to_nir(model: nn.Module, input_shape: tuple[int, int, int], dt: float = DEFA
     src, shape, spikes = g.sequence("", [("stem", net.stem), ("sn1", net.sn1), ("pool", net.pool)], src, shape, False)
     stage_outputs = []
     for si, stage in enumerate((net.layer1, net.layer2, net.layer3, net.layer4), start=1):
+        if stage is None:  # a detector builds only the stages its pyramid reads
+            break
         for bi, block in enumerate(stage):
             prefix = f"layer{si}.{bi}"
             main = [(n, getattr(block, n)) for n in ("conv1", "sn1", "conv2", "sn2", "conv3", "sn3")

@@ -205,6 +205,6 @@ def test_sew_event_presets(preset, data, classes, tmp_path):
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     assert model_cfg["T"] == 16 and model_cfg["num_classes"] == classes and model_cfg["in_channels"] == 2
     model = build_model(model_cfg, backend="torch")
-    assert type(model.sn1).__name__ == "PLIF" and model.layer1[0].connect == "ADD"
+    assert type(model.sn1.neuron).__name__ == "PLIF" and model.layer1[0].connect == "ADD"
     dm = build_datamodule(c)
     assert dm.frame_shape == (16, 2, 128, 128)

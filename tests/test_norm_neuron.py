@@ -249,7 +249,7 @@ def test_errors(device):
         m(torch.randn(2, 2, 4, 4, 4, device=device), steps=2)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         m(torch.randn(1, 1, 4, 1, 1, device=device))
-    with pytest.raises(TypeError, match="BatchNorm2d or LayerNorm2d"):
+    with pytest.raises(TypeError, match="BatchNorm2d, SyncBatchNorm or LayerNorm2d"):
         NormNeuron(nn.GroupNorm(2, 4), build_neuron("LIF"))
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         K.bn_neuron(torch.randn(2, 2, 4, 3, 3, device=device, dtype=torch.float64), None, None, None, None,

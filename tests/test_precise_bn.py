@@ -117,4 +117,4 @@ def test_one_epoch_run_validates_above_chance(tmp_path):
     assert val_acc > 0.2, f"val/acc={val_acc:.3f} (chance is 0.1)"
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     # the checkpoint carries the re-estimated statistics: a cumulative average over the epoch's 23 batches
-    assert int(ckpt["state_dict"]["model.stem.1.num_batches_tracked"]) == 23
+    assert int(ckpt["state_dict"]["model.sn1.norm.num_batches_tracked"]) == 23

@@ -244,10 +244,13 @@ class SEWResNet(nn.Module):
         return [first * 2**i for i in range(4)]
 
     def forward_features(self, x: torch.Tensor, num_stages: int = 4) -> list[torch.Tensor]:
-        """Spike maps ``[T, B, C, H, W]`` after each of the first ``num_stages`` (of four) stages."""
+        """Spike maps ``[T, B, C, H, W]`` after each of the first ``num_stages`` (of four) stages that
+        are built (a detector removes the stages above its pyramid's top level)."""
         x = self.pool(self.encode(x))
         feats = []
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4)[:num_stages]:
+            if stage is None:
+                break
             x = stage(x)
             feats.append(x)
         return feats

@@ -31,7 +31,8 @@ class NormNeuron(nn.Module):
     """``neuron(norm(x))`` over multi-step feature maps.
 
     Args:
-        norm: a :class:`torch.nn.BatchNorm2d` or :class:`~snntrain.nn.norm.LayerNorm2d` over ``C`` channels.
+        norm: a :class:`torch.nn.BatchNorm2d` or :class:`~snntrain.nn.norm.LayerNorm2d` over ``C`` channels
+            (:class:`torch.nn.Identity` where the batch norm was folded into the preceding convolution).
         neuron: the spiking neuron that follows it.
         backend: ``auto``, ``torch`` or ``triton`` (switchable at any time, e.g. with
             :func:`snntrain.nn.set_backend`; never changes the state dict).
@@ -48,9 +49,9 @@ class NormNeuron(nn.Module):
 
     def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
         super().__init__()
-        if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d)):
+        if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d, nn.Identity)):
             raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d, SyncBatchNorm "
-                            "or LayerNorm2d")
+                            "or LayerNorm2d (or nn.Identity for a batch norm already folded into the convolution)")
         if not isinstance(neuron, BaseNeuron):
             raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF or PLIF module")
         self.norm = norm
@@ -64,6 +65,9 @@ class NormNeuron(nn.Module):
                              f"{tuple(x.shape)}")
         if steps is not None and x.dim() != 4:
             raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
+        if isinstance(self.norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
+            y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
+            return self.neuron(y)
         channels = self.norm.num_channels if isinstance(self.norm, LayerNorm2d) else self.norm.num_features
         if x.shape[-3] != channels:
             raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
