@@ -38,9 +38,7 @@ Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (com
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -186,12 +184,7 @@ def run_ours(quick: bool, deadline: float, skipped: list[str]) -> list[bu.Row]:
 
 
 def sj_worker(quick: bool, out_path: Path) -> None:
-    result = {"rows": [], "skipped": [], "error": None}
-
-    def save():
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(out_path)
+    result, save = bu.worker_result(out_path)
 
     try:
         from spikingjelly.activation_based import layer, neuron, surrogate
@@ -242,31 +235,7 @@ def sj_worker(quick: bool, out_path: Path) -> None:
 
 def run_sj(quick: bool, deadline: float, out: Path, skipped: list[str]) -> list[bu.Row]:
     env = dict(os.environ, SJ_LIF_CUDA_IMPLEMENTATION="triton")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f".{NAME}-sj.json"
-    path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--worker-out", str(path), "--out", str(out)]
-    if quick:
-        cmd.append("--quick")
-    left = deadline - time.time()
-    if left < 20:
-        skipped.append("sj: out of time budget")
-        return []
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=left, capture_output=True, text=True)
-        if proc.returncode != 0:
-            skipped.append(f"sj: child exited with {proc.returncode}: "
-                           + " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]))
-    except subprocess.TimeoutExpired:
-        skipped.append("sj: stopped at the time budget; kept the rows it had")
-    if not path.exists():
-        return []
-    result = json.loads(path.read_text())
-    path.unlink(missing_ok=True)
-    if result["error"]:
-        skipped.append(f"sj: {result['error']}")
-    skipped += result["skipped"]
-    return [bu.Row(**r) for r in result["rows"]]
+    return bu.run_worker(__file__, "sj", ["--worker"], env, quick, deadline, out, NAME, skipped)
 
 
 def compact(rows: list[bu.Row], copy_gbps: float) -> str:

@@ -38,9 +38,7 @@ Writes ``DIR/bench_neurons.csv``, ``.png`` (via scripts/bench_utils.py) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -209,12 +207,7 @@ def graph_ms(module, shape, dtype, quick) -> float:
 
 def sj_worker(worker: str, quick: bool, out_path: Path) -> None:
     """Measure SpikingJelly in this process (its implementation variable is already set)."""
-    result = {"rows": [], "skipped": [], "error": None}
-
-    def save():
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(out_path)
+    result, save = bu.worker_result(out_path)
 
     try:
         from spikingjelly.activation_based import neuron, surrogate
@@ -265,32 +258,11 @@ def run_sj(worker: str, impl: str | None, quick: bool, deadline: float, out: Pat
     env.pop("SJ_LIF_CUDA_IMPLEMENTATION", None)
     if impl is not None:
         env["SJ_LIF_CUDA_IMPLEMENTATION"] = impl
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f".{NAME}-{worker}.json"
-    path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", worker, "--worker-out", str(path), "--out", str(out)]
-    if quick:
-        cmd.append("--quick")
     left = deadline - time.time()
-    if left < 20:
-        skipped.append(f"{worker}: out of time budget")
-        return []
-    print(f"[{worker}] child process, SJ_LIF_CUDA_IMPLEMENTATION={impl or '(unset)'}, up to {left:.0f} s", flush=True)
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=left, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            skipped.append(f"{worker}: child exited with {proc.returncode}: {' | '.join(tail)}")
-    except subprocess.TimeoutExpired:
-        skipped.append(f"{worker}: stopped at the time budget; kept the rows it had")
-    if not path.exists():
-        return []
-    result = json.loads(path.read_text())
-    path.unlink(missing_ok=True)
-    if result["error"]:
-        skipped.append(f"{worker}: {result['error']}")
-    skipped += result["skipped"]
-    return [bu.Row(**r) for r in result["rows"]]
+    if left >= 20:
+        print(f"[{worker}] child process, SJ_LIF_CUDA_IMPLEMENTATION={impl or '(unset)'}, up to {left:.0f} s",
+              flush=True)
+    return bu.run_worker(__file__, worker, ["--worker", worker], env, quick, deadline, out, NAME, skipped)
 
 
 # ----------------------------------------------------------------------------

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
+import json
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -165,3 +168,53 @@ def finish(rows: list[Row], copy_gbps: float, out: str | os.PathLike, name: str,
     plot(rows, out / f"{name}.png", title)
     print_table(rows, copy_gbps)
     print(f"csv: {out / f'{name}.csv'}")
+
+
+# ----------------------------------------------------------------------------- peer worker processes
+
+
+def worker_result(path: Path) -> tuple[dict, Callable[[], None]]:
+    """What a peer's worker process (e.g. SpikingJelly, which picks its kernels at import) leaves for
+    its parent in ``path``: ``rows`` (``asdict`` of :class:`Row`), ``skipped`` and ``error``, rewritten
+    atomically by the returned ``save()`` after every change, so a worker stopped at the time budget
+    keeps what it measured."""
+    result: dict = {"rows": [], "skipped": [], "error": None}
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
+
+    return result, save
+
+
+def run_worker(script: str | os.PathLike, label: str, worker_args: Sequence[str], env: dict[str, str], quick: bool,
+               deadline: float, out: Path, name: str, skipped: list[str]) -> list[Row]:
+    """Run ``script`` with ``worker_args`` (its worker mode) in a child process with ``env`` until
+    ``deadline`` (``time.time()``), and return the rows it left in ``<out>/.<name>-<label>.json``
+    (see :func:`worker_result`); its failures and skipped cases go to ``skipped``, prefixed ``label``."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f".{name}-{label}.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(script).resolve()), *worker_args, "--worker-out", str(path), "--out", str(out)]
+    if quick:
+        cmd.append("--quick")
+    left = deadline - time.time()
+    if left < 20:
+        skipped.append(f"{label}: out of time budget")
+        return []
+    try:
+        proc = subprocess.run(cmd, env=env, timeout=left, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            skipped.append(f"{label}: child exited with {proc.returncode}: {' | '.join(tail)}")
+    except subprocess.TimeoutExpired:
+        skipped.append(f"{label}: stopped at the time budget; kept the rows it had")
+    if not path.exists():
+        return []
+    result = json.loads(path.read_text())
+    path.unlink(missing_ok=True)
+    if result["error"]:
+        skipped.append(f"{label}: {result['error']}")
+    skipped += result["skipped"]
+    return [Row(**r) for r in result["rows"]]
