@@ -68,6 +68,19 @@ def test_frames_shape_dtype_and_counts(dvs, split):
     assert empty.shape == (3, 2, 16, 16) and not empty.any()
 
 
+def test_frame_values(dvs):
+    events, _ = dvs[1]
+    counts = frame_transform(dvs.sensor_size, 4)(events)
+    assert counts.max() > 1  # several events of a pixel in one bin
+    log = frame_transform(dvs.sensor_size, 4, values="log")(events)
+    binary = frame_transform(dvs.sensor_size, 4, values="binary")(events)
+    assert log.dtype == binary.dtype == np.float32
+    np.testing.assert_allclose(log, np.log1p(counts), rtol=1e-6)
+    assert set(np.unique(binary)) == {0.0, 1.0} and np.array_equal(binary > 0, counts > 0)
+    with pytest.raises(ValueError, match="frame_values='bits' is not valid; choose one of count, log, binary"):
+        frame_transform(dvs.sensor_size, 4, values="bits")
+
+
 def test_frame_cache_and_memory(dvs, tmp_path):
     from snntrain.data.digits_dvs import _Indexed
 
@@ -155,6 +168,12 @@ def test_tonic_datasets_build_from_config():
         assert dm.num_classes == classes == len(dm.classes) and dm.frame_shape == frame
     with pytest.raises(ValueError, match="frame_split='bins'"):
         build_datamodule({"name": "nmnist", "frame_split": "bins"})
+    with pytest.raises(ValueError, match="frame_values='raw'"):
+        build_datamodule({"name": "dvs_gesture", "frame_values": "raw"})
+    # the frame values name the cache: frames of one setting are never read as another's
+    a, b = (build_datamodule({"name": "nmnist", "root": "unused", "download": False, "frame_values": v})
+            for v in ("count", "binary"))
+    assert a.cache_dir("train") != b.cache_dir("train")
 
 
 def test_cli_trains_on_offline_events_and_exports_nir(tmp_path):

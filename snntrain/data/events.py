@@ -40,6 +40,8 @@ from .common import check_fraction, loader_generator, positive_int, split_indice
 log = logging.getLogger(__name__)
 
 FRAME_SPLITS = ("time", "number")
+#: What a frame pixel holds: the events of its bin (tonic's ``ToFrame``), their log(1 + count), or 1 if any.
+FRAME_VALUES = ("count", "log", "binary")
 #: Bump when the frame pipeline changes meaning, so old caches are not reused.
 CACHE_VERSION = 1
 #: A split whose frames take at most this many bytes is also kept in memory once read.
@@ -52,6 +54,12 @@ def check_frame_split(value: object) -> str:
     return str(value)
 
 
+def check_frame_values(value: object) -> str:
+    if value not in FRAME_VALUES:
+        raise ValueError(f"frame_values={value!r} is not valid; choose one of {', '.join(FRAME_VALUES)}")
+    return str(value)
+
+
 def _nonneg(name: str, value: object, upper: float | None = None) -> float:
     v = number(name, value)
     if v < 0 or (upper is not None and v > upper):
@@ -61,12 +69,17 @@ def _nonneg(name: str, value: object, upper: float | None = None) -> float:
 
 
 def frame_transform(sensor_size: Sequence[int], T: int, frame_split: str = "time", denoise_us: float | None = None,
-                    image_size: int | None = None, event_transforms: Sequence[Callable] = ()) -> Callable:
-    """Events -> ``[T, 2, H, W]`` float32 counts: tonic transforms, then ``ToFrame`` with T bins.
+                    image_size: int | None = None, event_transforms: Sequence[Callable] = (),
+                    values: str = "count") -> Callable:
+    """Events -> ``[T, 2, H, W]`` float32 frames: tonic transforms, then ``ToFrame`` with T bins.
 
     ``sensor_size`` is tonic's ``(W, H, P)``; ``image_size`` (square side, or None for the
-    sensor's size) downsamples the events spatially first.
+    sensor's size) downsamples the events spatially first. ``values`` (:data:`FRAME_VALUES`):
+    ``count`` keeps the number of events per pixel and bin, ``log`` is ``log(1 + count)``
+    (a pixel that fires many times weighs less against the rest) and ``binary`` is 1 where
+    any event fell.
     """
+    values = check_frame_values(values)
     import tonic.transforms as tt
 
     sensor = tuple(int(s) for s in sensor_size)
@@ -92,7 +105,12 @@ def frame_transform(sensor_size: Sequence[int], T: int, frame_split: str = "time
         frames = to_frame(events)
         if frames.shape[0] < T:  # fewer events than bins (frame_split=number): pad with empty frames
             frames = np.concatenate([frames, np.zeros((T - frames.shape[0], *frames.shape[1:]), frames.dtype)])
-        return frames.astype(np.float32)
+        frames = frames.astype(np.float32)
+        if values == "log":
+            frames = np.log1p(frames)
+        elif values == "binary":
+            frames = (frames > 0).astype(np.float32)
+        return frames
 
     return transform
 
@@ -228,6 +246,7 @@ class EventDataModule(L.LightningDataModule):
         root: where the dataset lives (and the frame cache, under ``root/frames``).
         T: time bins per sample (the model's T).
         frame_split: ``time`` (equal duration) or ``number`` (equal event count) bins.
+        frame_values: ``count``, ``log`` or ``binary`` (:func:`frame_transform`).
         denoise_us: tonic ``Denoise`` filter time in µs, or None.
         image_size: square frame side after downsampling the sensor, or None for the sensor's size.
         cache: keep frames on disk after the first pass.
@@ -245,6 +264,7 @@ class EventDataModule(L.LightningDataModule):
         root: str = "data",
         T: int = 4,
         frame_split: str = "time",
+        frame_values: str = "count",
         denoise_us: float | None = None,
         image_size: int | None = None,
         batch_size: int = 32,
@@ -261,6 +281,7 @@ class EventDataModule(L.LightningDataModule):
         self.root = Path(root).expanduser()
         self.T = positive_int("T", T)
         self.frame_split = check_frame_split(frame_split)
+        self.frame_values = check_frame_values(frame_values)
         self.denoise_us = None if denoise_us is None else _nonneg("denoise_us", denoise_us)
         self.image_size = None if image_size is None else positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
@@ -308,6 +329,7 @@ class EventDataModule(L.LightningDataModule):
     def cache_dir(self, split: str) -> Path:
         """The frame cache of ``split``: ``root/frames/<name>-<hash of the frame settings>/<split>``."""
         key = {"version": CACHE_VERSION, "dataset": type(self).__name__, "T": self.T, "frame_split": self.frame_split,
+               "frame_values": self.frame_values,
                "denoise_us": self.denoise_us, "image_size": self.image_size, "sensor_size": list(self.sensor_size),
                **self._identity()}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -316,7 +338,7 @@ class EventDataModule(L.LightningDataModule):
     def _framed(self, events: Any, split: str, train: bool) -> EventFrames:
         ev_aug = self._event_augment() if train else []
         to_frames = frame_transform(self.sensor_size, self.T, self.frame_split, self.denoise_us, self.image_size,
-                                    ev_aug)
+                                    ev_aug, self.frame_values)
         cache = self.cache_dir(split) if self.cache and not ev_aug else None
         # small splits (the offline digits) also stay in memory once read
         in_memory = cache is not None and len(events) * np.prod(self.frame_shape) * 4 <= MEMORY_CACHE_BYTES
