@@ -120,9 +120,10 @@ class EpochSampler(Sampler):
 
 
 class SeededDataset(Dataset):
-    """Wraps a dataset so that item ``(epoch, index)`` is drawn with torch's random state seeded by
-    ``(seed, epoch, index)`` (torchvision's random transforms read it); the caller's random state is
-    left as it was. Plain integer indices read the wrapped dataset as it is."""
+    """Wraps a dataset so that item ``(epoch, index)`` is drawn with torch's and NumPy's global random
+    states seeded by ``(seed, epoch, index)`` (torchvision's random transforms read the first, tonic's
+    the second); the caller's random states are left as they were. Plain integer indices read the
+    wrapped dataset as it is."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
@@ -135,9 +136,15 @@ class SeededDataset(Dataset):
         if not isinstance(key, tuple):
             return self.dataset[key]
         epoch, index = key
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, epoch, index))
-            return self.dataset[index]
+        seed = derive_seed(self.seed, epoch, index)
+        np_state = np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                np.random.seed(seed % 2**32)
+                return self.dataset[index]
+        finally:
+            np.random.set_state(np_state)
 
 
 class ResumableLoader(DataLoader):

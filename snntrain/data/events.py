@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..validation import number
-from .common import check_fraction, loader_generator, positive_int, split_indices
+from .common import check_fraction, positive_int, split_indices, train_loader
 
 log = logging.getLogger(__name__)
 
@@ -357,9 +357,8 @@ class EventDataModule(L.LightningDataModule):
                 log.info("snntrain: cached the frames of %d %s recordings in %s", built, name, split.cache_dir)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=False,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          collate_fn=collate_time_first, generator=loader_generator(self.seed))
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
+                            persistent_workers=self.num_workers > 0, collate_fn=collate_time_first)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
