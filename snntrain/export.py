@@ -187,9 +187,10 @@ def training_data_summary(config: dict[str, Any]) -> str:
     size = data.get("image_size")
     if name == "faces":
         lo, hi = data.get("face_size", ["?", "?"])
-        return (f"synthetic faces (data=faces): scikit-image's 25x25 grey LFW face crops, tinted, resized to "
-                f"{lo}-{hi} px and pasted on tiles, textures and face-free photographs, {size}x{size} images; "
-                "never trained on real photographs of people")
+        return (f"synthetic faces (data=faces): scikit-image's 25x25 grey LFW face crops, skin-coloured or tinted, "
+                f"resized to {lo}-{hi} px and composited (hair and shoulders, occluders, lighting, blur) on tiles, "
+                f"textures and face-free photographs, {size}x{size} images; never trained on real photographs of "
+                "people")
     if name == "widerface":
         side = data.get("eval_max_side")
         return (f"WIDER FACE train (data=widerface): random square crops resized to {size}x{size}; "

@@ -237,6 +237,22 @@ class GIoULoss(nn.Module):
         return f"reduction={self.reduction!r}, eps={self.eps}, box_format={self.box_format!r}, backend={self.backend!r}"
 
 
+#: What the detector's quality branch learns (:func:`fcos_loss`'s ``quality``).
+QUALITIES = ("centerness", "iou")
+
+
+def ltrb_iou(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """IoU of element-wise ``[..., 4]`` ``ltrb`` box pairs that share their anchor point (0 where
+    either box is empty)."""
+    pred, target = pred.clamp(min=0), target.clamp(min=0)
+    lo = torch.minimum(pred, target)
+    inter = (lo[..., 0] + lo[..., 2]) * (lo[..., 1] + lo[..., 3])
+    area_p = (pred[..., 0] + pred[..., 2]) * (pred[..., 1] + pred[..., 3])
+    area_t = (target[..., 0] + target[..., 2]) * (target[..., 1] + target[..., 3])
+    union = area_p + area_t - inter
+    return torch.where(union > 0, inter / union.clamp(min=1e-12), torch.zeros_like(union))
+
+
 def fcos_loss(
     outputs: dict[str, torch.Tensor],
     targets: dict[str, torch.Tensor],
@@ -244,6 +260,7 @@ def fcos_loss(
     focal_gamma: float = 2.0,
     box_weight: float = 1.0,
     ctr_weight: float = 1.0,
+    quality: str = "centerness",
     backend: str = "auto",
 ) -> dict[str, torch.Tensor]:
     """The FCOS detector's loss, all on the device.
@@ -253,10 +270,17 @@ def fcos_loss(
     (``labels``, ``ltrb`` with zeros off the positives, ``centerness``, ``positive``).
 
     Sigmoid focal loss over all locations and classes, GIoU loss (``ltrb`` form: the
-    background rows are padding) and centerness BCE over the positive locations, each
-    divided by the number of positives (at least 1). Returns ``loss`` (the weighted sum),
-    ``loss_cls``, ``loss_box``, ``loss_ctr`` and ``num_pos``.
+    background rows are padding) and a BCE of the quality branch (``centerness``) over the
+    positive locations, each divided by the number of positives (at least 1). Returns ``loss``
+    (the weighted sum), ``loss_cls``, ``loss_box``, ``loss_ctr`` and ``num_pos``.
+
+    ``quality`` is what the quality branch learns, which decoding multiplies into the score:
+    ``"centerness"`` (FCOS: the location's centerness) or ``"iou"`` (IoU-aware: the IoU of the
+    location's predicted box with its ground truth, without gradient to the box, so that a box
+    that will be drawn more precisely ranks higher, which is what AP at high IoU thresholds rewards).
     """
+    if quality not in QUALITIES:
+        raise ValueError(f"quality={quality!r} is not valid; choose one of {', '.join(map(repr, QUALITIES))}")
     from torchvision.ops import sigmoid_focal_loss
 
     positive = targets["positive"]
@@ -267,8 +291,13 @@ def fcos_loss(
     loss_cls = sigmoid_focal_loss(logits, cls_target, alpha=focal_alpha, gamma=focal_gamma, reduction="sum") / num_pos
     loss_box = giou_loss(outputs["box_ltrb"], targets["ltrb"], reduction="sum", box_format="ltrb",
                          backend=backend) / num_pos
+    if quality == "iou":
+        ctr_target = torch.where(positive, ltrb_iou(outputs["box_ltrb"].detach().float(), targets["ltrb"]),
+                                 torch.zeros_like(targets["centerness"]))
+    else:
+        ctr_target = targets["centerness"]
     ctr_bce = torch.nn.functional.binary_cross_entropy_with_logits(
-        outputs["centerness"].float(), targets["centerness"], reduction="none")
+        outputs["centerness"].float(), ctr_target, reduction="none")
     loss_ctr = (ctr_bce * positive).sum() / num_pos
     loss = loss_cls + box_weight * loss_box + ctr_weight * loss_ctr
     return {"loss": loss, "loss_cls": loss_cls.detach(), "loss_box": loss_box.detach(),

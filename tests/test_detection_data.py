@@ -20,7 +20,7 @@ from snntrain.data.detection import (
     make_target,
     normalize_image,
 )
-from snntrain.data.faces import FaceComposer, FacesDataModule, background_photos, lfw_crops, split_rng
+from snntrain.data.faces import PHOTOS, FaceComposer, FacesDataModule, background_photos, lfw_crops, split_rng
 from snntrain.data.widerface import (
     WiderFaceDataModule,
     WiderFaceDataset,
@@ -74,33 +74,79 @@ def test_lfw_subset_is_faces_then_non_faces():
     assert np.median(faces.std(axis=(1, 2))) > np.median(non_faces.std(axis=(1, 2)))
 
 
-def test_synthetic_boxes_match_rendered_pixels():
+@pytest.mark.parametrize("occlusion", [0.0, 1.0])
+def test_synthetic_boxes_match_rendered_pixels(occlusion):
     """Render each layout twice, once with all-white and once with all-black face crops: the pixels that
-    differ are exactly where faces are, and they must be exactly the union of the boxes."""
+    differ are exactly where faces are visible (``label_map``). Without occluders that is exactly the
+    union of the boxes; with them, each face's visible pixels lie in its box, and the box is unchanged."""
     rng0 = np.random.default_rng(0)
     non_faces = rng0.uniform(0, 1, (10, 25, 25)).astype(np.float32)
     args = dict(photos=background_photos(), image_size=64, faces_per_image=(0, 4), face_size=(6, 40),
-                backgrounds=("tiles", "photos", "textures", "flat"))
+                backgrounds=("tiles", "photos", "textures", "flat"), skin_tones=0.5, context=1.0, lighting=1.0,
+                occlusion=occlusion, blur=0.0)
     white = FaceComposer(np.ones((5, 25, 25), np.float32), non_faces, **args)
     black = FaceComposer(np.zeros((5, 25, 25), np.float32), non_faces, **args)
-    counts = set()
+    counts, hidden = set(), 0
     for i in range(40):
         a = white.render(split_rng(3, "train", i))
         b = black.render(split_rng(3, "train", i))
         np.testing.assert_array_equal(a.boxes, b.boxes)
+        np.testing.assert_array_equal(a.label_map, b.label_map)
         differs = np.any(a.image != b.image, axis=2)
-        np.testing.assert_array_equal(differs, raster(a.boxes, 64))
         np.testing.assert_array_equal(a.label_map > 0, differs)
+        if occlusion == 0:
+            np.testing.assert_array_equal(differs, raster(a.boxes, 64))
+        for k, box in enumerate(a.boxes):
+            visible = a.label_map == k + 1
+            assert visible.any() and not (visible & ~raster(box[None], 64)).any()
+            hidden += int(occlusion > 0 and not (raster(a.boxes[k + 1:], 64) & raster(box[None], 64)).any()
+                          and visible.sum() < (box[2] - box[0]) * (box[3] - box[1]))
         boxes = a.boxes
         counts.add(len(boxes))
         assert np.all(boxes == np.round(boxes)) and np.all(boxes >= 0) and np.all(boxes <= 64)
         sides = boxes[:, 2:] - boxes[:, :2]
         assert np.all(sides[:, 0] == sides[:, 1]) and np.all((sides >= 6) & (sides <= 40))
     assert counts >= {0, 1, 2, 3}
+    assert hidden > 10 if occlusion > 0 else hidden == 0  # occluded faces keep their whole box
+
+
+def test_synthetic_blur_leaves_boxes_and_label_map():
+    """The image-wide blur is drawn after every face: the same generator state gives the same faces."""
+    faces, non_faces = lfw_crops()
+    args = dict(photos=background_photos(), image_size=48, face_size=(8, 36))
+    sharp = FaceComposer(faces, non_faces, blur=0.0, **args)
+    blurred = FaceComposer(faces, non_faces, blur=1.0, **args)
+    for i in range(6):
+        a, b = sharp.render(split_rng(1, "val", i)), blurred.render(split_rng(1, "val", i))
+        np.testing.assert_array_equal(a.boxes, b.boxes)
+        np.testing.assert_array_equal(a.label_map, b.label_map)
+        assert not np.array_equal(a.image, b.image)
+        # blurring smooths: neighbouring pixels differ less
+        assert np.abs(np.diff(b.image.astype(int), axis=1)).mean() < np.abs(np.diff(a.image.astype(int), axis=1)).mean()
+
+
+def test_synthetic_faces_are_coloured_like_distractors():
+    """skin_tones=1: faces get skin colours (red > green > blue on average), and so do the distractors."""
+    faces, non_faces = lfw_crops()
+    comp = FaceComposer(np.full((3, 25, 25), 0.6, np.float32), np.full((3, 25, 25), 0.6, np.float32),
+                        image_size=64, faces_per_image=(1, 1), face_size=(20, 20), distractors_per_image=(0, 0),
+                        backgrounds="flat", skin_tones=1.0, context=0.0, lighting=0.0, occlusion=0.0, blur=0.0)
+    skin = 0
+    for i in range(20):
+        c = comp.render(split_rng(0, "train", i))
+        r, g, b = c.image[c.label_map == 1].astype(float).mean(0)
+        grey = max(r, g, b) - min(r, g, b) < 2  # the whole-image grey (probability 0.2), then noise
+        skin += int(r > g + 5 and g > b + 3)
+        assert grey or r > g + 5 and g > b + 3
+    assert skin >= 10
+    # the photographs the detector is tested on never serve as backgrounds
+    assert not {"astronaut", "camera", "chelsea", "coins"} & set(PHOTOS)
+    photos = background_photos()
+    assert len(photos) == len(PHOTOS) and all(p.dtype == np.uint8 and p.ndim == 3 and p.shape[2] == 3 for p in photos)
 
 
 def test_synthetic_label_map_extent_equals_box():
-    dm = small_faces_dm()
+    dm = small_faces_dm(occlusion=0.0)
     dm.setup()
     checked = 0
     for split_set in (dm.train_set, dm.val_set):
@@ -185,6 +231,9 @@ def test_faces_settings_are_validated():
         FacesDataModule(held_out_faces=100)
     with pytest.raises(ValueError, match="max_boxes"):
         FacesDataModule(max_boxes=0)
+    for name, bad in (("skin_tones", 1.5), ("context", -0.1), ("lighting", "on"), ("occlusion", True), ("blur", 2)):
+        with pytest.raises(ValueError, match=rf"{name}={bad!r}"):
+            FacesDataModule(**{name: bad})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -68,6 +68,29 @@ def test_loss_normalises_by_positives_and_ignores_background():
     assert parts["loss_ctr"].item() == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
 
 
+def test_iou_quality_learns_the_predicted_boxes_iou():
+    """quality=iou: the quality branch's target is each positive's IoU with its box (identical: 1, twice the
+    side: 1/4), without gradient into the box distances."""
+    F = torch.nn.functional
+    box = torch.tensor([[[1.0, 1, 1, 1], [2.0, 2, 2, 2], [9.0, 9, 9, 9]]], requires_grad=True)
+    out = {"cls_logits": torch.zeros(1, 3, 1), "centerness": torch.tensor([[2.0, -1.0, 3.0]]), "box_ltrb": box}
+    tgt = {"labels": torch.tensor([[0, 0, -1]]), "positive": torch.tensor([[True, True, False]]),
+           "ltrb": torch.tensor([[[1.0, 1, 1, 1], [1.0, 1, 1, 1], [0.0, 0, 0, 0]]]),
+           "centerness": torch.tensor([[0.5, 0.5, 0.0]])}
+    parts = fcos_loss(out, tgt, quality="iou", backend="torch")
+    logits, target = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.25])
+    expected = F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / 2
+    assert parts["loss_ctr"].item() == pytest.approx(expected.item(), rel=1e-5)
+    centerness = fcos_loss(out, tgt, backend="torch")["loss_ctr"]
+    assert centerness.item() == pytest.approx((F.binary_cross_entropy_with_logits(
+        logits, torch.tensor([0.5, 0.5]), reduction="sum") / 2).item(), rel=1e-5)
+    out["centerness"] = out["centerness"].requires_grad_()
+    (parts := fcos_loss(out, tgt, box_weight=0.0, quality="iou", backend="torch"))["loss"].backward()
+    assert box.grad is None or not box.grad.any()
+    with pytest.raises(ValueError, match="quality='giou'"):
+        fcos_loss(out, tgt, quality="giou", backend="torch")
+
+
 def test_detect_cli_one_batch_logs_map_and_images(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,40 +1,57 @@
 """Synthetic face-detection images built from real face crops that ship with scikit-image: works offline.
 
 ``skimage.data.lfw_subset()`` holds 200 grey 25x25 crops from Labeled Faces in the Wild: the first 100
-are faces, the last 100 are non-face crops of the same photographs. Each synthetic image is composed as
+are faces (forehead to chin, cheek to cheek), the last 100 are non-face crops of the same photographs.
+Each synthetic image is composed as
 
 1. a background, chosen per image from ``backgrounds``:
 
    * ``"tiles"``: a grid of non-face crops, each randomly flipped and tinted;
-   * ``"photos"``: a random crop of a photograph bundled with scikit-image that shows no face or head
-     (see :data:`PHOTOS`);
+   * ``"photos"``: a random crop of a photograph that ships with scikit-image or scikit-learn and shows
+     no face or head (see :data:`PHOTOS`);
    * ``"textures"``: procedural smooth colour noise, linear gradients or stripes;
    * ``"flat"``: one random colour (not in the default set);
 
 2. ``distractors_per_image`` (0-2 by default) *distractors*: non-face crops pasted like faces but
-   without a box, so that "a pasted grey square" is not what makes a face. A few LFW non-face crops
+   without a box, so that "a pasted square" is not what makes a face. A few LFW non-face crops
    show parts of a face (an eye, a mouth); like the subset itself, they count as background;
-3. ``faces_per_image`` faces, each a face crop with random horizontal flip, brightness/contrast jitter
-   and the same random tint distribution as the distractors, resized to a square of side drawn
-   log-uniformly from ``face_size`` and pasted fully inside the image. A placement is rejected when it
-   would hide more than ``max_overlap`` of an earlier face's box; after 50 rejected tries that face is
-   left out, so an image can have fewer faces than drawn (rare with the defaults);
-4. with probability 0.2 the whole image turns grey, with probability 0.5 mild pixel noise is added,
-   and it is quantised to uint8 RGB.
+3. ``faces_per_image`` faces, each a face crop with random horizontal flip and brightness/contrast
+   jitter, resized to a square of side drawn log-uniformly from ``face_size`` and pasted fully inside
+   the image. A placement is rejected when it would hide more than ``max_overlap`` of an earlier
+   face's box; after 50 rejected tries that face is left out, so an image can have fewer faces than
+   drawn (rare with the defaults).
+
+   Faces and distractors are coloured alike, so colour does not give a face away: with probability
+   ``skin_tones`` a skin tone (the grey crop times a colour with red > green > blue, of unit
+   luminance, so the crop's own brightness stays), otherwise the neutral or random tint that tiles get.
+   With probability ``context`` a face or distractor stands in a person: hair (an ellipse around the
+   upper part of the square), a neck in the crop's colour and shoulders in a clothing colour are
+   painted behind it first, only on pixels that no earlier face occupies. With probability
+   ``lighting`` it is shaded by a linear ramp in a random direction (side light). With probability
+   ``occlusion`` a face is then partly covered by an occluder (a coloured non-face crop: a hand, a
+   scarf, an object) lying inside its box along one side, 15-40 % of the side deep; the box stays the
+   whole face, as WIDER FACE annotates occluded faces;
+4. the whole image: with probability ``lighting`` a linear illumination ramp (x 0.5-1.25) in a random
+   direction; with probability 0.2 it turns grey; with probability ``blur`` a Gaussian blur of
+   standard deviation 0.4-1.4 pixels; with probability 0.5 mild pixel noise; then it is quantised to
+   uint8 RGB.
 
 The faces' boxes are exact: ``[x, y, x + s, y + s]`` for a face of side ``s`` pasted at column ``x``,
-row ``y`` (``x2``/``y2`` exclusive). Faces are opaque and nothing is pasted over them except later
-faces, so the pixels a face occupies are its box minus the parts that later faces cover.
+row ``y`` (``x2``/``y2`` exclusive). Faces are opaque, and nothing is painted over a face except its
+own occluder and later faces (with their occluders), so the pixels a face occupies (its ``label_map``
+entries) are its box minus what those cover; the image-wide blur alone spreads a face's pixels
+across its border, which does not change its box.
 
 Image ``i`` of a split is a pure function of ``(seed, split, i)``: it is drawn from a NumPy generator
 seeded with that triple, so images can be rendered lazily in any order or process. The splits also use
 disjoint crops: the last ``held_out_faces`` faces and non-faces (20 of each by default) appear only in
 ``val`` and ``test`` (whose generators differ by the split index); ``train`` uses the rest. ``val`` is the held-out split the
 detection task measures mAP on. The LFW subset has no identity labels, so the same person may appear
-in both pools through different photographs.
+in both pools through different photographs. The real portraits that ``scripts/real_faces.py``
+measures a detector on (scikit-image's astronaut and camera man, matplotlib's Grace Hopper) are never
+used, nor any other photograph with a face or a head.
 
-Images are RGB (``in_channels = 3``, like WIDER FACE): the grey crops get the same random tints as
-everything else, so colour does not give a face away.
+Images are RGB (``in_channels = 3``, like WIDER FACE).
 """
 
 from __future__ import annotations
@@ -49,17 +66,23 @@ import torch
 from torch.utils.data import Dataset
 
 from .common import positive_int
-from .detection import DetectionDataModule, TrainTransform, int_range, make_target, normalize_image
+from .detection import DetectionDataModule, TrainTransform, _number, int_range, make_target, normalize_image
 
 #: Number of face crops at the start of ``lfw_subset()``; the rest are non-face crops.
 LFW_FACES = 100
-#: Bundled scikit-image photographs used as backgrounds: none shows a face or a head (the astronaut,
-#: camera man, cat and coins photographs are left out on purpose).
-PHOTOS = ("coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "brick", "grass", "gravel", "moon", "text")
+#: Photographs used as backgrounds, all shipped with scikit-image (``skimage.data``) or scikit-learn
+#: (``china``, ``flower``: ``sklearn.datasets.load_sample_image``): none shows a face or a head (the
+#: astronaut, camera man, cat and coins photographs are left out on purpose; the first two, with
+#: matplotlib's Grace Hopper, are the real-photograph test of ``scripts/real_faces.py``).
+PHOTOS = ("coffee", "rocket", "motorcycle", "china", "flower", "hubble_deep_field", "immunohistochemistry", "brick",
+          "grass", "gravel", "moon", "text")
 BACKGROUND_KINDS = ("tiles", "photos", "textures", "flat")
 SPLITS = ("train", "val", "test")
 _PLACEMENT_TRIES = 50
 _GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+#: Hair colours (black, dark brown, brown, blond, grey) before a brightness jitter.
+_HAIR = np.array([[0.06, 0.05, 0.05], [0.2, 0.13, 0.08], [0.38, 0.25, 0.14], [0.72, 0.58, 0.36], [0.6, 0.6, 0.6]],
+                 dtype=np.float32)
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,7 +108,14 @@ def background_photos() -> tuple[np.ndarray, ...]:
 
     out = []
     for name in PHOTOS:
-        img = np.asarray(getattr(data, name)())
+        if name in ("china", "flower"):
+            from sklearn.datasets import load_sample_image
+
+            img = np.asarray(load_sample_image(f"{name}.jpg"))
+        elif name == "motorcycle":
+            img = np.asarray(data.stereo_motorcycle()[0])
+        else:
+            img = np.asarray(getattr(data, name)())
         if img.ndim == 2:
             img = np.repeat(img[:, :, None], 3, axis=2)
         out.append(np.ascontiguousarray(img[:, :, :3].astype(np.uint8)))
@@ -130,10 +160,15 @@ class FaceComposer:
         photos: Sequence[np.ndarray] = (),
         image_size: int = 64,
         faces_per_image: Sequence[int] = (1, 3),
-        face_size: Sequence[int] = (12, 32),
+        face_size: Sequence[int] = (10, 48),
         distractors_per_image: Sequence[int] = (0, 2),
         max_overlap: float = 0.25,
         backgrounds: Sequence[str] = ("tiles", "photos", "textures"),
+        skin_tones: float = 0.8,
+        context: float = 0.5,
+        lighting: float = 0.5,
+        occlusion: float = 0.25,
+        blur: float = 0.3,
     ) -> None:
         self.faces = np.asarray(faces, dtype=np.float32)
         self.non_faces = np.asarray(non_faces, dtype=np.float32)
@@ -162,6 +197,11 @@ class FaceComposer:
             )
         if "photos" in self.backgrounds and not self.photos:
             raise ValueError("backgrounds include 'photos' but no photos were given")
+        self.skin_tones = _number("skin_tones", skin_tones, 0.0, 1.0)
+        self.context = _number("context", context, 0.0, 1.0)
+        self.lighting = _number("lighting", lighting, 0.0, 1.0)
+        self.occlusion = _number("occlusion", occlusion, 0.0, 1.0)
+        self.blur = _number("blur", blur, 0.0, 1.0)
 
     # -- random pieces -------------------------------------------------------------------------------
 
@@ -176,20 +216,73 @@ class FaceComposer:
         return (1.0 - rng.uniform(0.0, 0.4, 3)).astype(np.float32)
 
     @staticmethod
+    def _skin(rng: np.random.Generator) -> np.ndarray:
+        """A skin colour of unit luminance (red > green > blue): multiplies a grey crop."""
+        g = rng.uniform(0.68, 0.88)
+        b = g * rng.uniform(0.72, 0.92)
+        tone = np.array([1.0, g, b], dtype=np.float32)
+        return tone / float(tone @ _GREY)
+
+    def _tone(self, rng: np.random.Generator) -> np.ndarray:
+        """The colour of a face or distractor: a skin tone with probability ``skin_tones``, else a tint."""
+        return self._skin(rng) if rng.random() < self.skin_tones else self._tint(rng)
+
+    @staticmethod
     def _colour(rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(0.0, 1.0, 3).astype(np.float32)
 
-    def _crop(self, bank: np.ndarray, side: int, rng: np.random.Generator) -> np.ndarray:
-        """A random crop of ``bank``: flipped, jittered, resized to ``side`` and tinted -> ``[side, side, 3]``."""
+    @staticmethod
+    def _ramp(height: int, width: int, rng: np.random.Generator, lo: float, hi: float) -> np.ndarray:
+        """A linear ramp ``[height, width, 1]`` from ``lo`` to ``hi`` in a random direction."""
+        angle = rng.uniform(0.0, 2 * math.pi)
+        yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+        t = xx * math.cos(angle) + yy * math.sin(angle)
+        t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+        return (lo + (hi - lo) * t)[:, :, None].astype(np.float32)
+
+    def _crop(self, bank: np.ndarray, side: int, rng: np.random.Generator, tone: np.ndarray | None = None,
+              width: int | None = None) -> np.ndarray:
+        """A random crop of ``bank``: flipped, jittered, resized to ``side`` x ``width`` (square by default)
+        and coloured by ``tone`` (a random tint when None) -> ``[side, width, 3]``."""
         crop = bank[rng.integers(len(bank))]
         if rng.random() < 0.5:
             crop = crop[:, ::-1]
         contrast, brightness = rng.uniform(0.6, 1.4), rng.uniform(-0.2, 0.2)
-        tint = self._tint(rng)
+        tint = self._tint(rng) if tone is None else tone
         mean = float(crop.mean())
         crop = np.clip((crop - mean) * contrast + mean + brightness, 0.0, 1.0)
-        crop = _resize(np.ascontiguousarray(crop, dtype=np.float32), side, side)
+        crop = _resize(np.ascontiguousarray(crop, dtype=np.float32), side, side if width is None else width)
         return np.clip(crop, 0.0, 1.0)[:, :, None] * tint
+
+    def _person(self, canvas: np.ndarray, x: int, y: int, side: int, tone: np.ndarray, free: np.ndarray,
+                rng: np.random.Generator) -> None:
+        """Paint hair, neck and shoulders around the square at ``(x, y)`` of ``side`` (where ``free``)."""
+        s = self.image_size
+        hair = _HAIR[rng.integers(len(_HAIR))] * rng.uniform(0.7, 1.15)
+        cx, cy = x + side / 2, y + side * rng.uniform(0.3, 0.45)
+        ax, ay = side * rng.uniform(0.55, 0.75), side * rng.uniform(0.6, 0.8)
+        neck = np.clip(tone * rng.uniform(0.35, 0.6), 0.0, 1.0)
+        clothes = self._colour(rng) * rng.uniform(0.3, 1.0)
+        top = y + side * rng.uniform(1.1, 1.35)
+        half = side * rng.uniform(0.9, 1.5)
+        yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) + 0.5
+        paint = [
+            (((xx - cx) / ax) ** 2 + ((yy - cy) / ay) ** 2 <= 1.0, hair),
+            ((np.abs(xx - cx) <= 0.22 * side) & (yy >= y + 0.5 * side) & (yy < top + 0.3 * side), neck),
+            ((yy >= top) & ((((xx - cx) / half) ** 2 + ((yy - top - 0.5 * side) / (0.5 * side)) ** 2 <= 1.0)
+                            | ((yy >= top + 0.5 * side) & (np.abs(xx - cx) <= half))), clothes),
+        ]
+        for mask, colour in paint:
+            mask &= free
+            canvas[mask] = colour
+
+    def _patch(self, bank: np.ndarray, side: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """A face or distractor crop of ``side``: coloured (:meth:`_tone`), shaded with probability ``lighting``."""
+        tone = self._tone(rng)
+        crop = self._crop(bank, side, rng, tone)
+        if rng.random() < self.lighting:
+            crop = crop * self._ramp(side, side, rng, rng.uniform(0.45, 0.85), 1.0)
+        return crop, tone
 
     def _background(self, rng: np.random.Generator) -> np.ndarray:
         s = self.image_size
@@ -246,12 +339,15 @@ class FaceComposer:
         """Draw one composite image (see the module docstring for the recipe)."""
         s = self.image_size
         canvas = self._background(rng)
+        label_map = np.zeros((s, s), dtype=np.int16)
         lo, hi = self.distractors_per_image
         for _ in range(int(rng.integers(lo, hi + 1))):
             side = self._size(rng)
             y, x = (int(v) for v in rng.integers(0, s - side + 1, 2))
-            canvas[y:y + side, x:x + side] = self._crop(self.non_faces, side, rng)
-        label_map = np.zeros((s, s), dtype=np.int16)
+            patch, tone = self._patch(self.non_faces, side, rng)
+            if rng.random() < self.context:
+                self._person(canvas, x, y, side, tone, label_map == 0, rng)
+            canvas[y:y + side, x:x + side] = patch
         boxes: list[tuple[int, int, int, int]] = []
         lo, hi = self.faces_per_image
         for _ in range(int(rng.integers(lo, hi + 1))):
@@ -263,16 +359,47 @@ class FaceComposer:
                     break
             else:
                 continue
-            canvas[y:y + side, x:x + side] = self._crop(self.faces, side, rng)
+            patch, tone = self._patch(self.faces, side, rng)
+            if rng.random() < self.context:
+                self._person(canvas, x, y, side, tone, label_map == 0, rng)
+            canvas[y:y + side, x:x + side] = patch
             boxes.append(box)
             label_map[y:y + side, x:x + side] = len(boxes)
+            if rng.random() < self.occlusion:
+                self._occlude(canvas, label_map, box, rng)
+        if rng.random() < self.lighting:
+            canvas = canvas * self._ramp(s, s, rng, rng.uniform(0.5, 0.9), rng.uniform(1.0, 1.25))
         if rng.random() < 0.2:
             canvas = np.repeat((canvas @ _GREY)[:, :, None], 3, axis=2)
+        if rng.random() < self.blur:
+            from scipy.ndimage import gaussian_filter
+
+            sigma = rng.uniform(0.4, 1.4)
+            canvas = gaussian_filter(canvas, sigma=(sigma, sigma, 0.0), mode="nearest")
         if rng.random() < 0.5:
             canvas = canvas + rng.normal(0.0, rng.uniform(0.0, 0.03), canvas.shape)
         image = np.round(np.clip(canvas, 0.0, 1.0) * 255.0).astype(np.uint8)
         box_array = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
         return Composite(image=image, boxes=box_array, label_map=label_map)
+
+    def _occlude(self, canvas: np.ndarray, label_map: np.ndarray, box: tuple[int, int, int, int],
+                 rng: np.random.Generator) -> None:
+        """Cover a band of the face ``box`` along one side (15-40 % deep, 50-100 % long) with a coloured
+        non-face crop, and clear those pixels from ``label_map``."""
+        x0, y0, x1, y1 = box
+        side = x1 - x0
+        depth = max(1, int(round(side * rng.uniform(0.15, 0.4))))
+        length = max(1, int(round(side * rng.uniform(0.5, 1.0))))
+        offset = int(rng.integers(0, side - length + 1))
+        edge = int(rng.integers(4))  # 0 left, 1 top, 2 right, 3 bottom
+        if edge in (0, 2):
+            h, w = length, depth
+            top, left = y0 + offset, (x0 if edge == 0 else x1 - depth)
+        else:
+            h, w = depth, length
+            top, left = (y0 if edge == 1 else y1 - depth), x0 + offset
+        canvas[top:top + h, left:left + w] = self._crop(self.non_faces, h, rng, self._tone(rng), width=w)
+        label_map[top:top + h, left:left + w] = 0
 
 
 def _covered(earlier: tuple[int, int, int, int], new: tuple[int, int, int, int]) -> float:
@@ -350,7 +477,8 @@ class FacesDataModule(DetectionDataModule):
     """``data=faces``: synthetic face detection from scikit-image's LFW crops, fully offline.
 
     ``num_train``/``num_val``/``num_test`` images of ``image_size`` x ``image_size`` (RGB), composed as
-    the module docstring describes. Training images are augmented (when ``augment``) with
+    the module docstring describes (``skin_tones``, ``context``, ``lighting``, ``occlusion`` and ``blur``
+    are probabilities). Training images are augmented (when ``augment``) with
     :class:`~snntrain.data.detection.TrainTransform` (``hflip``, ``zoom_out``, ``crop_scale``,
     ``min_visibility``, ``min_box_size``). ``max_boxes=None`` pads every batch to the most faces an
     image can hold (``faces_per_image[1]``), so batch shapes are fixed and nothing is dropped.
@@ -363,11 +491,16 @@ class FacesDataModule(DetectionDataModule):
         num_test: int = 300,
         image_size: int = 64,
         faces_per_image: Sequence[int] = (1, 3),
-        face_size: Sequence[int] = (12, 32),
+        face_size: Sequence[int] = (10, 48),
         distractors_per_image: Sequence[int] = (0, 2),
         max_overlap: float = 0.25,
         held_out_faces: int = 20,
         backgrounds: Sequence[str] = ("tiles", "photos", "textures"),
+        skin_tones: float = 0.8,
+        context: float = 0.5,
+        lighting: float = 0.5,
+        occlusion: float = 0.25,
+        blur: float = 0.3,
         augment: bool = True,
         hflip: float = 0.5,
         zoom_out: float = 1.5,
@@ -399,6 +532,11 @@ class FacesDataModule(DetectionDataModule):
             distractors_per_image=distractors_per_image,
             max_overlap=max_overlap,
             backgrounds=tuple(backgrounds) if not isinstance(backgrounds, str) else (backgrounds,),
+            skin_tones=skin_tones,
+            context=context,
+            lighting=lighting,
+            occlusion=occlusion,
+            blur=blur,
         )
         # Validate every setting now (no crops needed for that), not at the first batch.
         dummy = np.zeros((1, 2, 2), dtype=np.float32)

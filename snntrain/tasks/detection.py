@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..losses import fcos_loss
+from ..losses import QUALITIES, fcos_loss
 from .base import SpikingTask
 
 
@@ -89,6 +89,9 @@ class DetectionTask(SpikingTask):
 
         task = config["task"]
         self.loss_cfg = dict(task.get("loss", {}))
+        quality = self.loss_cfg.get("quality", "centerness")
+        if quality not in QUALITIES:
+            raise ValueError(f"task.loss.quality={quality!r} is not valid; choose one of {', '.join(QUALITIES)}")
         self.num_images_logged = int(task.get("num_images_logged", 4))
         from torchmetrics.aggregation import MeanMetric
 
