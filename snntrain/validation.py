@@ -29,3 +29,9 @@ def flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name}={value!r} must be true or false")
     return value
+
+
+def one_of(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
+    return str(value)

@@ -60,6 +60,9 @@ class DigitsDVS:
     dtype = EVENT_DTYPE
     ordering = EVENT_DTYPE.names
     classes = [str(i) for i in range(10)]
+    #: The recording settings (the keyword arguments besides ``seed`` and ``transform``).
+    SETTINGS = ("digit_size", "saccade", "saccade_ms", "steps_per_saccade", "threshold", "threshold_mismatch",
+                "noise_rate_hz")
     BLOCK = 128  # recordings simulated together
     KEEP_BLOCKS = 16  # blocks kept in memory (all of them: the train and validation passes share blocks)
 
@@ -77,6 +80,10 @@ class DigitsDVS:
     ) -> None:
         from sklearn.datasets import load_digits
 
+        #: the settings as given, which name the frame cache of a datamodule built on these recordings
+        self.settings = {"digit_size": digit_size, "saccade": saccade, "saccade_ms": saccade_ms,
+                         "steps_per_saccade": steps_per_saccade, "threshold": threshold,
+                         "threshold_mismatch": threshold_mismatch, "noise_rate_hz": noise_rate_hz}
         self.digit_size = positive_int("digit_size", digit_size)
         self.saccade = positive_int("saccade", saccade)
         self.saccade_ms = number("saccade_ms", saccade_ms)
@@ -198,8 +205,9 @@ class _Indexed:
 class DigitsDVSDataModule(EventDataModule):
     """Simulated DVS recordings of the bundled digits (offline): stratified train/validation split.
 
-    ``root`` holds only the frame cache. The generator's settings are those of :class:`DigitsDVS`;
-    ``max_recordings`` keeps only the first N digits (quick checks).
+    ``root`` holds only the frame cache. The generator's settings (:attr:`DigitsDVS.SETTINGS`) are
+    keyword arguments of :class:`DigitsDVS`, with its defaults; the other keyword arguments are those of
+    :class:`EventDataModule`. ``max_recordings`` keeps only the first N digits (quick checks).
     """
 
     num_classes = 10
@@ -208,23 +216,15 @@ class DigitsDVSDataModule(EventDataModule):
     def __init__(
         self,
         root: str = "data/digits_dvs",
-        digit_size: int = 12,
-        saccade: int = 2,
-        saccade_ms: float = 100.0,
-        steps_per_saccade: int = 12,
-        threshold: float = 0.25,
-        threshold_mismatch: float = 0.03,
-        noise_rate_hz: float = 0.5,
         val_fraction: float = 0.2,
         max_recordings: int | None = None,
         **kwargs: Any,
     ) -> None:
+        settings = {k: kwargs.pop(k) for k in DigitsDVS.SETTINGS if k in kwargs}
         super().__init__(root=root, **kwargs)
         self.max_recordings = None if max_recordings is None else positive_int("max_recordings", max_recordings)
-        self.generator = {"digit_size": digit_size, "saccade": saccade, "saccade_ms": saccade_ms,
-                          "steps_per_saccade": steps_per_saccade, "threshold": threshold,
-                          "threshold_mismatch": threshold_mismatch, "noise_rate_hz": noise_rate_hz}
-        self.dataset = DigitsDVS(**self.generator, seed=self.seed)  # validates the settings
+        self.dataset = DigitsDVS(**settings, seed=self.seed)  # validates the settings
+        self.generator = self.dataset.settings
         self.sensor_size = self.dataset.sensor_size
         self.val_fraction = check_fraction("val_fraction", val_fraction)
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..validation import number
+from ..validation import number, one_of
 from .common import check_fraction, positive_int, split_indices, train_loader
 
 log = logging.getLogger(__name__)
@@ -46,18 +46,6 @@ FRAME_VALUES = ("count", "log", "binary")
 CACHE_VERSION = 1
 #: A split whose frames take at most this many bytes is also kept in memory once read.
 MEMORY_CACHE_BYTES = 256 * 2**20
-
-
-def check_frame_split(value: object) -> str:
-    if value not in FRAME_SPLITS:
-        raise ValueError(f"frame_split={value!r} is not valid; choose one of {', '.join(FRAME_SPLITS)}")
-    return str(value)
-
-
-def check_frame_values(value: object) -> str:
-    if value not in FRAME_VALUES:
-        raise ValueError(f"frame_values={value!r} is not valid; choose one of {', '.join(FRAME_VALUES)}")
-    return str(value)
 
 
 def _nonneg(name: str, value: object, upper: float | None = None) -> float:
@@ -79,7 +67,7 @@ def frame_transform(sensor_size: Sequence[int], T: int, frame_split: str = "time
     (a pixel that fires many times weighs less against the rest) and ``binary`` is 1 where
     any event fell.
     """
-    values = check_frame_values(values)
+    values = one_of("frame_values", values, FRAME_VALUES)
     import tonic.transforms as tt
 
     sensor = tuple(int(s) for s in sensor_size)
@@ -280,8 +268,8 @@ class EventDataModule(L.LightningDataModule):
         super().__init__()
         self.root = Path(root).expanduser()
         self.T = positive_int("T", T)
-        self.frame_split = check_frame_split(frame_split)
-        self.frame_values = check_frame_values(frame_values)
+        self.frame_split = one_of("frame_split", frame_split, FRAME_SPLITS)
+        self.frame_values = one_of("frame_values", frame_values, FRAME_VALUES)
         self.denoise_us = None if denoise_us is None else _nonneg("denoise_us", denoise_us)
         self.image_size = None if image_size is None else positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
