@@ -130,3 +130,24 @@ def test_loader_state_continues_the_epoch_with_the_same_order_and_augmentation()
     assert loader.state_dict()["epoch"] == 3 and loader.state_dict()["batches_done"] == 0
     with pytest.warns(UserWarning, match="batch_size was 4, is 5.*starts from its beginning"):
         ResumableLoader(RandomItems(), batch_size=5, seed=3).load_state_dict(state)
+
+
+def test_seeded_items_leave_other_generators_alone(monkeypatch):
+    """Item (epoch, i) is drawn from the CPU generator seeded by (seed, epoch, i), as torch.manual_seed
+    would seed it; CUDA generators (the training process's, when the loader runs in it) are neither
+    reseeded nor queued for seeding, and the caller's CPU state is restored."""
+    from snntrain.data.common import SeededDataset, derive_seed
+
+    def forbidden(*args):
+        raise AssertionError("a per-sample seed must not reach the CUDA generators")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", forbidden)
+    monkeypatch.setattr(torch.cuda, "manual_seed", forbidden)
+    data = SeededDataset(RandomItems(), seed=5)
+    torch.default_generator.manual_seed(123)
+    before = torch.get_rng_state()
+    items = [data[(1, i)] for i in (0, 7, 7)]
+    assert torch.equal(torch.get_rng_state(), before)
+    expected = torch.rand((), generator=torch.Generator().manual_seed(derive_seed(5, 1, 7)))
+    assert items[1][1] == items[2][1] == expected
+    assert items[0][1] != items[1][1]
