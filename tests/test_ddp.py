@@ -231,5 +231,20 @@ def test_synthetic_data_is_a_fixed_pool():
     x, y = dm.train_set[5]
     assert x.shape == (2, 5, 5) and torch.equal(x, dm.train_set[1][0]) and 0 <= int(y) < 4
     assert torch.equal(dm.val_set[0][0], dm.train_set[2][0]) and len(dm.val_set) == 3
+    # training batches: views of the pool (no host copy), samples k*B.. of batch k, a partial last one
+    batches = list(dm.train_dataloader())
+    assert sorted(len(b[0]) for b in batches) == [2] * 5
+    firsts = sorted(float(b[0][0].sum()) for b in batches)
+    assert firsts == sorted(float(dm.train_set[2 * k][0].sum()) for k in range(5))
+    for x, y in batches:
+        assert x.untyped_storage().data_ptr() == dm.train_batches.images.untyped_storage().data_ptr()
+    dm = build_datamodule({"name": "synthetic", "num_train": 7, "pool_size": 4, "batch_size": 3, "image_size": 2},
+                          seed=3)
+    dm.setup()
+    last = dm.train_batches[2]
+    assert len(dm.train_batches) == 3 and len(last[0]) == 1 and torch.equal(last[0][0], dm.train_set[6][0])
+    wrapped = dm.train_batches[1]  # samples 3, 4, 5 = pool entries 3, 0, 1
+    assert all(torch.equal(wrapped[0][j], dm.train_set[3 + j][0]) for j in range(3))
+    assert all(torch.equal(wrapped[1][j], dm.train_set[3 + j][1]) for j in range(3))
     with pytest.raises(ValueError, match="pool_size=0"):
         build_datamodule({"name": "synthetic", "pool_size": 0})

@@ -2,8 +2,11 @@
 
 A pool of ``pool_size`` images (normal noise) and labels drawn once from ``seed``; sample ``i`` of
 a split is pool entry ``i mod pool_size`` (the validation split starts half-way through the pool).
-Items are views of the pool, so loading a batch is one copy into the batch tensor. The labels are
-random: a model learns nothing here, and the metrics only show that the pipeline runs.
+The training loader yields whole batches, samples ``k*B .. k*B+B-1`` for batch ``k`` (batches in a
+shuffled order), each a view of the pool: loading a batch copies nothing on the host (a
+per-sample collate of 32 images of 224 x 224 took 22 ms, half of a GPU training step). Validation
+reads samples one by one, sharded exactly as every dataset is. The labels are random: a model
+learns nothing here, and the metrics only show that the pipeline runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,27 @@ class _Pool(Dataset):
             raise IndexError(f"index {i} out of range for {self.length} samples")
         j = (i + self.offset) % len(self.images)
         return self.images[j], self.labels[j]
+
+
+class _BatchPool(Dataset):
+    """Item ``k``: batch ``k`` of a split of ``length`` samples, samples ``k*B ..`` as views of the pool
+    (which is extended by its first ``B`` entries so that a batch never wraps around)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, length: int, batch_size: int) -> None:
+        n = len(images)
+        wrap = torch.arange(n + batch_size) % n
+        self.images, self.labels = images[wrap], labels[wrap]
+        self.pool, self.length, self.batch_size = n, length, batch_size
+
+    def __len__(self) -> int:
+        return -(-self.length // self.batch_size)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= k < len(self):
+            raise IndexError(f"batch {k} out of range for {len(self)} batches")
+        start = k * self.batch_size
+        j, n = start % self.pool, min(self.batch_size, self.length - start)
+        return self.images[j:j + n], self.labels[j:j + n]
 
 
 class SyntheticDataModule(L.LightningDataModule):
@@ -56,6 +80,7 @@ class SyntheticDataModule(L.LightningDataModule):
         self.seed = int(seed)
         self.classes = [str(i) for i in range(self.num_classes)]
         self.train_set: _Pool | None = None
+        self.train_batches: _BatchPool | None = None
         self.val_set: _Pool | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -65,10 +90,12 @@ class SyntheticDataModule(L.LightningDataModule):
         images = torch.randn(self.pool_size, self.in_channels, self.image_size, self.image_size, generator=g)
         labels = torch.randint(0, self.num_classes, (self.pool_size,), generator=g)
         self.train_set = _Pool(images, labels, self.num_train, 0)
+        self.train_batches = _BatchPool(images, labels, self.num_train, self.batch_size)
         self.val_set = _Pool(images, labels, self.num_val, self.pool_size // 2)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
+        # batch_size=None: the items are whole batches (with DDP, each process gets its share of them)
+        return DataLoader(self.train_batches, batch_size=None, shuffle=True, num_workers=self.num_workers,
                           generator=loader_generator(self.seed))
 
     def val_dataloader(self) -> DataLoader:
