@@ -243,8 +243,9 @@ class PreciseBatchNorm(L.Callback):
     validation, the checkpoints written after it and the exports made from them see statistics that
     match the weights. The batches come from a fresh training loader with the training transforms
     (the distribution the statistics were meant to track) and a fixed order per epoch, drawn without
-    touching the training loader's position or any global random state. With several processes each
-    one estimates from its own share of the data; use a synchronised batch norm to average them.
+    touching the training loader's position or any global random state. With several processes every
+    process reads the same batches (the datamodule's own loader, which the trainer has not split into
+    per-process shares), so the estimates agree across processes.
     """
 
     def __init__(self, num_batches: int = 50) -> None:
