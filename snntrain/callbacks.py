@@ -243,9 +243,10 @@ class PreciseBatchNorm(L.Callback):
     validation, the checkpoints written after it and the exports made from them see statistics that
     match the weights. The batches come from a fresh training loader with the training transforms
     (the distribution the statistics were meant to track) and a fixed order per epoch, drawn without
-    touching the training loader's position or any global random state. With several processes every
-    process reads the same batches (the datamodule's own loader, which the trainer has not split into
-    per-process shares), so the estimates agree across processes.
+    touching the training loader's position or any global random state. With several processes each
+    one reads ``num_batches`` batches of its own share of the data and the statistics are then
+    averaged over the processes (every process has the same number of batches), so every process,
+    and the checkpoint, holds the average over all of them.
     """
 
     def __init__(self, num_batches: int = 50) -> None:
@@ -279,8 +280,21 @@ class PreciseBatchNorm(L.Callback):
         with isolate_rng():
             limit = min(self.num_batches, trainer.num_training_batches)  # limit_train_batches caps it too
             self.last_count = recompute_batchnorm(pl_module, islice(loader, limit), forward)
+        if trainer.world_size > 1:
+            self._average_over_processes(trainer, pl_module)
         self._fresh_step = trainer.global_step
         return self.last_count
+
+    @staticmethod
+    def _average_over_processes(trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stats = [t for m in running_stat_modules(pl_module) for t in (m.running_mean, m.running_var)
+                 if t is not None]
+        if not stats:
+            return
+        flat = torch.cat([t.detach().float().flatten() for t in stats])
+        flat = trainer.strategy.reduce(flat, reduce_op="mean")
+        for t, part in zip(stats, flat.split([t.numel() for t in stats])):
+            t.copy_(part.view_as(t))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":

@@ -53,8 +53,10 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit (or, with ``train=false``, validate) the task's model; returns the final metrics."""
+def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
+    """Fit (or, with ``train=false``, validate) the task's model; returns the final metrics.
+
+    ``callbacks``: Lightning callbacks to add to the run's own (scripts/profile_step.py adds one)."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -104,11 +106,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
+    extra = list(callbacks or [])
     callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
                  IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
                                     every_n_minutes=cfg.checkpoint.every_n_minutes)]
     if cfg.precise_bn.enabled:
         callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
+    callbacks += extra
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugins = [AtomicCheckpointIO()]

@@ -170,13 +170,17 @@ class EvalShardSampler(DistributedSampler):
         return self.num_samples
 
 
+def process_group_shape() -> tuple[int, int]:
+    """``(world size, rank)`` of the initialised default process group; ``(1, 0)`` without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
 def eval_sampler(dataset: Dataset) -> EvalShardSampler | None:
     """The sampler of an evaluation loader: an :class:`EvalShardSampler` when several processes
     train together, ``None`` (the loader's own sequential order) otherwise."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        if torch.distributed.get_world_size() > 1:
-            return EvalShardSampler(dataset)
-    return None
+    return EvalShardSampler(dataset) if process_group_shape()[0] > 1 else None
 
 
 def gather_list_states(metric: Any) -> None:

@@ -248,3 +248,44 @@ def test_synthetic_data_is_a_fixed_pool():
     assert all(torch.equal(wrapped[1][j], dm.train_set[3 + j][1]) for j in range(3))
     with pytest.raises(ValueError, match="pool_size=0"):
         build_datamodule({"name": "synthetic", "pool_size": 0})
+
+
+def test_training_epochs_are_sharded_over_processes():
+    from snntrain.data.common import EpochSampler, ResumableLoader
+
+    shards = [EpochSampler(10, seed=4, num_replicas=3, rank=r) for r in range(3)]
+    for s in shards:
+        s.set_epoch(2)
+    taken = [list(s) for s in shards]
+    assert [len(t) for t in taken] == [4, 4, 4] and [len(s) for s in shards] == [4, 4, 4]  # equal step counts
+    one = EpochSampler(10, seed=4, num_replicas=1, rank=0)
+    one.set_epoch(2)
+    perm = [i for _, i in one]
+    padded = perm + perm[:2]  # 10 samples over 3 processes: two read twice
+    assert taken == [[(2, i) for i in padded[r::3]] for r in range(3)]
+    assert sorted({i for t in taken for _, i in t}) == list(range(10))
+    shards[1].resume_at(2, 3)  # a resumed process continues its own share
+    assert list(shards[1]) == taken[1][3:] and list(shards[1]) == taken[1]
+    assert EpochSampler(10, seed=4).num_replicas == 1  # no process group: one process
+
+    loader = ResumableLoader(list(range(10)), batch_size=2, seed=4, sampler=shards[0])
+    state = loader.state_dict()
+    assert state["processes"] == 3 and state["size"] == 10
+    with pytest.warns(UserWarning, match="processes was 3, is 1.*starts from its beginning"):
+        ResumableLoader(list(range(10)), batch_size=2, seed=4).load_state_dict(state)
+
+
+@pytest.mark.slow
+def test_ddp_processes_split_each_training_epoch(tmp_path):
+    from snntrain.data import build_datamodule
+
+    run = tmp_path / "run"
+    args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
+    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", f"hydra.run.dir={run}", cwd=tmp_path)
+    lines = final_metrics_lines(run)
+    assert len(lines) == 2 and lines[0] == lines[1], lines  # the averaged precise-BN statistics agree
+    dm = build_datamodule({"name": "digits"}, seed=42)
+    dm.setup("fit")
+    per_process = -(-len(dm.train_set) // 2)
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == -(-per_process // 60)  # each process read half of the epoch

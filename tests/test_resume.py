@@ -118,7 +118,7 @@ def test_loader_state_continues_the_epoch_with_the_same_order_and_augmentation()
     loader.sampler.set_epoch(2)
     taken["n"] = 4
     state = loader.state_dict()
-    assert state == {"seed": 3, "epoch": 2, "batches_done": 4, "batch_size": 4, "size": 23}
+    assert state == {"seed": 3, "epoch": 2, "batches_done": 4, "batch_size": 4, "size": 23, "processes": 1}
     fresh = ResumableLoader(RandomItems(), batch_size=4, seed=3)
     fresh.load_state_dict(state)
     rest = list(fresh)

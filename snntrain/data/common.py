@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..distributed import eval_sampler
+from ..distributed import eval_sampler, process_group_shape
 from ..validation import positive_int
 
 __all__ = ["BadDataError", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction", "derive_seed",
@@ -82,17 +82,30 @@ def derive_seed(*keys: int) -> int:
     return int(seq.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-class EpochSampler(Sampler):
+class EpochSampler(DistributedSampler):
     """Shuffles ``range(size)`` with a permutation drawn from ``(seed, epoch)``; yields ``(epoch, index)``.
 
+    With ``W`` processes (``num_replicas``; by default the initialised process group's size) process
+    ``rank`` takes every ``W``-th entry of the epoch's permutation from position ``rank``, after the
+    permutation is padded with its own first entries to a multiple of ``W`` (as torch's
+    ``DistributedSampler`` does), so every process runs the same number of steps and the processes
+    together read every sample of the epoch (a few twice when ``W`` does not divide ``size``).
+    Subclassing ``DistributedSampler`` tells Lightning that the loader is already sharded.
+
     Lightning calls :meth:`set_epoch` at the start of every training epoch. :meth:`resume_at`
-    makes the next iteration start ``start`` samples into the epoch's permutation (once); the
-    iterations after it start at 0. The epoch travels with each index so that
+    makes the next iteration start ``start`` samples into this process's share of the epoch (once);
+    the iterations after it start at 0. The epoch travels with each index so that
     :class:`SeededDataset` can seed the sample's augmentation, in any worker process.
     """
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, num_replicas: int | None = None, rank: int | None = None) -> None:
         self.size = positive_int("dataset size", size)
+        if num_replicas is None:
+            num_replicas, rank = process_group_shape()
+        super().__init__(range(self.size), num_replicas=num_replicas, rank=0 if rank is None else rank,
+                         shuffle=False, drop_last=False)
+        self.num_samples = math.ceil(self.size / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
         self.seed = int(seed)
         self.epoch = 0
         self._start = 0
@@ -101,21 +114,27 @@ class EpochSampler(Sampler):
         self.epoch = int(epoch)
 
     def resume_at(self, epoch: int, start: int) -> None:
-        if not 0 <= start <= self.size:
-            raise ValueError(f"cannot resume {start} samples into an epoch of {self.size}")
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"cannot resume {start} samples into an epoch of {self.num_samples}")
         self.epoch, self._start = int(epoch), int(start)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(derive_seed(self.seed, epoch))
         return torch.randperm(self.size, generator=generator)
 
+    def shard(self, epoch: int) -> list[int]:
+        """This process's samples of ``epoch``, in order."""
+        perm = self.permutation(epoch).tolist()
+        perm += (perm * math.ceil(self.total_size / self.size))[: self.total_size - self.size]
+        return perm[self.rank::self.num_replicas]
+
     def __len__(self) -> int:
-        return self.size
+        return self.num_samples
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch, start = self.epoch, self._start
         self._start = 0
-        for index in self.permutation(epoch)[start:].tolist():
+        for index in self.shard(epoch)[start:]:
             yield epoch, index
 
 
@@ -159,8 +178,9 @@ class ResumableLoader(DataLoader):
     number of batches the trainer runs per epoch; batches a prefetcher has read ahead do not
     count). ``load_state_dict()`` makes the next iteration continue that epoch
     with the following batch, in the same order and with the same augmentation; a state taken at
-    the end of an epoch continues with the next epoch. A state from another seed, batch size or
-    dataset size cannot be continued exactly: it warns and starts the saved epoch afresh.
+    the end of an epoch continues with the next epoch. With several processes each one continues its
+    own share of the epoch (see :class:`EpochSampler`). A state from another seed, batch size, dataset
+    size or number of processes cannot be continued exactly: it warns and starts the saved epoch afresh.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, seed: int, drop_last: bool = False, num_workers: int = 0,
@@ -187,14 +207,16 @@ class ResumableLoader(DataLoader):
         epoch = self.sampler.epoch  # type: ignore[attr-defined]
         if done >= min(per_epoch, self.batches_per_epoch()):
             epoch, done = epoch + 1, 0
-        size = len(self.sampler)  # type: ignore[arg-type]
+        sampler: EpochSampler = self.sampler  # type: ignore[assignment]
         return {"seed": self.seed, "epoch": epoch, "batches_done": done, "batch_size": int(self.batch_size),
-                "size": size}
+                "size": sampler.size, "processes": sampler.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         sampler: EpochSampler = self.sampler  # type: ignore[assignment]
-        mine = {"seed": self.seed, "batch_size": int(self.batch_size), "size": len(sampler)}
-        differs = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        mine = {"seed": self.seed, "batch_size": int(self.batch_size), "size": sampler.size,
+                "processes": sampler.num_replicas}
+        saved = {"processes": 1, **state}  # states written before processes were recorded: one process
+        differs = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if differs:
             warnings.warn(
                 "the checkpoint's training data differs from this run's ("

@@ -1,0 +1,127 @@
+"""Where the time of a real training step goes: ``torch.profiler`` and cProfile over steps of a run of
+the command line, with everything the run does (Lightning's loop, the data loader, logging, metrics,
+callbacks), not a hand-written loop.
+
+The run is ``python -m snntrain <overrides>``; from training step ``--start`` of epoch ``--epoch``
+(counted from 0: the default 1 profiles an epoch whose data are cached and whose kernels are tuned),
+``--steps`` steps are recorded, the device synchronised at both ends. Written to ``--out``:
+
+* ``profile.txt``: wall time per step; torch.profiler operators by total CPU time (host) and by
+  self device time (GPU kernels); cProfile's Python functions by cumulative and by own time.
+* ``trace.json``: the torch.profiler timeline (chrome://tracing or https://ui.perfetto.dev).
+
+    python scripts/profile_step.py --out $OUT -- task=detect data.augment=false backend=triton
+    python scripts/profile_step.py --out $OUT --start 20 --steps 20 -- data=synthetic model.stem=imagenet
+
+Profiling slows the host (cProfile most: compare steps of one profile, not profiled with unprofiled
+times; ``--no-python`` leaves cProfile out). The run's own output goes to ``<out>/run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class StepProfile(L.Callback):
+    """Records training steps ``start .. start+steps-1`` of epoch ``epoch`` and writes the tables."""
+
+    def __init__(self, out: Path, epoch: int, start: int, steps: int, python: bool = True) -> None:
+        self.out, self.epoch, self.start, self.steps, self.python = out, epoch, start, steps, python
+        self.done = False
+        self._prof = self._py = None
+
+    @staticmethod
+    def _sync(trainer: L.Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.done or trainer.current_epoch != self.epoch or batch_idx != self.start:
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._sync(trainer)
+        self._prof = torch.profiler.profile(activities=activities)
+        self._prof.__enter__()
+        if self.python:
+            self._py = cProfile.Profile()
+            self._py.enable()
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._prof is None:
+            return
+        last = batch_idx + 1 >= trainer.num_training_batches
+        if batch_idx != self.start + self.steps - 1 and not last:
+            return
+        if self._py is not None:
+            self._py.disable()
+        self._sync(trainer)
+        seconds = time.perf_counter() - self._t0
+        self._prof.__exit__(None, None, None)
+        self.write(batch_idx + 1 - self.start, seconds)
+        self._prof = self._py = None
+        self.done = True
+
+    def write(self, steps: int, seconds: float) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        table = self._prof.key_averages()
+        device = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        parts = [f"steps {steps}, wall per step (profiled) {1000 * seconds / steps:.2f} ms\n",
+                 "\n## operators by total CPU time (host)\n",
+                 table.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=80),
+                 f"\n## operators by {device.replace('_', ' ')}\n",
+                 table.table(sort_by=device, row_limit=25, max_name_column_width=80)]
+        if self._py is not None:
+            for key, title in (("cumulative", "cumulative"), ("tottime", "own")):
+                buf = io.StringIO()
+                pstats.Stats(self._py, stream=buf).sort_stats(key).print_stats(50)
+                parts += [f"\n## Python functions by {title} time (cProfile)\n", buf.getvalue()]
+        (self.out / "profile.txt").write_text("".join(parts))
+        self._prof.export_chrome_trace(str(self.out / "trace.json"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("profile_step"))
+    p.add_argument("--epoch", type=int, default=1, help="epoch to profile (0-based)")
+    p.add_argument("--start", type=int, default=10, help="first profiled training step of that epoch")
+    p.add_argument("--steps", type=int, default=10, help="steps to record")
+    p.add_argument("--no-python", action="store_true", help="leave cProfile out")
+    p.add_argument("overrides", nargs="*", help="command-line overrides of the run")
+    args = p.parse_args()
+    for name in ("epoch", "start"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name}={getattr(args, name)} must be >= 0")
+    if args.steps < 1:
+        p.error(f"--steps={args.steps} must be >= 1")
+
+    from hydra import compose, initialize_config_module
+
+    from snntrain.cli import train
+
+    out = args.out.resolve()
+    overrides = [*args.overrides, f"paths.output_dir={out / 'run'}"]
+    if not any(o.startswith("trainer.max_epochs=") for o in args.overrides):
+        overrides.append(f"trainer.max_epochs={args.epoch + 1}")
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    profile = StepProfile(out, args.epoch, args.start, args.steps, python=not args.no_python)
+    train(cfg, callbacks=[profile])
+    if not profile.done:
+        raise SystemExit(f"step {args.start} of epoch {args.epoch} was never reached: the run has fewer steps "
+                         "(lower --start/--epoch or give more data)")
+    print(f"profile: {out / 'profile.txt'}  trace: {out / 'trace.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""scripts/profile_step.py: a profile of chosen training steps of a real command-line run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_step.py"
+TINY = ["backend=torch", "T=2", "model.width=4", "data.batch_size=16", "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none", "precise_bn.enabled=false"]
+
+
+def profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "p"), *args, "--", *TINY],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_profiles_the_chosen_steps_of_a_run(tmp_path):
+    res = profile(tmp_path, "--epoch", "0", "--start", "1", "--steps", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = (tmp_path / "p" / "profile.txt").read_text()
+    assert text.startswith("steps 2, wall per step (profiled) ")
+    # the whole step of the real loop: the loader, the optimizer (which runs forward and backward) ...
+    assert "enumerate(DataLoader)" in text and "Optimizer.step" in text
+    # ... and the Python functions behind them, the task's training step among them
+    assert "## Python functions by cumulative time (cProfile)" in text and "training_step" in text
+    assert (tmp_path / "p" / "trace.json").stat().st_size > 0
+    assert (tmp_path / "p" / "run" / "checkpoints" / "last.ckpt").exists()  # the run itself completed
+
+
+def test_a_step_the_run_never_reaches_is_an_error(tmp_path):
+    res = profile(tmp_path, "--epoch", "0", "--start", "9", "--no-python")
+    assert res.returncode != 0 and "step 9 of epoch 0 was never reached" in res.stderr
+    res = profile(tmp_path, "--steps", "0")
+    assert res.returncode != 0 and "--steps=0 must be >= 1" in res.stderr
