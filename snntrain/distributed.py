@@ -2,8 +2,10 @@
 
 Lightning does the distributed work: it starts one process per device, wraps the model
 in ``DistributedDataParallel``, shards the training data with a ``DistributedSampler``
-and writes checkpoints and logs from global rank 0 only. This module holds the few
-pieces that make that right for a Hydra app and for exact validation metrics:
+(the resumable training loaders of :mod:`snntrain.data.common` shard themselves, with
+:class:`~snntrain.data.common.EpochSampler`, so that their position can be saved) and
+writes checkpoints and logs from global rank 0 only. This module holds the few pieces
+that make that right for a Hydra app and for exact validation metrics:
 
 * :func:`ddp_job` / :func:`command_line`: Lightning starts ranks 1.. of a node by running
   the parent's command line again. Under Hydra that command line may be a sweep
