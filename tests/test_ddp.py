@@ -21,6 +21,7 @@ import glob
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -272,7 +273,12 @@ def test_training_epochs_are_sharded_over_processes():
     state = loader.state_dict()
     assert state["processes"] == 3 and state["size"] == 10
     with pytest.warns(UserWarning, match="processes was 3, is 1.*starts from its beginning"):
-        ResumableLoader(list(range(10)), batch_size=2, seed=4).load_state_dict(state)
+        ResumableLoader(list(range(10)), batch_size=2, seed=4).load_state_dict({**state, "batches_done": 1})
+    one = ResumableLoader(list(range(10)), batch_size=2, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an epoch boundary resumes exactly on any number of processes
+        one.load_state_dict({**state, "epoch": 3, "batches_done": 0})
+    assert [i for b in one for i in b.tolist()] == one.sampler.shard(3)  # epoch 3 from its start
 
 
 @pytest.mark.slow

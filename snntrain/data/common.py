@@ -180,7 +180,8 @@ class ResumableLoader(DataLoader):
     with the following batch, in the same order and with the same augmentation; a state taken at
     the end of an epoch continues with the next epoch. With several processes each one continues its
     own share of the epoch (see :class:`EpochSampler`). A state from another seed, batch size, dataset
-    size or number of processes cannot be continued exactly: it warns and starts the saved epoch afresh.
+    size or number of processes cannot be continued exactly inside an epoch: it warns and starts the
+    saved epoch afresh (at an epoch boundary that is exact, and nothing is said).
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, seed: int, drop_last: bool = False, num_workers: int = 0,
@@ -218,6 +219,9 @@ class ResumableLoader(DataLoader):
         saved = {"processes": 1, **state}  # states written before processes were recorded: one process
         differs = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
         if differs:
+            if int(state["batches_done"]) == 0:  # at an epoch boundary: starting the epoch is exact
+                sampler.resume_at(int(state["epoch"]), 0)
+                return
             warnings.warn(
                 "the checkpoint's training data differs from this run's ("
                 + ", ".join(f"{k} was {a!r}, is {b!r}" for k, (a, b) in differs.items())
