@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from .validation import one_of
+
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "torch", "triton")
@@ -41,9 +43,7 @@ def triton_importable() -> bool:
 
 def check_backend(name: object) -> str:
     """Validate a backend name and return it."""
-    if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"backend={name!r} is not valid; choose one of {', '.join(BACKENDS)}")
-    return name
+    return one_of("backend", name, BACKENDS)
 
 
 def resolve_backend(name: str, cuda: bool | None = None) -> str:

@@ -8,6 +8,7 @@ numbers accept both; booleans are never taken for numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 
 def positive_int(name: str, value: object) -> int:
@@ -31,7 +32,8 @@ def flag(name: str, value: object) -> bool:
     return value
 
 
-def one_of(name: str, value: object, choices: tuple[str, ...]) -> str:
-    if value not in choices:
+def one_of(name: str, value: object, choices: Collection[str]) -> str:
+    """``value`` if it is one of the names ``choices`` (a tuple, or the keys of a dict)."""
+    if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
-    return str(value)
+    return value

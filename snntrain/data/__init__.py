@@ -8,6 +8,8 @@ from typing import Any
 
 import lightning as L
 
+from ..validation import one_of
+
 from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
 from .digits_dvs import DigitsDVSDataModule
@@ -40,8 +42,7 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
     """Build the datamodule that ``cfg`` names; other keys are its arguments."""
     cfg = dict(cfg)
     name = cfg.get("name")
-    if name not in DATAMODULES:
-        raise ValueError(f"data name={name!r} is not valid; choose one of {', '.join(DATAMODULES)}")
+    one_of("data name", name, DATAMODULES)
     cls = DATAMODULES[name]
     kwargs = {k: v for k, v in cfg.items() if k not in _DESCRIPTIVE}
     # descriptive keys that a datamodule also takes as settings (image_folder: in_channels; synthetic: both)

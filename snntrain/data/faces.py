@@ -65,6 +65,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..validation import one_of
 from .common import positive_int
 from .detection import DetectionDataModule, TrainTransform, _number, int_range, make_target, normalize_image
 
@@ -413,8 +414,7 @@ def _covered(earlier: tuple[int, int, int, int], new: tuple[int, int, int, int])
 
 def split_rng(seed: int, split: str, index: int) -> np.random.Generator:
     """The NumPy generator that image ``index`` of ``split`` is drawn from (negative seeds wrap mod 2**64)."""
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
+    one_of("split", split, SPLITS)
     return np.random.default_rng([int(seed) % (1 << 64), SPLITS.index(split), int(index)])
 
 
@@ -435,8 +435,7 @@ class SyntheticFaces(Dataset):
         transform: TrainTransform | None = None,
         cache: bool = True,
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
+        one_of("split", split, SPLITS)
         self.composer = composer
         self.split = split
         self.size = positive_int(f"number of {split} images", size)

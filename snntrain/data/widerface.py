@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..validation import one_of
 from .common import BadDataError, positive_int
 from .detection import DetectionDataModule, SquareCropTransform, TrainTransform, fit_long_side, make_target, read_rgb
 
@@ -295,10 +296,8 @@ class WiderFaceDataset(Dataset):
         eval_max_side: int | None = None,
         bad_boxes: str = "error",
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is not valid; choose one of {', '.join(SPLITS)}")
-        if bad_boxes not in BAD_BOXES:
-            raise ValueError(f"bad_boxes={bad_boxes!r} is not valid; choose one of {', '.join(BAD_BOXES)}")
+        one_of("split", split, SPLITS)
+        one_of("bad_boxes", bad_boxes, BAD_BOXES)
         self.bad_boxes = bad_boxes
         self.skipped_boxes = 0  # boxes dropped by bad_boxes="skip" (in this process)
         self._skipped: set[int] = set()
@@ -406,9 +405,7 @@ class WiderFaceDataModule(DetectionDataModule):
         bad_boxes: str = "error",
     ) -> None:
         super().__init__(image_size, batch_size, num_workers, max_boxes, seed)
-        if bad_boxes not in BAD_BOXES:
-            raise ValueError(f"bad_boxes={bad_boxes!r} is not valid; choose one of {', '.join(BAD_BOXES)}")
-        self.bad_boxes = bad_boxes
+        self.bad_boxes = one_of("bad_boxes", bad_boxes, BAD_BOXES)
         if root is None:
             raise ValueError(f"data=widerface needs data.root=<folder with WIDER FACE from {URL}>")
         self.root = Path(root).expanduser()

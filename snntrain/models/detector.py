@@ -30,7 +30,7 @@ from torch import nn
 
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
-from ..validation import positive_int
+from ..validation import one_of, positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
@@ -182,8 +182,7 @@ class SpikingFCOS(nn.Module):
                              "pre_nms_top_n, max_detections")
         if not levels or any(lv not in (1, 2, 3, 4) for lv in levels) or sorted(set(levels)) != levels:
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
-        if readout not in READOUTS:
-            raise ValueError(f"readout={readout!r} is not valid; choose one of {', '.join(READOUTS)}")
+        one_of("readout", readout, READOUTS)
         self.num_classes = positive_int("num_classes", num_classes)
         self.backbone = SEWResNet(depth=depth, num_classes=0, in_channels=in_channels, T=T, connect=connect,
                                   stem=stem, width=width, neuron=neuron, norm=norm,

@@ -20,7 +20,7 @@ from ..nn.layers import MultiStep, check_connect, sew_connect
 from ..nn.neurons import BaseNeuron, build_neuron
 from ..nn.norm import build_norm2d
 from ..nn.norm_neuron import NormNeuron
-from ..validation import positive_int
+from ..validation import one_of, positive_int
 
 STEMS = ("cifar", "imagenet")
 
@@ -171,8 +171,7 @@ class SEWResNet(nn.Module):
         super().__init__()
         if depth not in ARCHS:
             raise ValueError(f"depth={depth!r} is not valid; choose one of {', '.join(map(str, ARCHS))}")
-        if stem not in STEMS:
-            raise ValueError(f"stem={stem!r} is not valid; choose one of {', '.join(STEMS)}")
+        one_of("stem", stem, STEMS)
         self.T = positive_int("T", T)
         if num_classes != 0:
             num_classes = positive_int("num_classes", num_classes)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend
+from ..validation import one_of
 from . import functional as F
 
 
@@ -167,8 +168,7 @@ NEURONS: dict[str, type[BaseNeuron]] = {"IF": IF, "LIF": LIF, "PLIF": PLIF}
 def build_neuron(type: str = "LIF", **kwargs) -> BaseNeuron:
     """Build a neuron from config values: ``type`` is ``IF``, ``LIF`` or ``PLIF`` (for which ``tau`` is
     taken as ``init_tau``, as the model config's ``neuron.tau`` documents)."""
-    if type not in NEURONS:
-        raise ValueError(f"neuron type={type!r} is not valid; choose one of {', '.join(NEURONS)}")
+    one_of("neuron type", type, NEURONS)
     cls = NEURONS[type]
     if type == "PLIF" and "tau" in kwargs:  # the config's tau is PLIF's initial time constant
         if "init_tau" in kwargs:

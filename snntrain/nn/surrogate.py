@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from ..validation import one_of
+
 SURROGATES: dict[str, float] = {
     "sigmoid": 4.0,
     "atan": 2.0,
@@ -31,8 +33,7 @@ SURROGATES: dict[str, float] = {
 
 def check_surrogate(name: object, alpha: object = None) -> tuple[str, float]:
     """Validate a surrogate name and sharpness; return ``(name, alpha)`` with the default filled in."""
-    if not isinstance(name, str) or name not in SURROGATES:
-        raise ValueError(f"surrogate={name!r} is not valid; choose one of {', '.join(SURROGATES)}")
+    one_of("surrogate", name, SURROGATES)
     if alpha is None:
         return name, SURROGATES[name]
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..losses import QUALITIES, fcos_loss
+from ..validation import one_of
 from .base import SpikingTask
 
 
@@ -89,9 +90,7 @@ class DetectionTask(SpikingTask):
 
         task = config["task"]
         self.loss_cfg = dict(task.get("loss", {}))
-        quality = self.loss_cfg.get("quality", "centerness")
-        if quality not in QUALITIES:
-            raise ValueError(f"task.loss.quality={quality!r} is not valid; choose one of {', '.join(QUALITIES)}")
+        one_of("task.loss.quality", self.loss_cfg.get("quality", "centerness"), QUALITIES)
         self.num_images_logged = int(task.get("num_images_logged", 4))
         from torchmetrics.aggregation import MeanMetric
 

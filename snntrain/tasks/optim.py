@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..validation import one_of
+
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("cosine", "constant")
 
@@ -61,8 +63,7 @@ def build_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-step schedule: linear warm-up for ``warmup_epochs``, then ``cosine`` decay or ``constant``."""
     name = cfg.get("name", "cosine")
-    if name not in SCHEDULERS:
-        raise ValueError(f"scheduler.name={name!r} is not valid; choose one of {', '.join(SCHEDULERS)}")
+    one_of("scheduler.name", name, SCHEDULERS)
     warmup = int(round(float(cfg.get("warmup_epochs", 0)) * steps_per_epoch))
     min_ratio = float(cfg.get("min_lr_ratio", 0.0))
     total = max(int(total_steps), 1)
