@@ -102,16 +102,10 @@ class EpochSampler(DistributedSampler):
         self.size = positive_int("dataset size", size)
         if num_replicas is None:
             num_replicas, rank = process_group_shape()
+        # sets num_samples (this process's share, ceil(size / W)), total_size, seed and epoch 0
         super().__init__(range(self.size), num_replicas=num_replicas, rank=0 if rank is None else rank,
-                         shuffle=False, drop_last=False)
-        self.num_samples = math.ceil(self.size / self.num_replicas)
-        self.total_size = self.num_samples * self.num_replicas
-        self.seed = int(seed)
-        self.epoch = 0
+                         shuffle=False, seed=int(seed), drop_last=False)
         self._start = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
 
     def resume_at(self, epoch: int, start: int) -> None:
         if not 0 <= start <= self.num_samples:
@@ -218,18 +212,15 @@ class ResumableLoader(DataLoader):
                 "processes": sampler.num_replicas}
         saved = {"processes": 1, **state}  # states written before processes were recorded: one process
         differs = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
-        if differs:
-            if int(state["batches_done"]) == 0:  # at an epoch boundary: starting the epoch is exact
-                sampler.resume_at(int(state["epoch"]), 0)
-                return
+        done = int(state["batches_done"])
+        if differs and done:  # at an epoch boundary (done 0) starting the epoch is exact anyway
             warnings.warn(
                 "the checkpoint's training data differs from this run's ("
                 + ", ".join(f"{k} was {a!r}, is {b!r}" for k, (a, b) in differs.items())
                 + f"): epoch {state['epoch']} starts from its beginning instead of continuing exactly",
                 stacklevel=2)
-            sampler.resume_at(int(state["epoch"]), 0)
-            return
-        sampler.resume_at(int(state["epoch"]), int(state["batches_done"]) * int(self.batch_size))
+            done = 0
+        sampler.resume_at(int(state["epoch"]), done * int(self.batch_size))
 
 
 def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **kwargs: Any) -> ResumableLoader:
