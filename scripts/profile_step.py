@@ -29,6 +29,8 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from snntrain.callbacks import synchronized_clock
+
 
 class StepProfile(L.Callback):
     """Records training steps ``start .. start+steps-1`` of epoch ``epoch`` and writes the tables."""
@@ -38,18 +40,13 @@ class StepProfile(L.Callback):
         self.done = False
         self._prof = self._py = None
 
-    @staticmethod
-    def _sync(trainer: L.Trainer) -> None:
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize(trainer.strategy.root_device)
-
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.done or trainer.current_epoch != self.epoch or batch_idx != self.start:
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._sync(trainer)
+        synchronized_clock(trainer)  # the device idle before the profiled window opens
         self._prof = torch.profiler.profile(activities=activities)
         self._prof.__enter__()
         if self.python:
@@ -65,8 +62,7 @@ class StepProfile(L.Callback):
             return
         if self._py is not None:
             self._py.disable()
-        self._sync(trainer)
-        seconds = time.perf_counter() - self._t0
+        seconds = synchronized_clock(trainer) - self._t0
         self._prof.__exit__(None, None, None)
         self.write(batch_idx + 1 - self.start, seconds)
         self._prof = self._py = None

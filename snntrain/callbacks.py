@@ -113,6 +113,16 @@ def _batch_size(batch: Any) -> int:
     return int(first.shape[0]) if torch.is_tensor(first) else 0
 
 
+def synchronized_clock(trainer: L.Trainer) -> float:
+    """``time.perf_counter()`` once the trainer's device has finished the work queued so far."""
+    import time
+
+    device = trainer.strategy.root_device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class TrainingSpeedMonitor(L.Callback):
     """Logs ``perf/train_images_per_s``: training images per second over all processes, each epoch.
 
@@ -131,15 +141,6 @@ class TrainingSpeedMonitor(L.Callback):
         self._start: float | None = None
         self._seconds: float | None = None
 
-    @staticmethod
-    def _now(trainer: L.Trainer) -> float:
-        import time
-
-        device = trainer.strategy.root_device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._steps = self._images = 0
         self._start = self._seconds = None
@@ -148,17 +149,17 @@ class TrainingSpeedMonitor(L.Callback):
                            batch_idx: int) -> None:
         self._steps += 1
         if self._steps == self.warmup_steps:
-            self._start = self._now(trainer)
+            self._start = synchronized_clock(trainer)
         elif self._start is not None:
             self._images += _batch_size(batch)
             if batch_idx + 1 >= trainer.num_training_batches:  # the epoch's last step: stop before validation
-                self._seconds = self._now(trainer) - self._start
+                self._seconds = synchronized_clock(trainer) - self._start
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._start is None or self._images == 0:
             return
         if self._seconds is None:  # the loader ended before num_training_batches (an iterable of unknown length)
-            self._seconds = self._now(trainer) - self._start
+            self._seconds = synchronized_clock(trainer) - self._start
         device = pl_module.device
         images = trainer.strategy.reduce(torch.tensor(float(self._images), dtype=torch.float64, device=device),
                                          reduce_op="sum")

@@ -106,13 +106,12 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    extra = list(callbacks or [])
-    callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
-                 IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
-                                    every_n_minutes=cfg.checkpoint.every_n_minutes)]
+    run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
+                     IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
+                                        every_n_minutes=cfg.checkpoint.every_n_minutes)]
     if cfg.precise_bn.enabled:
-        callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
-    callbacks += extra
+        run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
+    run_callbacks += list(callbacks or [])
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     plugins = [AtomicCheckpointIO()]
@@ -122,7 +121,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         **trainer_kwargs,
         default_root_dir=str(out),
         logger=logger,
-        callbacks=callbacks,
+        callbacks=run_callbacks,
         plugins=plugins,
     )
     with ddp_job(out):  # with devices x num_nodes > 1, Lightning starts the other processes in here
