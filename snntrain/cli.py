@@ -66,7 +66,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
                             TrainingSpeedMonitor)
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
-    from .distributed import SyncBatchNorm, ddp_job, is_rank_zero
+    from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero
     from .tasks import TASKS
 
     out = Path(cfg.paths.output_dir)
@@ -114,6 +114,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     run_callbacks += list(callbacks or [])
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, OmegaConf.to_container(cfg.get("ddp") or {}))
     plugins = [AtomicCheckpointIO()]
     if trainer_kwargs.get("sync_batchnorm"):
         plugins.append(SyncBatchNorm())

@@ -17,6 +17,8 @@ that make that right for a Hydra app and for exact validation metrics:
   contiguous block per process with every sample exactly once (Lightning's
   ``DistributedSampler`` pads the last block with repeated samples), so metrics
   reduced over the processes equal the single-process value over the same data.
+* :func:`ddp_strategy`: the ``ddp`` config section (``broadcast_buffers``,
+  ``gradient_as_bucket_view``, ``static_graph``) handed to ``DistributedDataParallel``.
 * :func:`convert_sync_batchnorm` and :class:`SyncBatchNorm`: ``trainer.sync_batchnorm``
   in one place, extendable by fused norm modules.
 
@@ -170,6 +172,45 @@ class EvalShardSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+#: ``ddp`` config settings, each passed to ``torch.nn.parallel.DistributedDataParallel`` (defaults: torch's).
+DDP_SETTINGS = {"broadcast_buffers": True, "gradient_as_bucket_view": False, "static_graph": False}
+
+
+def _process_count(trainer_cfg: Mapping[str, Any]) -> int:
+    """How many processes ``trainer.devices`` x ``trainer.num_nodes`` asks for (``-1``/``"auto"``: every
+    visible GPU when the run uses CUDA, else one)."""
+    devices, nodes = trainer_cfg.get("devices", 1), trainer_cfg.get("num_nodes", 1)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, int) and devices > 0:
+        count = devices
+    else:
+        gpu = str(trainer_cfg.get("accelerator", "auto")) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+        count = torch.cuda.device_count() if gpu else 1
+    return count * int(nodes or 1)
+
+
+def ddp_strategy(trainer_cfg: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> Any:
+    """The ``strategy`` argument of the Trainer: a ``DDPStrategy`` carrying ``settings`` (the ``ddp``
+    config section: :data:`DDP_SETTINGS`, each a bool) for ``trainer.strategy=ddp``, and for ``auto``
+    when the run has several processes; any other ``trainer.strategy`` unchanged."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(DDP_SETTINGS))
+    if unknown:
+        raise ValueError(f"unknown ddp setting(s) {unknown}; valid: {', '.join(DDP_SETTINGS)}")
+    for name, value in settings.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"ddp.{name}={value!r} must be true or false")
+    strategy = trainer_cfg.get("strategy", "auto")
+    if strategy not in ("auto", "ddp") or (strategy == "auto" and _process_count(trainer_cfg) < 2):
+        return strategy
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(**{**DDP_SETTINGS, **settings})
 
 
 def process_group_shape() -> tuple[int, int]:

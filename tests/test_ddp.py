@@ -31,7 +31,7 @@ from torch import nn
 
 from snntrain.cli import train
 from snntrain.distributed import (JOB_ENV, EvalShardSampler, SyncBatchNorm, command_line, convert_sync_batchnorm,
-                                  rank_name)
+                                  ddp_strategy, rank_name)
 
 GPUS = torch.cuda.device_count() >= 2
 ON = (["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS
@@ -287,7 +287,10 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
 
     run = tmp_path / "run"
     args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
-    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", f"hydra.run.dir={run}", cwd=tmp_path)
+    # each process keeps its own batch-norm buffers (no broadcast from rank 0): only precise BN's average
+    # over the processes makes them agree before validation
+    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", "ddp.broadcast_buffers=false",
+        "ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
     lines = final_metrics_lines(run)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # the averaged precise-BN statistics agree
     dm = build_datamodule({"name": "digits"}, seed=42)
@@ -295,3 +298,22 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
     per_process = -(-len(dm.train_set) // 2)
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == -(-per_process // 60)  # each process read half of the epoch
+
+
+def test_ddp_settings_reach_the_strategy():
+    from lightning.pytorch.strategies import DDPStrategy
+
+    two = {"accelerator": "cpu", "devices": 2, "num_nodes": 1, "strategy": "auto"}
+    strategy = ddp_strategy(two, {"broadcast_buffers": False, "static_graph": True})
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy._ddp_kwargs == {"broadcast_buffers": False, "gradient_as_bucket_view": False, "static_graph": True}
+    assert ddp_strategy({**two, "devices": [0, 1]}, {})._ddp_kwargs["broadcast_buffers"] is True
+    assert isinstance(ddp_strategy({**two, "devices": 1, "num_nodes": 2}, {}), DDPStrategy)  # processes over nodes
+    assert isinstance(ddp_strategy({**two, "devices": 1, "strategy": "ddp"}, {}), DDPStrategy)  # asked for by name
+    assert ddp_strategy({**two, "devices": 1}, {"static_graph": True}) == "auto"  # one process: no DDP
+    assert ddp_strategy({**two, "devices": "auto"}, {}) == "auto"  # CPU "auto": one process
+    assert ddp_strategy({**two, "strategy": "ddp_spawn"}, {}) == "ddp_spawn"  # other strategies as given
+    with pytest.raises(ValueError, match=r"unknown ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
+        ddp_strategy(two, {"bucket_mb": 25})
+    with pytest.raises(ValueError, match=r"ddp.static_graph='yes' must be true or false"):
+        ddp_strategy(two, {"static_graph": "yes"})
