@@ -17,13 +17,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 log = logging.getLogger("snntrain")
 
 
-def _uses_cuda(trainer_cfg: DictConfig) -> bool:
-    import torch
-
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    return torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
-
-
 def _announce(message: str) -> None:
     log.info(message)
 
@@ -66,7 +59,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
                             TrainingSpeedMonitor)
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
-    from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero
+    from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
     from .tasks import TASKS
 
     out = Path(cfg.paths.output_dir)
@@ -79,7 +72,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         raise ValueError("train=false validates a checkpoint: give ckpt_path=<file.ckpt>")
 
     L.seed_everything(cfg.seed, workers=True)
-    backend = resolve_backend(cfg.backend.name, cuda=_uses_cuda(cfg.trainer))
+    backend = resolve_backend(cfg.backend.name, cuda=uses_cuda(cfg.trainer))
     _announce(f"snntrain: backend={cfg.backend.name} -> {backend}, T={cfg.T}")
 
     datamodule = build_datamodule(cfg.data, seed=cfg.seed)

@@ -178,20 +178,25 @@ class EvalShardSampler(DistributedSampler):
 DDP_SETTINGS = {"broadcast_buffers": True, "gradient_as_bucket_view": False, "static_graph": False}
 
 
+def uses_cuda(trainer_cfg: Mapping[str, Any]) -> bool:
+    """Whether the Trainer of ``trainer_cfg`` (``accelerator`` auto, gpu or cuda) runs on CUDA here."""
+    return torch.cuda.is_available() and str(trainer_cfg.get("accelerator", "auto")) in ("auto", "gpu", "cuda")
+
+
 def _process_count(trainer_cfg: Mapping[str, Any]) -> int:
     """How many processes ``trainer.devices`` x ``trainer.num_nodes`` asks for (``-1``/``"auto"``: every
     visible GPU when the run uses CUDA, else one)."""
-    devices, nodes = trainer_cfg.get("devices", 1), trainer_cfg.get("num_nodes", 1)
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
+    devices = trainer_cfg.get("devices", 1)
     if isinstance(devices, (list, tuple)):
         count = len(devices)
-    elif isinstance(devices, int) and devices > 0:
-        count = devices
     else:
-        gpu = str(trainer_cfg.get("accelerator", "auto")) in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-        count = torch.cuda.device_count() if gpu else 1
-    return count * int(nodes or 1)
+        try:
+            count = int(devices)
+        except (TypeError, ValueError):  # "auto"
+            count = -1
+        if count < 1:
+            count = torch.cuda.device_count() if uses_cuda(trainer_cfg) else 1
+    return count * int(trainer_cfg.get("num_nodes", 1) or 1)
 
 
 def ddp_strategy(trainer_cfg: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> Any:
