@@ -38,6 +38,8 @@ from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
+from .validation import flag
+
 #: Environment variable through which a DDP parent tells the processes it starts which job to run.
 JOB_ENV = "SNNTRAIN_DDP_JOB"
 # Variables Lightning's process launcher sets in the parent; restored after each job so that the next
@@ -208,8 +210,7 @@ def ddp_strategy(trainer_cfg: Mapping[str, Any], settings: Mapping[str, Any] | N
     if unknown:
         raise ValueError(f"unknown ddp setting(s) {unknown}; valid: {', '.join(DDP_SETTINGS)}")
     for name, value in settings.items():
-        if not isinstance(value, bool):
-            raise ValueError(f"ddp.{name}={value!r} must be true or false")
+        flag(f"ddp.{name}", value)
     strategy = trainer_cfg.get("strategy", "auto")
     if strategy not in ("auto", "ddp") or (strategy == "auto" and _process_count(trainer_cfg) < 2):
         return strategy
