@@ -108,6 +108,96 @@ def test_detach_reset_stops_gradient_through_reset():
         assert x.grad[1].item() == pytest.approx(sigmoid_grad(-0.9, 4.0), rel=1e-6)
 
 
+def autograd_loop(x, p, w, v_init, return_membrane):
+    """The module docstring's equations step by step, with autograd through every operation and the
+    surrogate through :func:`spike`: the definition the torch backend's written-out backward must match."""
+    v_r = p.v_reset if p.hard_reset else 0.0
+    v = torch.full(x.shape[1:], v_r) if v_init is None else v_init.float()
+    k = torch.sigmoid(w.float()) if p.kind == "plif" else 1.0 / p.tau
+    spikes, trace = [], []
+    for xt in x.float():
+        if p.kind == "if":
+            h = v + xt
+        elif p.decay_input:
+            h = v + (xt - (v - v_r)) * k
+        else:
+            h = v - (v - v_r) * k + xt
+        s = spike(h - p.v_threshold, p.surrogate, p.alpha)
+        r = s.detach() if p.detach_reset else s
+        v = h * (1 - r) + p.v_reset * r if p.hard_reset else h - p.v_threshold * r
+        spikes.append(s.to(x.dtype))
+        trace.append(v)
+    return torch.stack(spikes), v, torch.stack(trace) if return_membrane else None
+
+
+_OPTIONS = [(kind, hard, detach, decay, surrogate)
+            for kind in ("if", "lif", "plif") for hard in (True, False) for detach in (True, False)
+            for decay in (True, False) for surrogate in SURROGATES if kind != "if" or decay]
+
+
+@pytest.mark.parametrize("kind,hard,detach,decay,surrogate", _OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_written_out_backward_matches_autograd_through_the_loop(kind, hard, detach, decay, surrogate, dtype):
+    """Spikes and membranes bit for bit, and every gradient (input, PLIF's w, initial state) of a loss
+    on the spikes, the final state and the membrane trace, against autograd through the loop."""
+    p = SF.NeuronParams(kind, tau=2.5, v_threshold=0.9, v_reset=0.1 if hard else None, decay_input=decay,
+                        detach_reset=detach, surrogate=surrogate)
+    g = torch.Generator().manual_seed(_OPTIONS.index((kind, hard, detach, decay, surrogate)))
+    T, n = 6, 40
+    x0 = (torch.randn(T, n, generator=g) * 1.5 + 0.6).to(dtype)
+    v0 = torch.randn(n, generator=g) * 0.5
+    g_s, g_v, g_q = torch.randn(T, n, generator=g), torch.randn(n, generator=g), torch.randn(T, n, generator=g)
+    results = []
+    for fn in (autograd_loop, "torch"):
+        x, v_init = x0.clone().requires_grad_(), v0.clone().requires_grad_()
+        w = torch.tensor(-0.3, requires_grad=True) if kind == "plif" else None
+        if fn == "torch":
+            out = SF.neuron_multistep(x, p, w, v_init, return_state=True, return_membrane=True, backend="torch")
+            s, v, trace = out.spikes, out.v_final, out.v_seq
+        else:
+            s, v, trace = fn(x, p, w, v_init, True)
+        ((s.float() * g_s).sum() + (v * g_v).sum() + (trace * g_q).sum()).backward()
+        results.append((s, v, trace, x.grad, v_init.grad, None if w is None else w.grad))
+    (s_a, v_a, q_a, *grads_a), (s_b, v_b, q_b, *grads_b) = results
+    assert s_b.dtype == dtype and torch.equal(s_a, s_b) and torch.equal(v_a, v_b) and torch.equal(q_a, q_b)
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1.6e-2, 1e-4)
+    for name, a, b in zip(("x", "v_init", "w"), grads_a, grads_b):
+        if a is None:
+            assert b is None, f"d{name} should be absent"
+            continue
+        assert b.dtype == a.dtype, name
+        tol = (rtol, atol) if name == "x" else (1e-5, 1e-5)
+        torch.testing.assert_close(b.float(), a.float(), rtol=tol[0], atol=tol[1], msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("outputs", ["spikes", "final", "trace"])
+def test_written_out_backward_with_one_output_in_the_loss(outputs):
+    """Gradients that reach only one of the outputs (the others' gradients are absent, not zeros)."""
+    p = SF.NeuronParams("plif", v_reset=0.0, decay_input=True, surrogate="atan")
+    x0 = torch.randn(5, 3, 7, generator=torch.Generator().manual_seed(2)) + 0.5
+    grads = []
+    for fn in (autograd_loop, "torch"):
+        x, w = x0.clone().requires_grad_(), torch.tensor(0.2, requires_grad=True)
+        v_init = torch.zeros(3, 7, requires_grad=True)
+        if fn == "torch":
+            o = SF.neuron_multistep(x, p, w, v_init, return_state=True, return_membrane=True, backend="torch")
+            s, v, trace = o.spikes, o.v_final, o.v_seq
+        else:
+            s, v, trace = fn(x, p, w, v_init, True)
+        {"spikes": s, "final": v, "trace": trace}[outputs].pow(2).sum().backward()
+        grads.append((x.grad, w.grad, v_init.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_keeps_no_graph_and_training_does():
+    x = torch.randn(4, 2, 3) + 0.8
+    with torch.no_grad():
+        assert SF.lif(x.clone().requires_grad_(), backend="torch").grad_fn is None
+    assert SF.lif(x, backend="torch").grad_fn is None  # nothing requires a gradient
+    assert SF.lif(x.clone().requires_grad_(), backend="torch").grad_fn is not None
+
+
 def test_dtype_preserved_and_state_fp32():
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         x = torch.randn(3, 4, 5).to(dtype)

@@ -31,7 +31,7 @@ import torch
 
 from ..backend import check_backend, use_triton
 from ..validation import flag, number
-from .surrogate import SpikeFunction, check_surrogate
+from .surrogate import check_surrogate, surrogate_grad
 
 __all__ = ["NeuronOutput", "NeuronParams", "if_", "lif", "plif", "plif_w_from_tau", "neuron_multistep"]
 
@@ -114,49 +114,148 @@ def _check_input(x: object, v_init: object) -> None:
             raise ValueError(f"v_init has shape {shape}; it must have the shape of one step, {tuple(x.shape[1:])}")
 
 
-def _heaviside(u: torch.Tensor) -> torch.Tensor:
-    return (u >= 0).to(u.dtype)
+def _leak(p: NeuronParams, w: torch.Tensor | None) -> float | torch.Tensor | None:
+    """``k = 1 / tau``: a float for LIF, PLIF's ``sigmoid(w)`` (fp32, 0-d), None for IF."""
+    if p.kind == "plif":
+        return torch.sigmoid(w.to(torch.float32)).reshape(())
+    return 1.0 / p.tau if p.kind == "lif" else None
 
 
-def _reference(
+def _scan(
+    x: torch.Tensor, p: NeuronParams, k: float | torch.Tensor | None, v_init: torch.Tensor | None,
+    return_membrane: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The forward loop, no autograd graph: spikes (``x.dtype``), the final state, the membrane
+    trace (or None) and the charged membrane H of every step, all fp32 but the spikes.
+
+    Each operation is rounded on its own, in the order of the module docstring's equations (the
+    Triton kernels compute the same), and the loop holds only what depends on the previous step;
+    the spikes are converted to ``x.dtype`` in one operation after it."""
+    v_r = p.v_reset if p.hard_reset else 0.0
+    if v_init is None:
+        v = torch.full(x.shape[1:], v_r, dtype=torch.float32, device=x.device)
+    else:
+        v = v_init.detach().to(torch.float32)
+    h_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    fired = torch.empty(x.shape, dtype=torch.float32, device=x.device)  # spikes as 0.0 / 1.0
+    v_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device) if return_membrane else None
+    for t in range(x.shape[0]):
+        xt, h, s = x[t].to(torch.float32), h_seq[t], fired[t]
+        rel = v if v_r == 0.0 else v - v_r  # V - v_r (exact without the subtraction when v_r = 0)
+        if p.kind == "if":
+            torch.add(v, xt, out=h)
+        elif p.decay_input:  # V + (X - (V - v_r)) * k
+            torch.sub(xt, rel, out=h).mul_(k).add_(v)
+        else:  # V - (V - v_r) * k + X
+            torch.mul(rel, k, out=h)
+            torch.sub(v, h, out=h).add_(xt)
+        # H >= v_threshold is H - v_threshold >= 0 in IEEE arithmetic. Float arithmetic throughout (a
+        # comparison into a float tensor, the reset as products with S): boolean masks are several times
+        # slower on the CPU. With S in {0, 1} each reset below is exact: H or v_reset, H or H - v_threshold.
+        torch.ge(h, p.v_threshold, out=s)
+        if p.hard_reset:  # H (1 - S) + v_reset S, as H - H S + v_reset S
+            v = torch.addcmul(h, h, s, value=-1.0)
+            if p.v_reset != 0.0:
+                v.add_(s, alpha=p.v_reset)
+        else:  # H - v_threshold S
+            v = torch.add(h, s, alpha=-p.v_threshold)
+        if v_seq is not None:
+            v_seq[t] = v
+    spikes = fired.to(x.dtype)
+    return spikes, v, v_seq, h_seq
+
+
+class _MultiStep(torch.autograd.Function):
+    """The torch backend with a gradient: the forward loop of :func:`_scan` (no graph per step) and
+    the backward recurrence written out (the derivatives of the module docstring's equations,
+    with the surrogate's dS/dH)::
+
+        dV/dH    hard reset  1 - S + (v_reset - H) dS/dH     (no second term with detach_reset)
+                 soft reset  1 - v_threshold dS/dH            (1 with detach_reset)
+        dL/dH_t  = dL/dS_t dS/dH + dL/dV_t dV/dH,   dL/dV_t including dL/dV_{t} from step t + 1
+        dL/dX_t  = dL/dH_t * k with decay_input, else dL/dH_t;   dL/dV_{t-1} = dL/dH_t * (1 - k)
+        dL/dk    = sum_t dL/dH_t * (X_t - (V_{t-1} - v_r) with decay_input, else -(V_{t-1} - v_r))
+
+    (IF: k = 0 and dL/dX_t = dL/dH_t.) PLIF's ``dL/dw = dL/dk * k (1 - k)``. Only
+    ``dL/dH_t = a_t + b_t * dL/dV_t`` runs step by step; the surrogate, ``a_t`` and ``b_t`` and the
+    input gradient are whole-sequence operations, where autograd through the loop would record a
+    dozen nodes per step.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, v_init, p, return_membrane):
+        ctx.set_materialize_grads(False)
+        k = _leak(p, w)
+        spikes, v_final, v_seq, h_seq = _scan(x, p, k, v_init, return_membrane)
+        plif = p.kind == "plif"
+        ctx.save_for_backward(h_seq, spikes, x if plif and p.decay_input else None,
+                              v_init if plif else None, k if plif else None)
+        ctx.p, ctx.k, ctx.x_dtype = p, k, x.dtype
+        ctx.v_init_dtype = None if v_init is None else v_init.dtype
+        return spikes, v_final, v_seq
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_spikes, g_final, g_seq):
+        h_seq, spikes, x, v_init, k_plif = ctx.saved_tensors
+        p = ctx.p
+        k = k_plif if p.kind == "plif" else ctx.k
+        v_r = p.v_reset if p.hard_reset else 0.0
+        sg = surrogate_grad(h_seq - p.v_threshold, p.surrogate, p.alpha)  # dS/dH of every step
+        fired = spikes.to(torch.float32)
+        if p.hard_reset:  # dV/dH
+            dv_dh = 1.0 - fired if p.detach_reset else (1.0 - fired) + (p.v_reset - h_seq) * sg
+        else:
+            dv_dh = None if p.detach_reset else 1.0 - p.v_threshold * sg
+        direct = None if g_spikes is None else g_spikes.to(torch.float32) * sg  # a_t = dL/dS_t dS/dH
+        g_h = torch.empty_like(h_seq)
+        g_v = None if g_final is None else g_final.to(torch.float32)
+        for t in range(h_seq.shape[0] - 1, -1, -1):
+            if g_seq is not None:
+                g_v = g_seq[t] if g_v is None else g_v + g_seq[t]
+            gh = g_h[t]
+            if g_v is None:
+                gh.zero_()
+            elif dv_dh is None:
+                gh.copy_(g_v)
+            else:
+                torch.mul(g_v, dv_dh[t], out=gh)
+            if direct is not None:
+                gh.add_(direct[t])
+            g_v = gh if p.kind == "if" else gh * (1.0 - k)
+        g_x = g_h * k if p.kind != "if" and p.decay_input else g_h
+        g_w = None
+        if p.kind == "plif" and ctx.needs_input_grad[1]:
+            first = (torch.full_like(h_seq[0], v_r) if v_init is None else v_init.to(torch.float32))[None]
+            if p.hard_reset:  # V_t after the reset, as in the forward
+                after = torch.addcmul(h_seq, h_seq, fired, value=-1.0).add_(fired, alpha=p.v_reset)
+            else:
+                after = torch.add(h_seq, fired, alpha=-p.v_threshold)
+            v_prev = torch.cat([first, after[:-1]])  # V_{t-1} of every step
+            dh_dk = x.to(torch.float32) - (v_prev - v_r) if p.decay_input else -(v_prev - v_r)
+            g_w = ((g_h * dh_dk).sum() * k * (1.0 - k)).reshape(())
+        g_v_init = None
+        if ctx.needs_input_grad[2]:
+            g_v_init = torch.zeros_like(h_seq[0]) if g_v is None else g_v
+            g_v_init = g_v_init.to(ctx.v_init_dtype)
+        return (g_x.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None), g_w, g_v_init, None, None
+
+
+def _torch_backend(
     x: torch.Tensor,
     p: NeuronParams,
     w: torch.Tensor | None,
     v_init: torch.Tensor | None,
     return_membrane: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Pure-PyTorch multi-step loop; autograd provides the backward."""
-    v_r = p.v_reset if p.hard_reset else 0.0
-    if v_init is None:
-        v = torch.full(x.shape[1:], v_r, dtype=torch.float32, device=x.device)
-    else:
-        v = v_init.to(torch.float32)
-    if p.kind == "plif":
-        k = torch.sigmoid(w.to(torch.float32))
-    elif p.kind == "lif":
-        k = 1.0 / p.tau
-    # the surrogate only matters when a gradient is recorded; inference (and export) uses a plain step
-    fire = (lambda u: SpikeFunction.apply(u, p.surrogate, p.alpha)) if torch.is_grad_enabled() else _heaviside
-    spikes, trace = [], []
-    for t in range(x.shape[0]):
-        xt = x[t].to(torch.float32)
-        if p.kind == "if":
-            h = v + xt
-        elif p.decay_input:
-            h = v + (xt - (v - v_r)) * k
-        else:
-            h = v - (v - v_r) * k + xt
-        s = fire(h - p.v_threshold)
-        s_reset = s.detach() if p.detach_reset else s
-        if p.hard_reset:
-            v = h * (1.0 - s_reset) + p.v_reset * s_reset
-        else:
-            v = h - p.v_threshold * s_reset
-        spikes.append(s.to(x.dtype))
-        if return_membrane:
-            trace.append(v)
-    v_seq = torch.stack(trace) if return_membrane else None
-    return torch.stack(spikes), v, v_seq
+    """The pure-PyTorch backend: :class:`_MultiStep` when a gradient is recorded, else the plain loop
+    (inference and export)."""
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, w, v_init))
+    if needs_grad:
+        return _MultiStep.apply(x, w, v_init, p, return_membrane)
+    spikes, v_final, v_seq, _ = _scan(x, p, _leak(p, w), v_init, return_membrane)
+    return spikes, v_final, v_seq
 
 
 def neuron_multistep(
@@ -184,7 +283,7 @@ def neuron_multistep(
             return_state=return_state, return_membrane=return_membrane,
         )
     else:
-        spikes, v_final, v_seq = _reference(x, params, w, v_init, return_membrane)
+        spikes, v_final, v_seq = _torch_backend(x, params, w, v_init, return_membrane)
     if return_state or return_membrane:
         return NeuronOutput(spikes, v_final if return_state else None, v_seq)
     return spikes

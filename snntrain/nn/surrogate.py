@@ -45,16 +45,17 @@ def check_surrogate(name: object, alpha: object = None) -> tuple[str, float]:
 
 
 def surrogate_grad(x: torch.Tensor, name: str, alpha: float) -> torch.Tensor:
-    """dS/dx of the surrogate ``name`` at ``x`` (same dtype as ``x``)."""
+    """dS/dx of the surrogate ``name`` at ``x`` (same dtype as ``x``; a new tensor, ``x`` is not changed)."""
+    # each formula works in place on its first temporary: one pass per operation, no further tensors
     if name == "sigmoid":
         # alpha * sg * (1 - sg) written as alpha * e / (1 + e)^2 with e = exp(-alpha |x|): the same
         # function (it is even in x), without the cancellation of 1 - sg where sg is close to 1
-        e = torch.exp(-alpha * x.abs())
-        return alpha * e / (1.0 + e) ** 2
+        e = x.abs().mul_(-alpha).exp_()
+        return e.mul(alpha).div_(e.add_(1.0).square_())
     if name == "atan":
-        return (alpha / 2.0) / (1.0 + (math.pi / 2.0 * alpha * x) ** 2)
+        return x.mul(math.pi / 2.0 * alpha).square_().add_(1.0).reciprocal_().mul_(alpha / 2.0)
     if name == "piecewise_quadratic":
-        return torch.clamp(alpha - alpha * alpha * x.abs(), min=0.0)
+        return x.abs().mul_(-alpha * alpha).add_(alpha).clamp_(min=0.0)
     raise ValueError(f"surrogate={name!r} is not valid; choose one of {', '.join(SURROGATES)}")
 
 
