@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from .fileio import atomic_path
@@ -306,6 +307,54 @@ class PreciseBatchNorm(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._fresh_step != trainer.global_step:
             self.recompute(trainer, pl_module)
+
+
+# ------------------------------------------------------------------------------------ weight average
+
+
+def ema_decay(decay: float, num_averaged: int) -> float:
+    """The decay of the ``num_averaged``-th update: ``min(decay, (1 + n) / (10 + n))``. Early updates
+    weigh the new weights more, so the average does not carry the initial weights for thousands
+    of steps (the warm-up of timm's ``ModelEmaV2`` and of YOLOX)."""
+    return min(decay, (1.0 + num_averaged) / (10.0 + num_averaged))
+
+
+class ExponentialMovingAverage(WeightAveraging):
+    """An exponential moving average of the weights and buffers (batch-norm statistics), updated
+    after every optimizer step with ``decay`` (warmed up by :func:`ema_decay`).
+
+    Validation runs on the average, and every checkpoint's ``state_dict`` holds it (the training
+    weights go to ``current_model_state`` for resuming, Lightning's ``WeightAveraging`` format), so
+    exports and predictions from a checkpoint use the average; the model holds it after the fit.
+    The average is swapped in at ``on_validation_start``, before :class:`PreciseBatchNorm` (which
+    must come after this callback in the trainer's list) re-estimates the batch-norm statistics,
+    so the statistics fit the averaged weights.
+    """
+
+    def __init__(self, decay: float = 0.999) -> None:
+        from .validation import number
+
+        value = number("ema.decay", decay)
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"ema.decay={decay!r} must be in (0, 1), e.g. 0.999 (the weight of the old average)")
+        self.decay = value
+        super().__init__(use_buffers=True, multi_avg_fn=self._update)
+
+    def _update(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+        weight = 1.0 - ema_decay(self.decay, int(num_averaged))
+        floats = [(a, c) for a, c in zip(averaged, current) if a.is_floating_point()]
+        if floats:
+            torch._foreach_lerp_([a for a, _ in floats], [c for _, c in floats], weight)
+        for a, c in zip(averaged, current):
+            if not a.is_floating_point():  # counters (num_batches_tracked): the current value
+                a.copy_(c)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None:
+            self._swap_models(pl_module)
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass  # swapped in at on_validation_start, before the batch-norm statistics are re-estimated
 
 
 # ------------------------------------------------------------------------------------ checkpoints, resume

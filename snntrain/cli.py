@@ -55,8 +55,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import (AtomicCheckpointIO, ExactResume, FiringRateMonitor, IntervalCheckpoint, PreciseBatchNorm,
-                            TrainingSpeedMonitor)
+    from .callbacks import (AtomicCheckpointIO, ExactResume, ExponentialMovingAverage, FiringRateMonitor,
+                            IntervalCheckpoint, PreciseBatchNorm, TrainingSpeedMonitor)
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
@@ -102,6 +102,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
                      IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
                                         every_n_minutes=cfg.checkpoint.every_n_minutes)]
+    if cfg.ema.enabled:  # before PreciseBatchNorm: the statistics are re-estimated for the averaged weights
+        run_callbacks.append(ExponentialMovingAverage(decay=cfg.ema.decay))
     if cfg.precise_bn.enabled:
         run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
     run_callbacks += list(callbacks or [])

@@ -1,5 +1,6 @@
 """Crash and resume: a run killed with SIGKILL in the middle of an epoch, resumed from its last
-checkpoint, ends with exactly the weights of the uninterrupted run (deterministic mode, CPU)."""
+checkpoint, ends with exactly the weights of the uninterrupted run (deterministic mode, CPU), the
+training weights and their moving average (``ema``) alike."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ RUN = [
     "trainer.accelerator=cpu", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
     "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
     "checkpoint.every_n_steps=2", "checkpoint.every_n_minutes=null", "precise_bn.num_batches=3",
-    "task.optimizer.lr=0.01",
+    "task.optimizer.lr=0.01", "ema.enabled=true", "ema.decay=0.9",
 ]
 
 
@@ -82,9 +83,11 @@ def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     a = torch.load(full / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(resumed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert a["global_step"] == b["global_step"] == 12
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    different = [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
-    assert not different, f"weights differ after resume: {different[:5]}"
+    for key in ("state_dict", "current_model_state"):  # the average, and the weights being trained
+        assert a[key].keys() == b[key].keys()
+        different = [k for k in a[key] if not torch.equal(a[key][k], b[key][k])]
+        assert not different, f"{key}: weights differ after resume: {different[:5]}"
+    assert a["averaging_state"]["n_averaged"] == b["averaging_state"]["n_averaged"] == 12
     for sa, sb in zip(a["optimizer_states"][0]["state"].values(), b["optimizer_states"][0]["state"].values()):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert a["lr_schedulers"] == b["lr_schedulers"]

@@ -1,0 +1,109 @@
+"""The exponential moving average of the weights (``ema``): the update rule, what validation and
+checkpoints see, and its order with precise batch norm."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from snntrain.callbacks import ExponentialMovingAverage, PreciseBatchNorm, ema_decay
+
+
+def test_decay_warms_up_to_its_value():
+    assert ema_decay(0.998, 0) == pytest.approx(0.1)
+    assert ema_decay(0.998, 10) == pytest.approx(11 / 20)
+    assert ema_decay(0.998, 100_000) == 0.998
+    assert ema_decay(0.5, 3) == 0.5
+
+
+def test_update_is_the_warmed_up_average_of_every_step():
+    torch.manual_seed(0)
+    model = nn.BatchNorm1d(3)
+    callback = ExponentialMovingAverage(decay=0.9)
+    averaged = AveragedModel(model, use_buffers=True, multi_avg_fn=callback._update)
+    expected = None
+    for n in range(6):
+        with torch.no_grad():
+            model.weight.add_(torch.randn(3))
+        model.train()
+        model(torch.randn(8, 3))  # moves the running statistics and the counter
+        averaged.update_parameters(model)
+        current = model.weight.detach().clone()
+        if expected is None:
+            expected = current  # the first update copies
+        else:
+            d = ema_decay(0.9, n)
+            expected = d * expected + (1 - d) * current
+        torch.testing.assert_close(averaged.module.weight, expected, rtol=1e-6, atol=1e-7)
+    assert int(averaged.module.num_batches_tracked) == int(model.num_batches_tracked) == 6  # counters copied
+
+
+@pytest.mark.parametrize("decay", [0, 1, 1.5, -0.1, "x", True])
+def test_bad_decay_is_named(decay):
+    with pytest.raises(ValueError, match="ema.decay"):
+        ExponentialMovingAverage(decay=decay)
+
+
+class Toy(L.LightningModule):
+    """x -> Linear -> BatchNorm1d -> sum; validation records what it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 3)
+        self.norm = nn.BatchNorm1d(3)
+        self.seen: list[tuple[torch.Tensor, ...]] = []
+        self.trained: list[torch.Tensor] = []
+
+    def forward(self, x):
+        return self.norm(self.linear(x))
+
+    def training_step(self, batch, batch_idx):
+        return (self(batch[0]) - batch[1]).pow(2).mean()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.trained.append(self.linear.weight.detach().clone())
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.seen.append((self.linear.weight.detach().clone(), self.linear.bias.detach().clone(),
+                              self.norm.running_mean.clone()))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def test_validation_runs_on_the_average_with_statistics_for_it(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 2, generator=g) * 2 + 1, torch.randn(32, 3, generator=g))
+    train = torch.utils.data.DataLoader(data, batch_size=8)
+    val = torch.utils.data.DataLoader(data, batch_size=8)
+    torch.manual_seed(0)
+    model = Toy()
+    ema = ExponentialMovingAverage(decay=0.7)
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+                        callbacks=[ema, PreciseBatchNorm(num_batches=4)])
+    trainer.fit(model, train, val)
+
+    expected, n = None, 0
+    for epoch in range(2):
+        for w in model.trained[epoch * 4:(epoch + 1) * 4]:
+            expected = w if expected is None else ema_decay(0.7, n) * expected + (1 - ema_decay(0.7, n)) * w
+            n += 1
+        seen_w, seen_b, seen_mean = model.seen[epoch]
+        torch.testing.assert_close(seen_w, expected, rtol=1e-5, atol=1e-6)
+        last = model.trained[(epoch + 1) * 4 - 1]
+        assert not torch.allclose(seen_w, last, atol=1e-3)  # not the training weights
+        # precise batch norm ran after the swap: its running mean (a cumulative average over the four
+        # training batches, i.e. over all 32 samples) is that of the averaged layer's outputs
+        xs = data.tensors[0]
+        torch.testing.assert_close(seen_mean, (xs @ seen_w.t() + seen_b).mean(0), rtol=1e-5, atol=1e-5)
+    # after the fit the model holds the average, and so does the checkpoint's state_dict
+    torch.testing.assert_close(model.linear.weight.detach(), expected, rtol=1e-5, atol=1e-6)
+    path = tmp_path / "final.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    torch.testing.assert_close(ckpt["state_dict"]["linear.weight"], expected, rtol=1e-5, atol=1e-6)
