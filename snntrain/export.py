@@ -78,7 +78,7 @@ class SpikingDetector(nn.Module):
         self.classes = list(config.get("data", {}).get("classes") or ["face"])
 
     def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return self.model.decode(self.model(images), image_size=tuple(images.shape[-2:]))
+        return self.model.detect(images)
 
 
 class ExportGraph(nn.Module):

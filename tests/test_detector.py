@@ -54,6 +54,7 @@ def test_rate_readout_runs():
         ({"readout": "voltage"}, "readout='voltage' is not valid; choose one of membrane, rate"),
         ({"scale_ranges": [[0, 10]]}, "scale_ranges has 1 entries; fpn_levels has 3"),
         ({"anchors": 3}, "unknown detector head setting"),
+        ({"flip_test": "yes"}, "flip_test"),
     ],
 )
 def test_bad_head_settings(head, message):
@@ -155,3 +156,60 @@ def test_targets_do_not_depend_on_the_box_chunking():
         part = fcos_targets(points, strides, ranges, boxes, labels, num, 1.5, chunk_elements=chunk * 600)
         for key in whole:
             assert torch.equal(part[key], whole[key]), (chunk, key)
+
+
+def test_mirror_index_maps_each_location_to_its_mirror_image():
+    m = tiny_detector()
+    out = m(torch.randn(1, 3, 32, 48))
+    index = m.mirror_index(48, out)
+    p = out["points"]
+    assert torch.equal(p[index, 0], 48 - p[:, 0]) and torch.equal(p[index, 1], p[:, 1])
+    assert torch.equal(out["strides"][index], out["strides"])
+    assert torch.equal(index[index], torch.arange(len(index)))  # mirroring twice is the identity
+    with pytest.raises(ValueError, match="multiple of every stride"):
+        m.mirror_index(40, out)
+
+
+def test_flip_merge_keeps_outputs_whose_mirror_image_agrees():
+    """When the mirrored image's outputs are exactly the mirror of the plain ones, averaging changes nothing;
+    otherwise each output is the mean of its own and its mirror location's (left and right swapped)."""
+    m = tiny_detector()
+    g = torch.Generator().manual_seed(0)
+    out = m(torch.randn(2, 3, 32, 32))
+    out = {k: v.detach() for k, v in out.items()}
+    index = m.mirror_index(32, out)
+    mirrored = dict(out, cls_logits=out["cls_logits"][:, index], centerness=out["centerness"][:, index],
+                    box_ltrb=out["box_ltrb"][:, index][..., [2, 1, 0, 3]])
+    merged = m.merge_flipped(out, mirrored, 32)
+    for key in ("cls_logits", "centerness", "box_ltrb"):
+        torch.testing.assert_close(merged[key], out[key])
+    other = dict(out, cls_logits=torch.randn(out["cls_logits"].shape, generator=g),
+                 box_ltrb=torch.rand(out["box_ltrb"].shape, generator=g) * 10)
+    merged = m.merge_flipped(out, other, 32)
+    i = 5  # the location in row 0, column 5 of the stride-4 level; its mirror is column 2
+    assert int(index[i]) == 2
+    torch.testing.assert_close(merged["cls_logits"][:, i], (out["cls_logits"][:, i] + other["cls_logits"][:, 2]) / 2)
+    l, t, r, b = other["box_ltrb"][:, 2].unbind(-1)
+    torch.testing.assert_close(merged["box_ltrb"][:, i], (out["box_ltrb"][:, i] + torch.stack([r, t, l, b], -1)) / 2)
+
+
+def test_flip_test_detects_from_both_views_and_pads_odd_widths():
+    torch.manual_seed(0)
+    # batch statistics (training mode): a freshly built network's running statistics leave its towers
+    # silent, and every location would predict the same
+    m = tiny_detector(flip_test=True, score_thresh=0.0).train()
+    for conv in (m.head.cls_logits[0], m.head.box_ltrb[0], m.head.centerness[0]):
+        torch.nn.init.normal_(conv.weight, std=0.3)
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        want = m.decode(m.merge_flipped(m(x), m(x.flip(-1)), 48), image_size=(32, 48))
+    got = m.detect(x)
+    for a, b in zip(got, want):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    plain = tiny_detector(score_thresh=0.0)
+    plain.load_state_dict(m.state_dict())
+    mine = plain.detect(x)[0]
+    assert not (torch.equal(mine["scores"], got[0]["scores"]) and torch.equal(mine["boxes"], got[0]["boxes"]))
+    # a width that is not a multiple of the coarsest stride (16) is padded on the right; boxes stay inside
+    odd = m.detect(torch.randn(1, 3, 32, 42))[0]["boxes"]
+    assert len(odd) and float(odd[:, 2].max()) <= 42.0

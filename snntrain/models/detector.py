@@ -30,7 +30,7 @@ from torch import nn
 
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
-from ..validation import one_of, positive_int
+from ..validation import flag, one_of, positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
@@ -141,7 +141,7 @@ class SpikingFCOS(nn.Module):
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
             ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
             ``center_sampling_radius`` (in strides), and decoding: ``score_thresh``,
-            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``.
+            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test`` (see :meth:`detect`).
 
     ``forward(images)`` returns a dict with ``cls_logits`` ``[B, L, K]``, ``box_ltrb``
     ``[B, L, 4]`` (pixels), ``centerness`` ``[B, L]`` (logits), and the ``points``
@@ -176,10 +176,11 @@ class SpikingFCOS(nn.Module):
         self.nms_thresh = float(head.pop("nms_thresh", 0.5))
         self.pre_nms_top_n = int(head.pop("pre_nms_top_n", 1000))
         self.max_detections = int(head.pop("max_detections", 100))
+        self.flip_test = flag("flip_test", head.pop("flip_test", False))
         if head:
             raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
                              "num_convs, readout, scale_ranges, center_sampling_radius, score_thresh, nms_thresh, "
-                             "pre_nms_top_n, max_detections")
+                             "pre_nms_top_n, max_detections, flip_test")
         if not levels or any(lv not in (1, 2, 3, 4) for lv in levels) or sorted(set(levels)) != levels:
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
         one_of("readout", readout, READOUTS)
@@ -238,6 +239,52 @@ class SpikingFCOS(nn.Module):
                             self.center_sampling_radius)
 
     # ------------------------------------------------------------------ inference
+
+    @torch.no_grad()
+    def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None
+               ) -> list[dict[str, torch.Tensor]]:
+        """Detections per image (:meth:`decode`, boxes clipped to the images) from ``outputs`` of
+        ``images`` (computed when not given).
+
+        With ``flip_test`` (test-time augmentation) the network also sees the images mirrored left to
+        right; its outputs there, mapped back to the locations they mirror (left and right distances
+        swapped), are averaged with the plain ones before decoding: class and quality logits and box
+        distances alike. Images whose width is not a multiple of the coarsest stride are first padded
+        on the right (mid grey, as batches are padded) so that the locations mirror onto each other."""
+        if self.flip_test:
+            pad = -images.shape[-1] % max(self.strides)
+            padded = F.pad(images, (0, pad)) if pad else images
+            if outputs is None or pad:
+                outputs = self(padded)
+            outputs = self.merge_flipped(outputs, self(padded.flip(-1)), padded.shape[-1])
+        elif outputs is None:
+            outputs = self(images)
+        return self.decode(outputs, image_size=tuple(images.shape[-2:]))
+
+    def mirror_index(self, width: int, outputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """For every location of ``outputs`` (images ``width`` pixels wide, a multiple of every stride),
+        the index of the location that mirrors it left to right ``[L]``."""
+        if any(width % s for s in self.strides):
+            raise ValueError(f"mirrored locations need an image width that is a multiple of every stride "
+                             f"{self.strides}; got width {width}")
+        index, start = [], 0
+        for stride in self.strides:  # the levels' locations, one block per level, row-major
+            n, cols = int((outputs["strides"] == stride).sum()), width // stride
+            grid = torch.arange(start, start + n, device=outputs["points"].device).view(n // cols, cols)
+            index.append(grid.flip(1).flatten())  # column c <-> cols - 1 - c, same row
+            start += n
+        return torch.cat(index)
+
+    def merge_flipped(self, outputs: Mapping[str, torch.Tensor], flipped: Mapping[str, torch.Tensor],
+                      width: int) -> dict[str, torch.Tensor]:
+        """``outputs`` averaged with ``flipped`` (the outputs for the mirrored images) mapped back."""
+        mirror = self.mirror_index(width, outputs)
+        ltrb = flipped["box_ltrb"][:, mirror][..., [2, 1, 0, 3]]  # left and right swap in the mirror
+        merged = dict(outputs)
+        merged["cls_logits"] = (outputs["cls_logits"] + flipped["cls_logits"][:, mirror]) / 2
+        merged["centerness"] = (outputs["centerness"] + flipped["centerness"][:, mirror]) / 2
+        merged["box_ltrb"] = (outputs["box_ltrb"] + ltrb) / 2
+        return merged
 
     @torch.no_grad()
     def decode(self, outputs: Mapping[str, torch.Tensor], image_size: tuple[int, int] | None = None

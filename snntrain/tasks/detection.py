@@ -35,6 +35,9 @@ def _map_backend() -> str:
         import faster_coco_eval  # noqa: F401
     except ImportError:
         return "pycocotools"
+    import logging
+
+    logging.getLogger("faster_coco_eval").setLevel(logging.WARNING)  # not its summary table at every validation
     return "faster_coco_eval"
 
 
@@ -162,7 +165,7 @@ class DetectionTask(SpikingTask):
         images, targets = batch
         outputs, losses = self._losses(images, targets)
         self._log_losses("val", losses, images.shape[0])
-        preds = self.model.decode(outputs, image_size=tuple(images.shape[-2:]))
+        preds = self.model.detect(images, outputs)
         gts = padded_to_list(targets)
         self.val_map.update(preds, gts)
         if self._wider is not None:
@@ -203,4 +206,4 @@ class DetectionTask(SpikingTask):
 
     def predict_step(self, batch, batch_idx: int):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self.model.decode(self.model(images), image_size=tuple(images.shape[-2:]))
+        return self.model.detect(images)
