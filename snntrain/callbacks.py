@@ -328,7 +328,8 @@ class ExponentialMovingAverage(WeightAveraging):
     exports and predictions from a checkpoint use the average; the model holds it after the fit.
     The average is swapped in at ``on_validation_start``, before :class:`PreciseBatchNorm` (which
     must come after this callback in the trainer's list) re-estimates the batch-norm statistics,
-    so the statistics fit the averaged weights.
+    so the statistics fit the averaged weights; and :class:`IntervalCheckpoint` must come after it
+    too, so that a checkpoint written at the end of a step holds the average with that step in it.
     """
 
     def __init__(self, decay: float = 0.999) -> None:

@@ -99,11 +99,13 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume(),
-                     IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
-                                        every_n_minutes=cfg.checkpoint.every_n_minutes)]
-    if cfg.ema.enabled:  # before PreciseBatchNorm: the statistics are re-estimated for the averaged weights
+    run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume()]
+    # The average first: it takes in a step before IntervalCheckpoint saves that step, and it is swapped
+    # in before PreciseBatchNorm re-estimates the statistics (for the averaged weights).
+    if cfg.ema.enabled:
         run_callbacks.append(ExponentialMovingAverage(decay=cfg.ema.decay))
+    run_callbacks.append(IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
+                                            every_n_minutes=cfg.checkpoint.every_n_minutes))
     if cfg.precise_bn.enabled:
         run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
     run_callbacks += list(callbacks or [])

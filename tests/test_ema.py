@@ -16,7 +16,7 @@ def test_decay_warms_up_to_its_value():
     assert ema_decay(0.998, 0) == pytest.approx(0.1)
     assert ema_decay(0.998, 10) == pytest.approx(11 / 20)
     assert ema_decay(0.998, 100_000) == 0.998
-    assert ema_decay(0.5, 3) == 0.5
+    assert ema_decay(0.2, 3) == 0.2  # a decay below the warm-up value applies at once
 
 
 def test_update_is_the_warmed_up_average_of_every_step():
@@ -50,8 +50,9 @@ def test_bad_decay_is_named(decay):
 class Toy(L.LightningModule):
     """x -> Linear -> BatchNorm1d -> sum; validation records what it sees."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: torch.utils.data.Dataset) -> None:
         super().__init__()
+        self.data = data
         self.linear = nn.Linear(2, 3)
         self.norm = nn.BatchNorm1d(3)
         self.seen: list[tuple[torch.Tensor, ...]] = []
@@ -74,19 +75,23 @@ class Toy(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.5)
 
+    def train_dataloader(self):  # precise batch norm draws its batches from here
+        return torch.utils.data.DataLoader(self.data, batch_size=8)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(self.data, batch_size=8)
+
 
 def test_validation_runs_on_the_average_with_statistics_for_it(tmp_path):
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(32, 2, generator=g) * 2 + 1, torch.randn(32, 3, generator=g))
-    train = torch.utils.data.DataLoader(data, batch_size=8)
-    val = torch.utils.data.DataLoader(data, batch_size=8)
     torch.manual_seed(0)
-    model = Toy()
+    model = Toy(data)
     ema = ExponentialMovingAverage(decay=0.7)
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
                         callbacks=[ema, PreciseBatchNorm(num_batches=4)])
-    trainer.fit(model, train, val)
+    trainer.fit(model)
 
     expected, n = None, 0
     for epoch in range(2):

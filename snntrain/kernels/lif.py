@@ -4,7 +4,7 @@ Registered as ``torch.ops.snntrain.neuron_fwd`` and ``torch.ops.snntrain.neuron_
 (``torch.library.triton_op``) with autograd, so they show by name in profiler traces,
 trace under ``torch.compile(fullgraph=True)`` and never synchronise with the host.
 The dynamics and every option follow the PyTorch reference
-(``snntrain.nn.functional._reference``); nothing here imports from ``snntrain.nn``.
+(the torch backend, ``snntrain.nn.functional``); nothing here imports from ``snntrain.nn``.
 
 Design: what the forward saves for the backward
 -----------------------------------------------
