@@ -184,7 +184,6 @@ class _MultiStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, v_init, p, return_membrane):
-        ctx.set_materialize_grads(False)
         k = _leak(p, w)
         spikes, v_final, v_seq, h_seq = _scan(x, p, k, v_init, return_membrane)
         plif = p.kind == "plif"
@@ -224,8 +223,10 @@ class _MultiStep(torch.autograd.Function):
                 gh.add_(direct[t])
             g_v = gh if p.kind == "if" else gh * (1.0 - k)
         g_x = g_h * k if p.kind != "if" and p.decay_input else g_h
+        # every input's gradient is returned whether or not it is needed (autograd drops the unneeded):
+        # ctx.needs_input_grad is not reliable when torch.compile traces this function
         g_w = None
-        if p.kind == "plif" and ctx.needs_input_grad[1]:
+        if p.kind == "plif":
             first = (torch.full_like(h_seq[0], v_r) if v_init is None else v_init.to(torch.float32))[None]
             if p.hard_reset:  # V_t after the reset, as in the forward
                 after = torch.addcmul(h_seq, h_seq, fired, value=-1.0).add_(fired, alpha=p.v_reset)
@@ -235,10 +236,9 @@ class _MultiStep(torch.autograd.Function):
             dh_dk = x.to(torch.float32) - (v_prev - v_r) if p.decay_input else -(v_prev - v_r)
             g_w = ((g_h * dh_dk).sum() * k * (1.0 - k)).reshape(())
         g_v_init = None
-        if ctx.needs_input_grad[2]:
-            g_v_init = torch.zeros_like(h_seq[0]) if g_v is None else g_v
-            g_v_init = g_v_init.to(ctx.v_init_dtype)
-        return (g_x.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None), g_w, g_v_init, None, None
+        if ctx.v_init_dtype is not None:
+            g_v_init = (torch.zeros_like(h_seq[0]) if g_v is None else g_v).to(ctx.v_init_dtype)
+        return g_x.to(ctx.x_dtype), g_w, g_v_init, None, None
 
 
 def _torch_backend(
