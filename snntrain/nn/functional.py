@@ -136,32 +136,34 @@ def _scan(
         v = torch.full(x.shape[1:], v_r, dtype=torch.float32, device=x.device)
     else:
         v = v_init.detach().to(torch.float32)
-    h_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    fired = torch.empty(x.shape, dtype=torch.float32, device=x.device)  # spikes as 0.0 / 1.0
-    v_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device) if return_membrane else None
+    hs, fired, trace = [], [], []
     for t in range(x.shape[0]):
-        xt, h, s = x[t].to(torch.float32), h_seq[t], fired[t]
+        xt = x[t].to(torch.float32)
         rel = v if v_r == 0.0 else v - v_r  # V - v_r (exact without the subtraction when v_r = 0)
         if p.kind == "if":
-            torch.add(v, xt, out=h)
+            h = v + xt
         elif p.decay_input:  # V + (X - (V - v_r)) * k
-            torch.sub(xt, rel, out=h).mul_(k).add_(v)
+            h = torch.sub(xt, rel).mul_(k).add_(v)
         else:  # V - (V - v_r) * k + X
-            torch.mul(rel, k, out=h)
-            torch.sub(v, h, out=h).add_(xt)
-        # H >= v_threshold is H - v_threshold >= 0 in IEEE arithmetic. Float arithmetic throughout (a
-        # comparison into a float tensor, the reset as products with S): boolean masks are several times
+            h = torch.sub(v, rel * k).add_(xt)
+        # H >= v_threshold is H - v_threshold >= 0 in IEEE arithmetic. Float arithmetic throughout (the
+        # comparison's result as a float, the reset as products with S): boolean masks are several times
         # slower on the CPU. With S in {0, 1} each reset below is exact: H or v_reset, H or H - v_threshold.
-        torch.ge(h, p.v_threshold, out=s)
+        s = torch.ge(h, p.v_threshold, out=torch.empty_like(h))
         if p.hard_reset:  # H (1 - S) + v_reset S, as H - H S + v_reset S
             v = torch.addcmul(h, h, s, value=-1.0)
             if p.v_reset != 0.0:
                 v.add_(s, alpha=p.v_reset)
         else:  # H - v_threshold S
             v = torch.add(h, s, alpha=-p.v_threshold)
-        if v_seq is not None:
-            v_seq[t] = v
-    spikes = fired.to(x.dtype)
+        hs.append(h)
+        fired.append(s)
+        if return_membrane:
+            trace.append(v)
+    # new tensors per step, stacked once (no writes into slices: torch.compile traces this too)
+    h_seq = torch.stack(hs)
+    spikes = torch.stack(fired).to(x.dtype)
+    v_seq = torch.stack(trace) if return_membrane else None
     return spikes, v, v_seq, h_seq
 
 
@@ -207,21 +209,20 @@ class _MultiStep(torch.autograd.Function):
         else:
             dv_dh = None if p.detach_reset else 1.0 - p.v_threshold * sg
         direct = None if g_spikes is None else g_spikes.to(torch.float32) * sg  # a_t = dL/dS_t dS/dH
-        g_h = torch.empty_like(h_seq)
         g_v = None if g_final is None else g_final.to(torch.float32)
+        g_hs = []
         for t in range(h_seq.shape[0] - 1, -1, -1):
             if g_seq is not None:
                 g_v = g_seq[t] if g_v is None else g_v + g_seq[t]
-            gh = g_h[t]
             if g_v is None:
-                gh.zero_()
-            elif dv_dh is None:
-                gh.copy_(g_v)
+                gh = torch.zeros_like(h_seq[t])
             else:
-                torch.mul(g_v, dv_dh[t], out=gh)
+                gh = g_v.clone() if dv_dh is None else g_v * dv_dh[t]
             if direct is not None:
                 gh.add_(direct[t])
+            g_hs.append(gh)
             g_v = gh if p.kind == "if" else gh * (1.0 - k)
+        g_h = torch.stack(g_hs[::-1])  # dL/dH of every step, in time order
         g_x = g_h * k if p.kind != "if" and p.decay_input else g_h
         # every input's gradient is returned whether or not it is needed (autograd drops the unneeded):
         # ctx.needs_input_grad is not reliable when torch.compile traces this function
