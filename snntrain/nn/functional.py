@@ -31,7 +31,7 @@ import torch
 
 from ..backend import check_backend, use_triton
 from ..validation import flag, number
-from .surrogate import check_surrogate, surrogate_grad
+from .surrogate import SpikeFunction, check_surrogate, surrogate_grad
 
 __all__ = ["NeuronOutput", "NeuronParams", "if_", "lif", "plif", "plif_w_from_tau", "neuron_multistep"]
 
@@ -136,34 +136,32 @@ def _scan(
         v = torch.full(x.shape[1:], v_r, dtype=torch.float32, device=x.device)
     else:
         v = v_init.detach().to(torch.float32)
-    hs, fired, trace = [], [], []
+    h_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    fired = torch.empty(x.shape, dtype=torch.float32, device=x.device)  # spikes as 0.0 / 1.0
+    v_seq = torch.empty(x.shape, dtype=torch.float32, device=x.device) if return_membrane else None
     for t in range(x.shape[0]):
-        xt = x[t].to(torch.float32)
+        xt, h, s = x[t].to(torch.float32), h_seq[t], fired[t]
         rel = v if v_r == 0.0 else v - v_r  # V - v_r (exact without the subtraction when v_r = 0)
         if p.kind == "if":
-            h = v + xt
+            torch.add(v, xt, out=h)
         elif p.decay_input:  # V + (X - (V - v_r)) * k
-            h = torch.sub(xt, rel).mul_(k).add_(v)
+            torch.sub(xt, rel, out=h).mul_(k).add_(v)
         else:  # V - (V - v_r) * k + X
-            h = torch.sub(v, rel * k).add_(xt)
-        # H >= v_threshold is H - v_threshold >= 0 in IEEE arithmetic. Float arithmetic throughout (the
-        # comparison's result as a float, the reset as products with S): boolean masks are several times
+            torch.mul(rel, k, out=h)
+            torch.sub(v, h, out=h).add_(xt)
+        # H >= v_threshold is H - v_threshold >= 0 in IEEE arithmetic. Float arithmetic throughout (a
+        # comparison into a float tensor, the reset as products with S): boolean masks are several times
         # slower on the CPU. With S in {0, 1} each reset below is exact: H or v_reset, H or H - v_threshold.
-        s = torch.ge(h, p.v_threshold, out=torch.empty_like(h))
+        torch.ge(h, p.v_threshold, out=s)
         if p.hard_reset:  # H (1 - S) + v_reset S, as H - H S + v_reset S
             v = torch.addcmul(h, h, s, value=-1.0)
             if p.v_reset != 0.0:
                 v.add_(s, alpha=p.v_reset)
         else:  # H - v_threshold S
             v = torch.add(h, s, alpha=-p.v_threshold)
-        hs.append(h)
-        fired.append(s)
-        if return_membrane:
-            trace.append(v)
-    # new tensors per step, stacked once (no writes into slices: torch.compile traces this too)
-    h_seq = torch.stack(hs)
-    spikes = torch.stack(fired).to(x.dtype)
-    v_seq = torch.stack(trace) if return_membrane else None
+        if v_seq is not None:
+            v_seq[t] = v
+    spikes = fired.to(x.dtype)
     return spikes, v, v_seq, h_seq
 
 
@@ -209,20 +207,21 @@ class _MultiStep(torch.autograd.Function):
         else:
             dv_dh = None if p.detach_reset else 1.0 - p.v_threshold * sg
         direct = None if g_spikes is None else g_spikes.to(torch.float32) * sg  # a_t = dL/dS_t dS/dH
+        g_h = torch.empty_like(h_seq)
         g_v = None if g_final is None else g_final.to(torch.float32)
-        g_hs = []
         for t in range(h_seq.shape[0] - 1, -1, -1):
             if g_seq is not None:
                 g_v = g_seq[t] if g_v is None else g_v + g_seq[t]
+            gh = g_h[t]
             if g_v is None:
-                gh = torch.zeros_like(h_seq[t])
+                gh.zero_()
+            elif dv_dh is None:
+                gh.copy_(g_v)
             else:
-                gh = g_v.clone() if dv_dh is None else g_v * dv_dh[t]
+                torch.mul(g_v, dv_dh[t], out=gh)
             if direct is not None:
                 gh.add_(direct[t])
-            g_hs.append(gh)
             g_v = gh if p.kind == "if" else gh * (1.0 - k)
-        g_h = torch.stack(g_hs[::-1])  # dL/dH of every step, in time order
         g_x = g_h * k if p.kind != "if" and p.decay_input else g_h
         # every input's gradient is returned whether or not it is needed (autograd drops the unneeded):
         # ctx.needs_input_grad is not reliable when torch.compile traces this function
@@ -242,6 +241,34 @@ class _MultiStep(torch.autograd.Function):
         return g_x.to(ctx.x_dtype), g_w, g_v_init, None, None
 
 
+def _differentiable_loop(
+    x: torch.Tensor, p: NeuronParams, w: torch.Tensor | None, v_init: torch.Tensor | None, return_membrane: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The equations step by step with autograd through every operation (the spike through
+    :class:`~snntrain.nn.surrogate.SpikeFunction`): what ``torch.compile`` traces, differentiates and
+    fuses itself. The same operations as :func:`_scan`, so the same spikes and membranes."""
+    v_r = p.v_reset if p.hard_reset else 0.0
+    v = torch.full(x.shape[1:], v_r, dtype=torch.float32, device=x.device) if v_init is None else \
+        v_init.to(torch.float32)
+    k = _leak(p, w)
+    spikes, trace = [], []
+    for t in range(x.shape[0]):
+        xt = x[t].to(torch.float32)
+        if p.kind == "if":
+            h = v + xt
+        elif p.decay_input:
+            h = v + (xt - (v - v_r)) * k
+        else:
+            h = v - (v - v_r) * k + xt
+        s = SpikeFunction.apply(h - p.v_threshold, p.surrogate, p.alpha)
+        r = s.detach() if p.detach_reset else s
+        v = h - h * r + p.v_reset * r if p.hard_reset else h - p.v_threshold * r
+        spikes.append(s.to(x.dtype))
+        if return_membrane:
+            trace.append(v)
+    return torch.stack(spikes), v, torch.stack(trace) if return_membrane else None
+
+
 def _torch_backend(
     x: torch.Tensor,
     p: NeuronParams,
@@ -249,11 +276,13 @@ def _torch_backend(
     v_init: torch.Tensor | None,
     return_membrane: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The pure-PyTorch backend: :class:`_MultiStep` when a gradient is recorded, else the plain loop
-    (inference and export)."""
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w, v_init))
-    if needs_grad:
+    """The pure-PyTorch backend: :class:`_MultiStep` while gradients are recorded, else the plain loop
+    (inference and export); under ``torch.compile``, :func:`_differentiable_loop`, which the compiler
+    differentiates and fuses (it does not trace the written-out backward faithfully on every torch
+    release)."""
+    if torch.is_grad_enabled() and torch.compiler.is_compiling():
+        return _differentiable_loop(x, p, w, v_init, return_membrane)
+    if torch.is_grad_enabled():  # outputs without a graph when no input requires a gradient
         return _MultiStep.apply(x, w, v_init, p, return_membrane)
     spikes, v_final, v_seq, _ = _scan(x, p, _leak(p, w), v_init, return_membrane)
     return spikes, v_final, v_seq
