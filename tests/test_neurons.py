@@ -108,26 +108,9 @@ def test_detach_reset_stops_gradient_through_reset():
         assert x.grad[1].item() == pytest.approx(sigmoid_grad(-0.9, 4.0), rel=1e-6)
 
 
-def autograd_loop(x, p, w, v_init, return_membrane):
-    """The module docstring's equations step by step, with autograd through every operation and the
-    surrogate through :func:`spike`: the definition the torch backend's written-out backward must match."""
-    v_r = p.v_reset if p.hard_reset else 0.0
-    v = torch.full(x.shape[1:], v_r) if v_init is None else v_init.float()
-    k = torch.sigmoid(w.float()) if p.kind == "plif" else 1.0 / p.tau
-    spikes, trace = [], []
-    for xt in x.float():
-        if p.kind == "if":
-            h = v + xt
-        elif p.decay_input:
-            h = v + (xt - (v - v_r)) * k
-        else:
-            h = v - (v - v_r) * k + xt
-        s = spike(h - p.v_threshold, p.surrogate, p.alpha)
-        r = s.detach() if p.detach_reset else s
-        v = h * (1 - r) + p.v_reset * r if p.hard_reset else h - p.v_threshold * r
-        spikes.append(s.to(x.dtype))
-        trace.append(v)
-    return torch.stack(spikes), v, torch.stack(trace) if return_membrane else None
+# autograd through the loop, the spike through SpikeFunction: what the backend runs under torch.compile,
+# and the definition its written-out backward must match (the cases above pin the dynamics themselves)
+autograd_loop = SF._differentiable_loop
 
 
 _OPTIONS = [(kind, hard, detach, decay, surrogate)
