@@ -184,6 +184,7 @@ class _MultiStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, v_init, p, return_membrane):
+        ctx.set_materialize_grads(False)  # an output left out of the loss costs nothing backwards
         k = _leak(p, w)
         spikes, v_final, v_seq, h_seq = _scan(x, p, k, v_init, return_membrane)
         plif = p.kind == "plif"
@@ -223,10 +224,8 @@ class _MultiStep(torch.autograd.Function):
                 gh.add_(direct[t])
             g_v = gh if p.kind == "if" else gh * (1.0 - k)
         g_x = g_h * k if p.kind != "if" and p.decay_input else g_h
-        # every input's gradient is returned whether or not it is needed (autograd drops the unneeded):
-        # ctx.needs_input_grad is not reliable when torch.compile traces this function
         g_w = None
-        if p.kind == "plif":
+        if p.kind == "plif" and ctx.needs_input_grad[1]:
             first = (torch.full_like(h_seq[0], v_r) if v_init is None else v_init.to(torch.float32))[None]
             if p.hard_reset:  # V_t after the reset, as in the forward
                 after = torch.addcmul(h_seq, h_seq, fired, value=-1.0).add_(fired, alpha=p.v_reset)
@@ -236,7 +235,7 @@ class _MultiStep(torch.autograd.Function):
             dh_dk = x.to(torch.float32) - (v_prev - v_r) if p.decay_input else -(v_prev - v_r)
             g_w = ((g_h * dh_dk).sum() * k * (1.0 - k)).reshape(())
         g_v_init = None
-        if ctx.v_init_dtype is not None:
+        if ctx.needs_input_grad[2]:
             g_v_init = (torch.zeros_like(h_seq[0]) if g_v is None else g_v).to(ctx.v_init_dtype)
         return g_x.to(ctx.x_dtype), g_w, g_v_init, None, None
 
@@ -280,9 +279,9 @@ def _torch_backend(
     (inference and export); under ``torch.compile``, :func:`_differentiable_loop`, which the compiler
     differentiates and fuses (it does not trace the written-out backward faithfully on every torch
     release)."""
-    if torch.is_grad_enabled() and torch.compiler.is_compiling():
-        return _differentiable_loop(x, p, w, v_init, return_membrane)
     if torch.is_grad_enabled():  # outputs without a graph when no input requires a gradient
+        if torch.compiler.is_compiling():
+            return _differentiable_loop(x, p, w, v_init, return_membrane)
         return _MultiStep.apply(x, w, v_init, p, return_membrane)
     spikes, v_final, v_seq, _ = _scan(x, p, _leak(p, w), v_init, return_membrane)
     return spikes, v_final, v_seq
