@@ -27,3 +27,14 @@ def device() -> torch.device:
 
 def pytest_report_header(config):
     return f"snntrain tests on {DEVICE} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')})"
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests need a CUDA device: skipped, with the reason, where there is none.
+    ``@pytest.mark.slow`` marks end-to-end runs (Trainer fits, subprocesses); ``-m "not slow"`` skips them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
