@@ -161,10 +161,49 @@ def load_exported(path: str | os.PathLike, backend: str = "auto", map_location: 
     return wrapped.to(map_location)
 
 
-def load_program(path: str | os.PathLike):
-    """``torch.export.load`` of an exported ``model.pt2`` with snntrain's custom ops registered."""
-    from . import kernels  # noqa: F401  (registers torch.ops.snntrain.*)
+def program_ops(path: str | os.PathLike) -> list[str]:
+    """The ``snntrain::`` operators an exported ``model.pt2`` calls (read from the archive's graph, without
+    loading it): empty for a program exported with the PyTorch backend."""
+    import re
+    import zipfile
 
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            graphs = [n for n in archive.namelist() if n.endswith(".json") and "/models/" in f"/{n}"]
+            text = b"".join(archive.read(n) for n in graphs)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f"{path} is not a torch.export program ({err}): truncated or not a .pt2 file") from err
+    return sorted({m.decode() for m in re.findall(rb"torch\.ops\.snntrain\.([A-Za-z0-9_]+)", text)})
+
+
+def load_program(path: str | os.PathLike):
+    """``torch.export.load`` of an exported ``model.pt2`` with snntrain's custom ops registered.
+
+    A program exported with ``backend=triton`` calls snntrain's Triton kernels, which run on a CUDA GPU
+    only (or in Triton's CPU interpreter, ``TRITON_INTERPRET=1``): without one this fails up front with
+    a message naming the operators and the way out, instead of failing inside the kernels.
+    """
+    from . import kernels
+    from .backend import triton_interpret
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist: give the model.pt2 file of an export folder")
+    ops = program_ops(path)
+    unknown = sorted(set(ops) - set(kernels.registered_ops()))
+    if unknown:
+        raise CheckpointError(
+            f"{path} calls torch.ops.snntrain.{{{', '.join(unknown)}}}, which this snntrain version "
+            f"({__version__}) does not define; load it with the snntrain version that exported it, or export the "
+            "checkpoint again with this one")
+    if ops and not torch.cuda.is_available() and not triton_interpret():
+        raise RuntimeError(
+            f"{path} was exported with backend=triton: its graph calls snntrain's Triton kernels "
+            f"({', '.join('snntrain::' + o for o in ops)}), which need a CUDA GPU, and none is present here. "
+            "Export the checkpoint again with the PyTorch backend, which runs anywhere "
+            "(python -m snntrain task=export backend=torch ckpt_path=<file.ckpt>), or load the export folder "
+            "with snntrain.load_exported(folder) (safetensors + config, any device)")
     return torch.export.load(str(path))
 
 
@@ -303,8 +342,9 @@ def export_checkpoint(
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, tmp / "model.pt2")
-            batch = "batch 1 (fixed)" if prog_backend == "triton" else "any batch"
-            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {batch}"
+            where = ("batch 1 (fixed), needs a CUDA GPU (snntrain's Triton kernels; export with backend=torch "
+                     "for any device)" if prog_backend == "triton" else "any batch, any device")
+            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
         if "nir" in formats:
             card["nir_dt"], card["nir_max_abs_diff"] = _export_nir(model, sample, tmp / "model.nir", nir_dt)
             what = "backbone stage spikes" if isinstance(model, SpikingFCOS) else "per-step logits (mean over T)"
