@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from .fileio import atomic_path
@@ -99,6 +99,57 @@ class FiringRateMonitor(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._detach()
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, redrawn at most every ``interval`` seconds (and at the end of each loop).
+
+    Every redraw reads the logged values (``train/loss_step``, ...) back from the device, which waits for
+    all the work queued on it; redrawn every step, as Lightning's bar is by default, that wait stops the
+    host from running ahead of the device once per step.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        from .validation import number
+
+        interval = number("progress bar interval", interval)
+        if interval < 0:
+            raise ValueError(f"progress bar interval={interval!r} must be >= 0 seconds")
+        super().__init__(refresh_rate=1)
+        self.interval = interval
+        self._last_draw = float("-inf")
+
+    def _should_update(self, current: int, total: int | float) -> bool:
+        import time
+
+        if not self.is_enabled:
+            return False
+        now = time.monotonic()
+        if current == total or now - self._last_draw >= self.interval:
+            self._last_draw = now
+            return True
+        return False
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (the best checkpoints by the monitored metric, and ``last.ckpt``),
+    with ``last.ckpt`` rewritten after every validation of a fit: Lightning 2.6 rewrites it only when a
+    best checkpoint was saved at the same step, which would leave a resumable run's ``last.ckpt`` behind
+    the run whenever the metric did not improve."""
+
+    def _save_last_if_missed(self, trainer: L.Trainer) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):  # skipped: saved at this step
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_missed(trainer)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -341,7 +392,7 @@ class ExponentialMovingAverage(WeightAveraging):
         self.decay = value
         super().__init__(use_buffers=True, multi_avg_fn=self._update)
 
-    def _update(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+    def _update(self, averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: int) -> None:
         weight = 1.0 - ema_decay(self.decay, int(num_averaged))
         floats = [(a, c) for a, c in zip(averaged, current) if a.is_floating_point()]
         if floats:
@@ -349,6 +400,39 @@ class ExponentialMovingAverage(WeightAveraging):
         for a, c in zip(averaged, current):
             if not a.is_floating_point():  # counters (num_batches_tracked): the current value
                 a.copy_(c)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._num_updates: int | None = None  # read from the average model's counter once, when first needed
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_load_checkpoint(trainer, pl_module, checkpoint)
+        self._num_updates = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Lightning's update (AveragedModel.update_parameters) tests its device-side update counter twice
+        # per step, and each test waits for the device; this one counts on the host as well.
+        if trainer.global_step > self._latest_update_step and self.should_update(step_idx=trainer.global_step - 1):
+            self._update_average(pl_module)
+            self._latest_update_step = trainer.global_step
+
+    @torch.no_grad()
+    def _update_average(self, pl_module: L.LightningModule) -> None:
+        import itertools
+
+        model = self._average_model
+        if getattr(self, "_num_updates", None) is None:
+            self._num_updates = int(model.n_averaged)  # once per fit (or resume): the checkpoint's count
+        averaged = [t.detach() for t in itertools.chain(model.module.parameters(), model.module.buffers())]
+        current = [t.detach() for t in itertools.chain(pl_module.parameters(), pl_module.buffers())]
+        if self._num_updates == 0:
+            for a, c in zip(averaged, current):
+                a.copy_(c)
+        else:
+            self._update(averaged, current, self._num_updates)
+        model.n_averaged.add_(1)
+        self._num_updates += 1
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._average_model is not None:
@@ -368,8 +452,13 @@ class IntervalCheckpoint(L.Callback):
     Each save goes through the trainer's checkpoint I/O (atomic: a temporary name, then a rename)
     and holds everything a resume needs: weights, optimizer, schedule, loop progress, the training
     loader's position and random states. The last batch of an epoch is left to the epoch-end
-    checkpoint. Intervals count from the last checkpoint of any kind. ``None`` disables a trigger.
+    checkpoint. Intervals count from the last checkpoint of any kind. ``None`` disables a trigger. With
+    several processes the clock is consulted every :attr:`CLOCK_CHECK_STEPS` optimizer steps (the processes
+    must agree, which costs a collective), so a time-triggered save may come that many steps late.
     """
+
+    #: With several processes, how often (in optimizer steps) the processes agree on the clock.
+    CLOCK_CHECK_STEPS = 32
 
     def __init__(self, dirpath, every_n_steps: int | None = None, every_n_minutes: float | None = None) -> None:
         from pathlib import Path
@@ -404,7 +493,12 @@ class IntervalCheckpoint(L.Callback):
         due = self.every_n_steps is not None and trainer.global_step - self._last_step >= self.every_n_steps
         if self.every_n_minutes is not None and not due:
             due = (time.monotonic() - self._last_time) >= 60.0 * self.every_n_minutes
-            due = bool(trainer.strategy.broadcast(due))  # every process must agree to save
+            if trainer.world_size > 1:
+                # every process must agree to save, and agreeing is a collective that waits for the devices:
+                # ask every CLOCK_CHECK_STEPS steps only (rank 0's clock decides)
+                if trainer.global_step % self.CLOCK_CHECK_STEPS:
+                    return
+                due = bool(trainer.strategy.broadcast(due))
         if due and trainer.global_step != self._last_step:
             trainer.save_checkpoint(self.path)
 

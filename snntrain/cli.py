@@ -52,11 +52,11 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     ``callbacks``: Lightning callbacks to add to the run's own (scripts/profile_step.py adds one)."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
     from .callbacks import (AtomicCheckpointIO, ExactResume, ExponentialMovingAverage, FiringRateMonitor,
-                            IntervalCheckpoint, PreciseBatchNorm, TrainingSpeedMonitor)
+                            IntervalCheckpoint, PreciseBatchNorm, ProgressBar, RunCheckpoint,
+                            TrainingSpeedMonitor)
     from .checkpoint import read_checkpoint
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
@@ -89,7 +89,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     task_cls = TASKS[task_name]
     task = task_cls(config, backend=backend)
     monitor, mode = cfg.task.monitor, cfg.task.monitor_mode
-    checkpoint = ModelCheckpoint(
+    checkpoint = RunCheckpoint(
         dirpath=out / "checkpoints",
         filename="epoch{epoch:03d}-step{step:06d}",
         auto_insert_metric_name=False,
@@ -108,6 +108,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
                                             every_n_minutes=cfg.checkpoint.every_n_minutes))
     if cfg.precise_bn.enabled:
         run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
+    if cfg.trainer.get("enable_progress_bar", True):
+        run_callbacks.append(ProgressBar())  # redrawn twice a second, not every step (each redraw waits)
     run_callbacks += list(callbacks or [])
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)

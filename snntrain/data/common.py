@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from ..distributed import eval_sampler, process_group_shape
 from ..validation import positive_int
 
-__all__ = ["BadDataError", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction", "derive_seed",
-           "eval_sampler", "loader_generator", "open_image", "positive_int", "split_indices", "train_loader"]
+__all__ = ["BadDataError", "DeviceLoader", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction",
+           "derive_seed", "eval_sampler", "loader_device", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
+           "split_indices", "train_loader"]
 
 
 class BadDataError(ValueError):
@@ -164,7 +165,85 @@ class SeededDataset(Dataset):
             np.random.set_state(np_state)
 
 
-class ResumableLoader(DataLoader):
+def _to_device(batch: Any, device: torch.device, stream: Any) -> Any:
+    """``batch`` (tensors in tuples, lists and dicts) copied to ``device`` on the current stream, each copy
+    marked as used by ``stream`` (the consumer's) so that the caching allocator keeps its memory until that
+    stream's work on it is done."""
+    if torch.is_tensor(batch):
+        out = batch.to(device, non_blocking=True)
+        out.record_stream(stream)
+        return out
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_to_device(b, device, stream) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(b, device, stream) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device, stream) for k, v in batch.items()}
+    return batch
+
+
+def prefetch_to_device(batches: Any, device: torch.device) -> Iterator[Any]:
+    """Yield the batches of ``batches`` on the CUDA ``device``, each copied one batch ahead on a side stream.
+
+    While the consumer computes with batch ``k`` (its kernels on the current stream), batch ``k + 1`` is
+    already on its way to the device on the copy engine. When batch ``k`` is handed out, the current stream
+    is made to wait for its copy (an event, no host synchronisation), so it is safe to use at once whatever
+    the consumer does. Copies are asynchronous when the host tensors are pinned (the loaders pin them on
+    CUDA); from pageable memory they still work, staged by the driver.
+    """
+    device = torch.device(device)
+    side = torch.cuda.Stream(device)
+    consumer = torch.cuda.current_stream(device)
+    pending: Any = None
+
+    def issue(batch: Any) -> tuple[Any, Any]:
+        with torch.cuda.stream(side):
+            moved = _to_device(batch, device, consumer)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return moved, ready
+
+    for batch in batches:
+        nxt = issue(batch)
+        if pending is not None:
+            consumer.wait_event(pending[1])
+            yield pending[0]
+        pending = nxt
+    if pending is not None:
+        consumer.wait_event(pending[1])
+        yield pending[0]
+
+
+def loader_device(datamodule: Any) -> torch.device | None:
+    """The device the datamodule's trainer trains on (None without a trainer)."""
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is None:
+        return None
+    try:
+        return torch.device(trainer.strategy.root_device)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class DeviceLoader(DataLoader):
+    """A DataLoader that, given a CUDA ``device``, pins its batches and hands them out already on the
+    device, copied one batch ahead on a side stream (:func:`prefetch_to_device`): the host never waits
+    for a copy, and the copy of the next batch overlaps the current step. Without a CUDA device it is a
+    plain DataLoader."""
+
+    def __init__(self, *args: Any, device: torch.device | str | None = None, **kwargs: Any) -> None:
+        device = None if device is None else torch.device(device)
+        self.device = device if device is not None and device.type == "cuda" else None
+        if self.device is not None:
+            kwargs.setdefault("pin_memory", True)
+        super().__init__(*args, **kwargs)
+
+    def __iter__(self):
+        batches = super().__iter__()
+        return batches if self.device is None else prefetch_to_device(batches, self.device)
+
+
+class ResumableLoader(DeviceLoader):
     """A training DataLoader over an :class:`EpochSampler` that Lightning can checkpoint mid-epoch.
 
     ``state_dict()`` records the epoch and how many batches of it the trainer has taken
@@ -189,7 +268,7 @@ class ResumableLoader(DataLoader):
         kwargs.pop("shuffle", None)
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
                          num_workers=num_workers, collate_fn=collate_fn,
-                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)
+                         persistent_workers=persistent_workers and num_workers > 0, **kwargs)  # device: in kwargs
         self.seed = int(seed)
         self.progress = progress
 
@@ -226,7 +305,9 @@ class ResumableLoader(DataLoader):
 def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **kwargs: Any) -> ResumableLoader:
     """The training loader of ``datamodule`` (see :class:`ResumableLoader`); its position is its trainer's
     count of batches taken in the current epoch, out of the trainer's batches per epoch (which
-    ``limit_train_batches`` may make fewer than the loader's)."""
+    ``limit_train_batches`` may make fewer than the loader's). On a CUDA trainer its batches arrive on the
+    device, pinned and copied one batch ahead (:class:`DeviceLoader`)."""
+    kwargs.setdefault("device", loader_device(datamodule))
 
     def progress() -> tuple[int, float]:
         trainer = getattr(datamodule, "trainer", None)

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .common import eval_sampler, loader_generator, positive_int
+from .common import DeviceLoader, eval_sampler, loader_device, loader_generator, positive_int
 
 
 class _Pool(Dataset):
@@ -94,9 +94,14 @@ class SyntheticDataModule(L.LightningDataModule):
         self.val_set = _Pool(images, labels, self.num_val, self.pool_size // 2)
 
     def train_dataloader(self) -> DataLoader:
+        device = loader_device(self)
+        if device is not None and device.type == "cuda" and not self.train_batches.images.is_pinned():
+            # batches are views of the pool: pinned once, they go to the GPU asynchronously, copied nowhere else
+            self.train_batches.images = self.train_batches.images.pin_memory()
+            self.train_batches.labels = self.train_batches.labels.pin_memory()
         # batch_size=None: the items are whole batches (with DDP, each process gets its share of them)
-        return DataLoader(self.train_batches, batch_size=None, shuffle=True, num_workers=self.num_workers,
-                          generator=loader_generator(self.seed))
+        return DeviceLoader(self.train_batches, batch_size=None, shuffle=True, num_workers=self.num_workers,
+                            generator=loader_generator(self.seed), device=device, pin_memory=False)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,

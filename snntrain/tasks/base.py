@@ -53,7 +53,9 @@ class SpikingTask(L.LightningModule):
 
     def forward(self, x):
         compiled = self.__dict__["_train_model"]
-        if compiled is not None and self.training:
+        # the compiled graph is the training step's (training mode, gradients on); anything else (validation,
+        # batch-norm re-estimation without gradients, prediction) runs eagerly and never recompiles it
+        if compiled is not None and self.training and torch.is_grad_enabled():
             return compiled(x)
         return self.model(x)
 
@@ -82,8 +84,10 @@ class SpikingTask(L.LightningModule):
             torch.compiler.cudagraph_mark_step_begin()
         if self.compile_mode is not None and self._compile_started is None:
             self._compile_started = time.perf_counter()
-        # every parameter group follows the same schedule: log the first one's rate
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+        # every parameter group follows the same schedule: log the first one's rate, as a host tensor (a
+        # Python number would be copied to the device, and that copy waits for the device every step)
+        lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+        self.log("train/lr", torch.tensor(float(lr), dtype=torch.float32), on_step=True, on_epoch=False)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if self._compile_started is not None and self._compile_started > 0:

@@ -6,10 +6,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.aggregation import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
-
 from .base import SpikingTask
+from .metrics import TopOneAccuracy, WeightedMean
 
 
 class ClassificationTask(SpikingTask):
@@ -22,13 +20,10 @@ class ClassificationTask(SpikingTask):
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
         super().__init__(config, backend)
-        num_classes = int(config["model"]["num_classes"])
         self.label_smoothing = float(config["task"].get("label_smoothing", 0.0))
-        # no input validation in the training step: it synchronises with the host every step
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.train_loss = MeanMetric(nan_strategy="disable")
-        self.val_loss = MeanMetric(nan_strategy="disable")
+        # sums kept on the device: a training step never waits for the host (snntrain.tasks.metrics)
+        self.train_acc, self.val_acc = TopOneAccuracy(), TopOneAccuracy()
+        self.train_loss, self.val_loss = WeightedMean(), WeightedMean()
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):

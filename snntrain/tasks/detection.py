@@ -24,6 +24,7 @@ import torch
 from ..losses import QUALITIES, fcos_loss
 from ..validation import one_of
 from .base import SpikingTask
+from .metrics import WeightedMean
 
 
 #: Losses logged per stage (``fcos_loss``'s outputs).
@@ -95,13 +96,12 @@ class DetectionTask(SpikingTask):
         self.loss_cfg = dict(task.get("loss", {}))
         one_of("task.loss.quality", self.loss_cfg.get("quality", "centerness"), QUALITIES)
         self.num_images_logged = int(task.get("num_images_logged", 4))
-        from torchmetrics.aggregation import MeanMetric
-
         # synchronised by gather_list_states (rank order, any number of images per process)
         self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend(),
                                             sync_on_compute=False)
-        self.train_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
-        self.val_means = torch.nn.ModuleDict({name: MeanMetric(nan_strategy="disable") for name in LOGGED_LOSSES})
+        # sums kept on the device: a training step never waits for the host (snntrain.tasks.metrics)
+        self.train_means = torch.nn.ModuleDict({name: WeightedMean() for name in LOGGED_LOSSES})
+        self.val_means = torch.nn.ModuleDict({name: WeightedMean() for name in LOGGED_LOSSES})
         self._shown: tuple[torch.Tensor, list, list] | None = None
         self._wider = None  # WiderFaceAP for the epoch, when the val set has the official difficulty lists
 
