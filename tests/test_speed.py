@@ -8,7 +8,6 @@ skipped without CUDA) checks that compiled and CUDA-graph steps match the eager 
 from __future__ import annotations
 
 import copy
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -125,7 +124,7 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
 
-    monkeypatch.setattr(speed, "compile_model", partial(compile_model, backend="aot_eager"))
+    monkeypatch.setattr(speed, "BACKEND", "aot_eager")
     torch._dynamo.reset()
     overrides = ["backend=torch", "T=2", "model.width=4", "model.depth=18", "data.image_size=8",
                  "data.batch_size=48", "data.val_fraction=0.9", "trainer.accelerator=cpu", "trainer.max_epochs=1",
@@ -206,3 +205,156 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
         for name in g0:
             err = rel_err(grads[name], g0[name])
             assert err <= tol[2], f"{mode} grad {name}: relative error {err:.2e} > {tol[2]}"
+
+
+# ----------------------------------------------------------------------------------- the run around the step
+
+
+def test_inductor_compile_refused_on_cpu_up_front(tmp_path: Path):
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["compile=default", "trainer.accelerator=cpu", "backend=torch",
+                                                       "model.width=4", "T=2", "data.image_size=8",
+                                                       f"paths.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="compile=default compiles the training step with inductor for CUDA GPUs.*"
+                                         "compile=null"):
+        run(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_compile_layout_falls_back_to_nchw_where_maps_reach_1x1():
+    from snntrain.tasks.speed import compile_layout, is_channels_last, smallest_map, to_contiguous
+
+    model = to_channels_last(tiny())
+    assert is_channels_last(model)
+    assert smallest_map(model, torch.randn(2, 3, 32, 32)) == 1  # ImageNet stem: 32 -> 8 -> ... -> 1x1
+    assert not compile_layout(model, torch.randn(2, 3, 32, 32))
+    assert smallest_map(model, torch.randn(2, 3, 64, 64)) == 4 and compile_layout(model, torch.randn(2, 3, 64, 64))
+    assert smallest_map(model, torch.randn(2, 2, 3, 64, 64)) == 4  # [T, B, C, H, W] input
+    assert model.training and all(m.training for m in model.modules())
+    assert not is_channels_last(to_contiguous(model))
+
+
+@pytest.mark.slow
+def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, caplog):
+    """channels_last with compile on the ImageNet stem at 32x32 (last maps 1x1): the task compiles an NCHW
+    model instead of failing, logs why, and batch-norm re-estimation (no gradients) never uses the compiled
+    graph."""
+    from snntrain.tasks import speed
+
+    monkeypatch.setattr(speed, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    calls = []
+    original = speed.compile_model
+    monkeypatch.setattr(speed, "compile_model", lambda *a, **k: calls.append(a) or original(*a, **k))
+    overrides = ["backend=torch", "T=2", "model.width=4", "model.stem=imagenet", "data=synthetic",
+                 "data.image_size=32", "data.num_train=16", "data.num_val=4", "data.batch_size=4",
+                 "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+                 "logger=none", "compile=default", "channels_last=true", "precise_bn.num_batches=2",
+                 f"paths.output_dir={tmp_path}"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    with caplog.at_level("INFO", logger="snntrain"):
+        run(cfg)
+    assert "feature maps reach 1x1" in caplog.text and "trains in NCHW" in caplog.text
+    assert len(calls) == 1 and not speed.is_channels_last(calls[0][0])
+
+
+def test_device_metrics_match_their_definitions():
+    from snntrain.tasks.metrics import TopOneAccuracy, WeightedMean
+
+    g = torch.Generator().manual_seed(0)
+    acc, mean = TopOneAccuracy(), WeightedMean()
+    hits = total = 0
+    values, weights = [], []
+    for n in (5, 7, 3):
+        logits, y = torch.randn(n, 4, generator=g), torch.randint(0, 4, (n,), generator=g)
+        acc.update(logits, y)
+        hits, total = hits + int((logits.argmax(-1) == y).sum()), total + n
+        v = torch.rand((), generator=g)
+        mean.update(v, n if n != 7 else torch.tensor(7.0))
+        values.append(float(v))
+        weights.append(n)
+    assert acc.compute().item() == pytest.approx(hits / total)
+    assert mean.compute().item() == pytest.approx(sum(v * w for v, w in zip(values, weights)) / sum(weights))
+    with pytest.raises(ValueError, match=r"expected logits \[B, K\] and labels \[B\]"):
+        acc.update(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+
+
+def test_progress_bar_redraws_on_a_clock(monkeypatch):
+    import time
+
+    from snntrain.callbacks import ProgressBar
+
+    bar = ProgressBar(interval=10.0)
+    monkeypatch.setattr(ProgressBar, "is_enabled", property(lambda self: True))
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    assert bar._should_update(1, 50)  # the first step draws
+    assert not bar._should_update(2, 50)
+    now[0] += 10.0
+    assert bar._should_update(3, 50) and not bar._should_update(4, 50)
+    assert bar._should_update(50, 50)  # the last step always draws
+    with pytest.raises(ValueError, match="must be >= 0 seconds"):
+        ProgressBar(interval=-1)
+
+
+def test_device_loader_is_a_plain_loader_without_cuda():
+    from snntrain.data.common import DeviceLoader
+
+    loader = DeviceLoader(list(range(6)), batch_size=4, device="cpu")
+    assert loader.device is None and not loader.pin_memory
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5]]
+
+
+@pytest.mark.gpu
+def test_gpu_prefetch_hands_out_each_batch_ready_on_the_device():
+    """Batches come out on the GPU, equal to the host ones, in order, whatever the consumer does with them
+    at once (the current stream waits for each copy), also when the host tensors are not pinned."""
+    from snntrain.data.common import DeviceLoader, prefetch_to_device
+
+    g = torch.Generator().manual_seed(0)
+    host = [(torch.randn(64, 3, 32, 32, generator=g), {"y": torch.arange(64) + i}) for i in range(5)]
+    got = [(x * 2, t["y"].sum()) for x, t in prefetch_to_device(host, "cuda")]  # used at once, on the GPU
+    for (x, t), (x2, s) in zip(host, got):
+        assert x2.is_cuda and torch.equal(x2.cpu(), x * 2) and int(s) == int(t["y"].sum())
+    loader = DeviceLoader(torch.arange(10.0), batch_size=4, device="cuda")
+    assert loader.pin_memory
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "detect"])
+def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
+    """Between the start and the end of each training step after the first few (data transfer, forward,
+    loss, backward, optimizer, metric updates, EMA, the callbacks), nothing synchronises with the host:
+    ``torch.cuda.set_sync_debug_mode("error")`` raises on any synchronising call."""
+    import lightning as L
+
+    from snntrain.cli import train
+
+    class NoSync(L.Callback):
+        steps = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx >= 3:
+                torch.cuda.set_sync_debug_mode("error")
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx >= 3:
+                NoSync.steps += 1
+            torch.cuda.set_sync_debug_mode("default")
+
+    overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
+                 "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
+                 "precise_bn.num_batches=2", "ema.enabled=true",
+                 "trainer.precision=bf16-mixed", "logger=none", f"paths.output_dir={tmp_path}"]
+    if task == "classify":
+        overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    try:
+        train(cfg, callbacks=[NoSync()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert NoSync.steps == 7

@@ -46,18 +46,31 @@ class SpikingTask(L.LightningModule):
         self._compile_started: float | None = None  # wall clock at the first compiled step
 
     def setup(self, stage: str) -> None:
-        if use_channels_last(self.channels_last, self.trainer.strategy.root_device):
+        device = self.trainer.strategy.root_device
+        if stage == "fit":
+            speed.check_compile_device(self.compile_mode, device)
+        if use_channels_last(self.channels_last, device):
             to_channels_last(self.model)
-        if stage == "fit" and self.compile_mode is not None and self.__dict__["_train_model"] is None:
-            self.__dict__["_train_model"] = speed.compile_model(self.model, self.compile_mode)
 
     def forward(self, x):
-        compiled = self.__dict__["_train_model"]
         # the compiled graph is the training step's (training mode, gradients on); anything else (validation,
         # batch-norm re-estimation without gradients, prediction) runs eagerly and never recompiles it
-        if compiled is not None and self.training and torch.is_grad_enabled():
-            return compiled(x)
+        if self.compile_mode is not None and self.training and torch.is_grad_enabled():
+            return self._compiled(x)(x)
         return self.model(x)
+
+    def _compiled(self, x: torch.Tensor):
+        """The compiled training model, made at the first training step, when the input's size is known:
+        compiled channels-last convolutions whose maps shrink to 1x1 fail in PyTorch's compiled backward
+        (a stride assertion), so such a model is compiled in NCHW (:func:`speed.compile_layout`)."""
+        compiled = self.__dict__["_train_model"]
+        if compiled is None:
+            if speed.is_channels_last(self.model) and not speed.compile_layout(self.model, x):
+                speed.to_contiguous(self.model)
+                log.info("snntrain: compile: feature maps reach 1x1 at this input size, where compiled "
+                         "channels-last convolutions fail; this model trains in NCHW")
+            compiled = self.__dict__["_train_model"] = speed.compile_model(self.model, self.compile_mode)
+        return compiled
 
     def configure_optimizers(self):
         task = self.config["task"]

@@ -61,10 +61,72 @@ def to_channels_last(model: nn.Module) -> nn.Module:
     return model
 
 
-def compile_model(model: nn.Module, mode: str | None, backend: str = "inductor") -> nn.Module:
+def is_channels_last(model: nn.Module) -> bool:
+    """Whether ``model``'s convolution weights are stored NHWC."""
+    return any(m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+               for m in model.modules() if isinstance(m, nn.Conv2d))
+
+
+def to_contiguous(model: nn.Module) -> nn.Module:
+    """Store ``model``'s weights row-major (NCHW) again, in place."""
+    return model.to(memory_format=torch.contiguous_format)
+
+
+@torch.no_grad()
+def smallest_map(model: nn.Module, x: torch.Tensor) -> int:
+    """The fewest positions (H * W) of any 4-d map a convolution or max-pooling layer of ``model`` reads or
+    writes for input ``x`` (one sample of it is run, in eval mode, without gradients). The global average
+    pool's 1x1 output does not count: no convolution follows it."""
+    sizes: list[int] = []
+
+    def hook(module, inputs, output) -> None:
+        for t in (*inputs, output):
+            if torch.is_tensor(t) and t.dim() >= 4:
+                sizes.append(t.shape[-1] * t.shape[-2])
+
+    kinds = (nn.Conv2d, nn.MaxPool2d)
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, kinds)]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        model(x[:, :1] if x.dim() == 5 else x[:1])  # [T, B, ...] event input: one sample of every step
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    return min(sizes) if sizes else 0
+
+
+def compile_layout(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a channels-last ``model`` can be compiled for input ``x`` as it is: False when a convolution
+    map reaches 1x1 (PyTorch 2.11's compiled ``convolution_backward`` asserts on the strides of
+    such maps with channels-last tensors; torchvision's ResNet-18 fails the same way)."""
+    return smallest_map(model, x) > 1
+
+
+#: ``torch.compile`` backend of the training step. Inductor generates Triton kernels for CUDA; the tests swap
+#: in ``aot_eager`` (AOTAutograd without code generation) to exercise the compiled path on a CPU.
+BACKEND = "inductor"
+
+
+def check_compile_device(mode: str | None, device: torch.device | str) -> None:
+    """Refuse ``compile`` up front where it does not pay: inductor on a CPU generates and builds C++ for
+    every fused kernel of the network's forward and backward, which took longer than 15 minutes for the
+    default model on two cores, to save little on a step the eager PyTorch backend already runs well."""
+    if mode is not None and BACKEND == "inductor" and torch.device(device).type != "cuda":
+        raise ValueError(
+            f"compile={mode} compiles the training step with inductor for CUDA GPUs, and this run trains on "
+            f"{torch.device(device).type}: compiling the network for the CPU takes many minutes for little gain. "
+            "Train eagerly there (compile=null, the default), or on a GPU (trainer.accelerator=gpu)")
+
+
+def compile_model(model: nn.Module, mode: str | None, backend: str | None = None) -> nn.Module:
     """``model`` compiled with ``torch.compile`` in ``mode`` with static shapes (the model itself
-    when ``mode`` is None). The result shares the model's parameters; keep saving the model."""
+    when ``mode`` is None) by ``backend`` (default :data:`BACKEND`). The result shares the model's
+    parameters; keep saving the model."""
     mode = check_compile(mode)
+    backend = BACKEND if backend is None else backend
     if mode is None:
         return model
     if backend != "inductor":  # modes are inductor's; other backends (tests: aot_eager) take none
