@@ -160,9 +160,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, tmp, storage_options)
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size(batch: Any) -> int:
+    """The number of samples in a batch ``(inputs, targets)`` or ``inputs``: inputs ``[B, C, H, W]``, or
+    time-first ``[T, B, C, H, W]`` (event frames)."""
     first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return int(first.shape[0]) if torch.is_tensor(first) else 0
+    if not torch.is_tensor(first):
+        return 0
+    return int(first.shape[1] if first.dim() == 5 else first.shape[0])
 
 
 def synchronized_clock(trainer: L.Trainer) -> float:
@@ -203,7 +207,7 @@ class TrainingSpeedMonitor(L.Callback):
         if self._steps == self.warmup_steps:
             self._start = synchronized_clock(trainer)
         elif self._start is not None:
-            self._images += _batch_size(batch)
+            self._images += batch_size(batch)
             if batch_idx + 1 >= trainer.num_training_batches:  # the epoch's last step: stop before validation
                 self._seconds = synchronized_clock(trainer) - self._start
 

@@ -6,7 +6,9 @@ The training loader yields whole batches, samples ``k*B .. k*B+B-1`` for batch `
 shuffled order), each a view of the pool: loading a batch copies nothing on the host (a
 per-sample collate of 32 images of 224 x 224 took 22 ms, half of a GPU training step). Validation
 reads samples one by one, sharded exactly as every dataset is. The labels are random: a model
-learns nothing here, and the metrics only show that the pipeline runs.
+learns nothing here, and the metrics only show that the pipeline runs. With ``frames=T`` every sample
+is a sequence of T different images and batches are time-first ``[T, B, C, H, W]``, as the event-camera
+loaders deliver them (the stem then runs T times).
 """
 
 from __future__ import annotations
@@ -53,6 +55,11 @@ class _BatchPool(Dataset):
         return self.images[j:j + n], self.labels[j:j + n]
 
 
+def _time_first(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = batch
+    return images.transpose(0, 1).contiguous(), labels
+
+
 class SyntheticDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -65,6 +72,7 @@ class SyntheticDataModule(L.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        frames: int | None = None,
     ) -> None:
         super().__init__()
         self.num_train = positive_int("num_train", num_train)
@@ -78,6 +86,7 @@ class SyntheticDataModule(L.LightningDataModule):
             raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
         self.num_workers = num_workers
         self.seed = int(seed)
+        self.frames = None if frames is None else positive_int("frames", frames)
         self.classes = [str(i) for i in range(self.num_classes)]
         self.train_set: _Pool | None = None
         self.train_batches: _BatchPool | None = None
@@ -87,7 +96,10 @@ class SyntheticDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         g = torch.Generator().manual_seed(self.seed)
-        images = torch.randn(self.pool_size, self.in_channels, self.image_size, self.image_size, generator=g)
+        sample = (self.in_channels, self.image_size, self.image_size)
+        if self.frames is not None:  # event-like input: every sample a sequence [T, C, H, W]
+            sample = (self.frames, *sample)
+        images = torch.randn(self.pool_size, *sample, generator=g)
         labels = torch.randint(0, self.num_classes, (self.pool_size,), generator=g)
         self.train_set = _Pool(images, labels, self.num_train, 0)
         self.train_batches = _BatchPool(images, labels, self.num_train, self.batch_size)
@@ -100,9 +112,16 @@ class SyntheticDataModule(L.LightningDataModule):
             self.train_batches.images = self.train_batches.images.pin_memory()
             self.train_batches.labels = self.train_batches.labels.pin_memory()
         # batch_size=None: the items are whole batches (with DDP, each process gets its share of them)
+        # sequences: a batch [B, T, C, H, W] of the pool turned time-first where it lands (on the GPU: the host
+        # copies nothing)
+        time_first = _time_first if self.frames is not None else None
         return DeviceLoader(self.train_batches, batch_size=None, shuffle=True, num_workers=self.num_workers,
-                            generator=loader_generator(self.seed), device=device, pin_memory=False)
+                            generator=loader_generator(self.seed), device=device, pin_memory=False,
+                            device_transform=time_first)
 
     def val_dataloader(self) -> DataLoader:
+        from .events import collate_time_first
+
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          collate_fn=collate_time_first if self.frames is not None else None,
                           sampler=eval_sampler(self.val_set))

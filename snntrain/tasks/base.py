@@ -86,7 +86,9 @@ class SpikingTask(L.LightningModule):
         new shape would compile (or capture) the step again."""
         if self.compile_mode is None:
             return False
-        size = len(batch[0])
+        from ..callbacks import batch_size
+
+        size = batch_size(batch)
         if self._train_batch is None:
             self._train_batch = size
         return size != self._train_batch
