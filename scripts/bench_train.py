@@ -7,6 +7,8 @@ same weights and batch:
   surrogate, no detach), T = 4, 224x224, batch 32, 10 classes, SGD (momentum 0.9);
 * ``sew18-32``: the same network at 32x32, batch 128;
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
+* ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
+  step, ``[T, B, 2, H, W]`` with T = 16, 128x128, batch 16 (the stem runs T times);
 * ``detector``: the default ``task=detect`` model on a ``faces`` batch, FCOS loss, AdamW.
 
 Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-eager-unfused`` (the
@@ -18,6 +20,15 @@ reference backend), and SpikingJelly 2.0.0's ``sew_resnet18`` in a child process
 implementation (``SJ_LIF_CUDA_IMPLEMENTATION=triton``; bf16 through its precision API,
 ``prepare_model_for_precision(..., PrecisionConfig(neuron_storage="bf16"))``). Every
 provider uses a fused optimizer. Precision: fp32, or bf16 autocast.
+
+The floor: ``resnet18-eager`` and ``resnet18-reduce-overhead``, torchvision's ResNet-18 (the same
+convolutions and norms, ReLU instead of spiking neurons, channels-last) at batch T x B, the batch our
+convolutions see. The run users launch: ``cli-eager`` and ``cli-reduce-overhead`` run ``python -m
+snntrain`` on the same network, batch, optimizer and precision (``data=synthetic``, ``frames=T`` for the
+event case; the detector its default ``task=detect`` run) and report its ``perf/train_images_per_s``
+(the last epoch's steps after 5 warm-up steps, Lightning's loop, data transfer, metrics, logging and
+callbacks included); ms/step there is batch / rate. ``--cli-pythonpath DIR`` runs another checkout's
+command line (the ``cli-*@DIR`` rows), to compare versions in one run.
 
 Per row: ms/step (steps run back to back after warm-up, between two synchronisations), images/s, peak
 memory (``max_memory_allocated`` over the timed steps), compile time (first calls) and,
@@ -51,14 +62,29 @@ CASES = {
     "sew18-224": {"size": 224, "batch": 32, "stem": "imagenet"},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
-    "detector": {},
+    "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
+    "detector": {"batch": 16},
 }
 T, CLASSES = 4, 10
+
+
+def case_T(case: str) -> int:
+    return CASES[case].get("T", T)
+
+
+def case_input(case: str, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of a case: images ``[B, C, S, S]`` (or ``[T, B, C, S, S]`` for temporal input) and labels."""
+    c = CASES[case]
+    shape = (c["batch"], c.get("in_channels", 3), c["size"], c["size"])
+    if c.get("temporal"):
+        shape = (case_T(case), *shape)
+    x = torch.randn(shape, device="cuda", generator=generator)
+    y = torch.randint(0, c.get("classes", CLASSES), (c["batch"],), device="cuda", generator=generator)
+    return x, y
 NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoid"}
 PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-eager-nchw-unfused",
-             "snntrain-compile",
-             "snntrain-reduce-overhead",
-             "snntrain-torch", "spikingjelly")
+             "snntrain-compile", "snntrain-reduce-overhead", "snntrain-torch",
+             "cli-eager", "cli-reduce-overhead", "resnet18-eager", "resnet18-reduce-overhead", "spikingjelly")
 KINDS = ("convolution", "norm", "neuron", "pooling", "layout", "elementwise", "optimizer", "idle/host")
 
 
@@ -126,7 +152,7 @@ def breakdown(step, ms_per_step: float, steps: int = 5) -> dict[str, float]:
 
 
 def row(case, provider, precision, batch, first, ms, peak, prof=None, note=""):
-    r = {"case": case, "provider": provider, "precision": precision, "batch": batch, "T": T,
+    r = {"case": case, "provider": provider, "precision": precision, "batch": batch, "T": case_T(case),
          "ms_per_step": round(ms, 3), "images_per_s": round(batch / ms * 1e3, 1),
          "peak_mem_mib": round(peak / 2**20, 1), "first_calls_s": round(first, 2), "note": note,
          "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d")}
@@ -143,8 +169,8 @@ def sew_model(case: str, backend: str):
 
     c = CASES[case]
     torch.manual_seed(0)
-    return SEWResNet(depth=18, num_classes=CLASSES, in_channels=3, T=T, stem=c["stem"], width=64, neuron=NEURON,
-                     backend=backend)
+    return SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
+                     T=case_T(case), stem=c["stem"], width=64, neuron=NEURON, backend=backend)
 
 
 def unfuse(model, provider: str) -> None:
@@ -174,9 +200,7 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     unfuse(model, provider)
     fn = compile_model(model, mode)
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(c["batch"], 3, c["size"], c["size"], device="cuda", generator=g)
-    y = torch.randint(0, CLASSES, (c["batch"],), device="cuda", generator=g)
+    x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
 
     def step():
         with autocast(precision):
@@ -230,6 +254,99 @@ def detector(provider, precision, backend, mode, args) -> dict:
     return row("detector", provider, precision, images.shape[0], first, ms, peak, prof)
 
 
+# ----------------------------------------------------------------------------- the floor: ResNet-18
+
+
+def resnet18(case: str, provider: str, precision: str, args) -> dict:
+    """torchvision's ResNet-18 (ReLU, the same convolutions and batch norms, channels-last) at batch T x B:
+    what our network would cost without spiking neurons and without the time axis."""
+    import torchvision
+
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import compile_model, to_channels_last
+
+    c = CASES[case]
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(num_classes=c.get("classes", CLASSES))
+    if c.get("in_channels", 3) != 3:
+        net.conv1 = torch.nn.Conv2d(c["in_channels"], 64, 7, 2, 3, bias=False)
+    if c["stem"] == "cifar":
+        net.conv1 = torch.nn.Conv2d(c.get("in_channels", 3), 64, 3, 1, 1, bias=False)
+        net.maxpool = torch.nn.Identity()
+    net = to_channels_last(net.cuda())
+    fn = compile_model(net, "reduce-overhead" if provider.endswith("reduce-overhead") else None)
+    opt = build_optimizer(net, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = case_T(case) * c["batch"]
+    x = torch.randn(n, c.get("in_channels", 3), c["size"], c["size"], device="cuda", generator=g)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, c.get("classes", CLASSES), (n,), device="cuda", generator=g)
+
+    def step():
+        with autocast(precision):
+            loss = torch.nn.functional.cross_entropy(fn(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    first, ms, peak = time_steps(step, args.steps, args.warmup)
+    prof = breakdown(step, ms) if args.profile else None
+    # images/s counted per image of our batch (B), so the row compares with ours at the same work
+    return row(case, provider, precision, c["batch"], first, ms, peak, prof, note=f"batch T*B={n}")
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
+    c = CASES[case]
+    prec = ["trainer.precision=" + ("bf16-mixed" if precision == "bf16" else "32-true")]
+    if case == "detector":
+        return ["task=detect", "data.augment=false", f"data.batch_size={c['batch']}",
+                f"data.num_train={steps * c['batch']}", "data.num_val=32", *prec]
+    out = ["task=classify", "data=synthetic", f"data.image_size={c['size']}", f"data.batch_size={c['batch']}",
+           f"data.num_train={steps * c['batch']}", "data.num_val=64", f"data.in_channels={c.get('in_channels', 3)}",
+           f"data.num_classes={c.get('classes', CLASSES)}", f"T={case_T(case)}", f"model.stem={c['stem']}",
+           "model.width=64", "model.depth=18", "model.connect=ADD", "model.neuron.type=LIF", "model.neuron.tau=2.0",
+           "model.neuron.detach_reset=false", "model.neuron.surrogate=sigmoid", "task.optimizer.name=sgd",
+           "task.optimizer.lr=0.01", "task.optimizer.weight_decay=0.0", "task.optimizer.momentum=0.9", *prec]
+    if c.get("temporal"):
+        out.append(f"data.frames={case_T(case)}")
+    return out
+
+
+def command_line(case: str, provider: str, precision: str, args, pythonpath: str | None = None) -> dict:
+    """``python -m snntrain`` on the case: the rate its speed monitor logs for the last epoch."""
+    import csv
+
+    mode = "reduce-overhead" if provider.endswith("reduce-overhead") else "null"
+    tag = Path(pythonpath).name if pythonpath else "this"
+    run = Path(args.out).resolve() / "runs" / f"{case}-{provider}-{precision}-{tag}"
+    cmd = [sys.executable, "-m", "snntrain", *cli_overrides(case, precision, args.cli_steps), f"compile={mode}",
+           "backend=triton", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=csv",
+           "precise_bn.num_batches=2", f"hydra.run.dir={run}"]
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=pythonpath or None)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(" | ".join(res.stderr.strip().splitlines()[-3:])[:600])
+    rate = None
+    with open(run / "csv" / "metrics.csv") as f:
+        for r in csv.DictReader(f):
+            if r.get("perf/train_images_per_s"):
+                rate = float(r["perf/train_images_per_s"])
+    if rate is None:
+        raise RuntimeError(f"no perf/train_images_per_s in {run}")
+    batch = CASES[case]["batch"]
+    name = provider if not pythonpath else f"{provider}@{Path(pythonpath).name}"
+    return row(case, name, precision, batch, wall, batch / rate * 1e3, 0, None,
+               note=f"whole run {wall:.0f} s, {args.cli_steps} steps/epoch, rate of epoch 2")
+
+
 # ----------------------------------------------------------------------------- SpikingJelly
 
 
@@ -240,9 +357,11 @@ def spikingjelly(case: str, precision: str, args) -> dict:
     c = CASES[case]
     torch.manual_seed(0)
     net = sew_resnet.sew_resnet18(spiking_neuron=neuron.LIFNode, surrogate_function=surrogate.Sigmoid(), tau=2.0,
-                                  detach_reset=False, cnf="ADD", num_classes=CLASSES)
+                                  detach_reset=False, cnf="ADD", num_classes=c.get("classes", CLASSES))
+    if c.get("in_channels", 3) != 3:
+        net.conv1 = layer.Conv2d(c["in_channels"], 64, 7, 2, 3, bias=False)
     if c["stem"] == "cifar":
-        net.conv1 = layer.Conv2d(3, 64, 3, padding=1, bias=False)
+        net.conv1 = layer.Conv2d(c.get("in_channels", 3), 64, 3, padding=1, bias=False)
         net.maxpool = torch.nn.Identity()
     functional.set_step_mode(net, "m")
     net = net.cuda()
@@ -256,14 +375,13 @@ def spikingjelly(case: str, precision: str, args) -> dict:
         ctx = art.autocast_context()
         note += ", precision API neuron_storage=bf16"
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(c["batch"], 3, c["size"], c["size"], device="cuda", generator=g)
-    y = torch.randint(0, CLASSES, (c["batch"],), device="cuda", generator=g)
+    x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
+    steps = case_T(case)
 
     def step():
         functional.reset_net(net)
         with ctx:
-            xt = x.unsqueeze(0).repeat(T, 1, 1, 1, 1)
+            xt = x if x.dim() == 5 else x.unsqueeze(0).repeat(steps, 1, 1, 1, 1)
             loss = torch.nn.functional.cross_entropy(net(xt).mean(0), y)
         loss.backward()
         opt.step()
@@ -311,7 +429,7 @@ def save(rows: list[dict], out: Path) -> None:
         ax.bar([j + i * width for j in range(len(keys))], vals, width, label=p)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], [f"{c}\n{p}" for c, p in keys], fontsize=8)
     ax.set_ylabel("images / s (training)")
-    ax.set_title(f"Training steps, T={T} ({rows[0]['gpu']}, {rows[0]['date']})")
+    ax.set_title(f"Training steps ({rows[0]['gpu']}, {rows[0]['date']})")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "bench_train.png", dpi=120)
@@ -336,6 +454,9 @@ def main() -> None:
     p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS))
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--profile", action="store_true", help="GPU-time breakdown by kind for every row")
+    p.add_argument("--cli-steps", type=int, default=60, help="training steps per epoch of the cli-* runs")
+    p.add_argument("--cli-pythonpath", nargs="*", default=[],
+                   help="other checkouts whose command line to run as well (cli-*@<folder> rows)")
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -354,7 +475,14 @@ def main() -> None:
                 if prov == "spikingjelly" and case == "detector":
                     continue
                 try:
-                    new = run_spikingjelly(case, prec, args) if prov == "spikingjelly" else [ours(case, prov, prec, args)]
+                    if prov == "spikingjelly":
+                        new = run_spikingjelly(case, prec, args)
+                    elif prov.startswith("resnet18"):
+                        new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
+                    elif prov.startswith("cli-"):
+                        new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
+                    else:
+                        new = [ours(case, prov, prec, args)]
                 except Exception as err:  # noqa: BLE001 - report and go on with the other rows
                     print(f"{case} {prec} {prov}: {type(err).__name__}: {str(err)[:400]}")
                     continue
