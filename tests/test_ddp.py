@@ -317,3 +317,37 @@ def test_ddp_settings_reach_the_strategy():
         ddp_strategy(two, {"bucket_mb": 25})
     with pytest.raises(ValueError, match=r"ddp.static_graph='yes' must be true or false"):
         ddp_strategy(two, {"static_graph": "yes"})
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_process_each_through_the_command_line(tmp_path):
+    """Several nodes as the README documents them: the same command on every node with
+    ``trainer.num_nodes``, ``NODE_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` and one shared run directory;
+    here two "nodes" of one CPU process each on this machine, talking over gloo on the loopback."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", JOB_ENV)}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYDRA_FULL_ERROR="1")
+    args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
+    cmd = [sys.executable, "-m", "snntrain", *args, "trainer.accelerator=cpu", "backend=torch", "trainer.devices=1",
+           "trainer.num_nodes=2", "trainer.limit_val_batches=2", "logger=csv", f"hydra.run.dir={run}"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    results = [p.communicate(timeout=900) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, out[-2000:] + err[-4000:]
+    names = sorted(p.name for p in run.iterdir())
+    assert names.count("config.yaml") == 1, names
+    assert sorted(p.name for p in run.glob("cli*.log")) == ["cli.log", "cli_node1_rank0.log"], names
+    lines = final_metrics_lines(run)
+    assert len(lines) == 2 and lines[0] == lines[1], lines  # both nodes report the same validation metrics
+    from snntrain.data import build_datamodule
+
+    dm = build_datamodule({"name": "digits"}, seed=42)
+    dm.setup("fit")
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == -(-(-(-len(dm.train_set) // 2)) // 60)  # each node read half of the epoch
