@@ -12,90 +12,94 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, Weight
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from .fileio import atomic_path
-from .nn.neurons import BaseNeuron
-from .nn.norm_neuron import NormNeuron
 
 
 class FiringRateMonitor(L.Callback):
-    """Logs every spiking layer's firing rate over each validation epoch.
+    """Logs every spiking layer's firing rate and the efficiency report over each validation epoch.
 
     Scalars ``firing_rate/<layer>`` (fraction of neuron-steps that spiked) and
     ``firing_rate/mean`` (over all layers), and, with TensorBoard, a histogram
     ``firing_rate_per_channel/<layer>`` of the rates of the layer's channels (dim 2 of
-    ``[T, B, C, ...]``). Sums stay on the device until the epoch ends; with several processes
-    (DDP) the spike sums and neuron-step counts are added over all of them before dividing, so
-    every process logs the rates of the whole validation set, and rank 0 writes the histograms.
+    ``[T, B, C, ...]``). With ``efficiency`` (the default) the same hooks also count synaptic
+    operations (:mod:`snntrain.efficiency`, NeuroBench's rules) and the epoch logs the totals per
+    sample, ``efficiency/Effective_ACs``, ``efficiency/Effective_MACs``, ``efficiency/Dense``,
+    ``efficiency/ActivationSparsity`` and the energy estimates ``efficiency/<model>_uJ`` with the
+    same network as an ANN beside them (``efficiency/ann_<model>_uJ``), plus, with TensorBoard, a
+    per-layer chart (image ``efficiency/per_layer``). The report is kept as :attr:`report` and
+    written into every checkpoint saved after it (``checkpoint["efficiency"]``), from which
+    exports take it into their model card.
+
+    Counts stay on the device until the epoch ends; with several processes (DDP) every count is
+    added over all of them in one collective before dividing, so every process logs the values
+    of the whole validation set, and rank 0 writes the histograms and the chart.
     """
 
-    def __init__(self, histograms: bool = True) -> None:
+    def __init__(self, histograms: bool = True, efficiency: bool = True) -> None:
         self.histograms = histograms
-        self._handles: list[Any] = []
-        self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, int] = {}
-
-    def _hook(self, name: str, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        s = (output[0] if isinstance(output, tuple) else output).detach()
-        if s.dim() >= 3:
-            per_channel = s.sum(dim=[d for d in range(s.dim()) if d != 2], dtype=torch.float32)
-        else:
-            per_channel = s.sum(dim=0, dtype=torch.float32)
-        count = s.numel() // per_channel.numel()
-        per_channel = per_channel.double()  # exact counts of 0/1 spikes far beyond float32's 2**24
-        if name in self._sums and self._sums[name].shape == per_channel.shape:
-            self._sums[name] += per_channel
-            self._counts[name] += count
-        else:
-            self._sums[name], self._counts[name] = per_channel, count
+        self.efficiency = efficiency
+        self._counter = None
+        self.report: dict[str, Any] | None = None
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._sums.clear()
-        self._counts.clear()
+        from .efficiency import ActivityCounter
+
+        self._detach()
         if trainer.sanity_checking:
             return
-        fused = [name for name, m in pl_module.named_modules() if isinstance(m, NormNeuron)]
-        for name, m in pl_module.named_modules():
-            # a NormNeuron's spikes are its output (its neuron module is bypassed when fused)
-            inner = any(name.startswith(f + ".") for f in fused)
-            if isinstance(m, NormNeuron) or (isinstance(m, BaseNeuron) and not inner):
-                short = name.removeprefix("model.")
-                self._handles.append(m.register_forward_hook(partial(self._hook, short)))
+        model = getattr(pl_module, "model", pl_module)
+        backend = getattr(pl_module, "backend", "auto")
+        if self._counter is None or self._counter.model is not model or self._counter.backend != backend:
+            self._counter = ActivityCounter(model, backend=backend, connections=self.efficiency)
+        self._counter.attach()
 
     def _detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def _reduced(self, trainer: L.Trainer) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer: spike sums per channel and the neuron-steps behind each, added over all processes
-        in one collective (every process ran the same layers in the same order)."""
-        names = list(self._sums)
-        sums = [self._sums[n] for n in names]
-        device = sums[0].device
-        flat = torch.cat([*sums, torch.tensor([float(self._counts[n]) for n in names], dtype=torch.float64,
-                                              device=device)])
-        flat = trainer.strategy.reduce(flat, reduce_op="sum")
-        parts = flat.split([*(s.numel() for s in sums), len(names)])
-        return {name: (parts[i], parts[-1][i]) for i, name in enumerate(names)}
+        if self._counter is not None:
+            self._counter.detach()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from .efficiency import build_report, layer_chart, static_metrics
+
         self._detach()
-        if not self._sums:
+        counter = self._counter
+        flat = None if counter is None or trainer.sanity_checking else counter.totals()
+        if flat is None:
             return
-        total_spikes, total_count = 0.0, 0.0
+        # every process ran the same layers in the same order: one collective adds all counts
+        totals = counter.unpack(trainer.strategy.reduce(flat, reduce_op="sum"))
         tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        draw = tb is not None and trainer.is_global_zero
         # the values below are the same on every process; sync_dist (a mean of equal values over
         # batch_size 1) only tells Lightning that they are
         log = partial(pl_module.log, on_epoch=True, sync_dist=True, batch_size=1)
-        for name, (sums, count) in self._reduced(trainer).items():
-            rates = sums / count
-            log(f"firing_rate/{name}", rates.mean().float())
-            total_spikes = total_spikes + sums.sum()
-            total_count = total_count + count * sums.numel()
-            if self.histograms and tb is not None and trainer.is_global_zero:
-                tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.float().cpu(), trainer.global_step)
-        log("firing_rate/mean", (total_spikes / total_count).float())
-        self._sums.clear()
-        self._counts.clear()
+        total_spikes, total_count = 0.0, 0.0
+        for name, layer in totals["spiking"].items():
+            rates = layer["channel_spikes"] / (layer["neuron_steps"] / layer["channel_spikes"].numel())
+            log(f"firing_rate/{name}", float(rates.mean()))
+            total_spikes += layer["spikes"]
+            total_count += layer["neuron_steps"]
+            if self.histograms and draw:
+                tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.float(), trainer.global_step)
+        if total_count:
+            log("firing_rate/mean", total_spikes / total_count)
+        if not self.efficiency:
+            return
+        report = build_report(totals, static_metrics(counter.model))
+        report["global_step"] = trainer.global_step
+        workload = report["workload"]
+        for key, value in workload["SynapticOperations"].items():
+            log(f"efficiency/{key}", value)
+        log("efficiency/ActivationSparsity", workload["ActivationSparsity"])
+        for e in report["energy"]:
+            log(f"efficiency/{e['model']}_uJ", e["snn_uJ"])
+            log(f"efficiency/ann_{e['model']}_uJ", e["ann_uJ"])
+        if draw:
+            tb.experiment.add_image("efficiency/per_layer", layer_chart(report), trainer.global_step,
+                                    dataformats="HWC")
+        self.report = report
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.report is not None:
+            checkpoint["efficiency"] = self.report
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._detach()

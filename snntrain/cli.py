@@ -1,7 +1,7 @@
 """The command line: ``python -m snntrain [group=option ...] [key=value ...]``.
 
 One Hydra app; ``task`` picks what it does (train a classifier or detector, export,
-predict). :func:`run` does the work for a composed config, so tests and notebooks can
+predict, report). :func:`run` does the work for a composed config, so tests and notebooks can
 call it with a config from Hydra's compose API.
 """
 
@@ -99,7 +99,8 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume()]
+    run_callbacks = [checkpoint, FiringRateMonitor(efficiency=bool(cfg.get("efficiency", True))),
+                     TrainingSpeedMonitor(), ExactResume()]
     # The average first: it takes in a step before IntervalCheckpoint saves that step, and it is swapped
     # in before PreciseBatchNorm re-estimates the statistics (for the averaged weights).
     if cfg.ema.enabled:
@@ -167,8 +168,70 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     return records
 
 
+def report(cfg: DictConfig) -> dict[str, Any]:
+    """The efficiency report of ``ckpt_path`` on its validation data (the data section of its config, with
+    ``report.data`` replacing keys): ``report.json`` and ``report.md`` in ``report.dir`` (default
+    ``<run dir>/report``). See :mod:`snntrain.efficiency`."""
+    import json
+
+    import lightning as L
+    import torch
+
+    from .backend import resolve_backend
+    from .callbacks import FiringRateMonitor
+    from .checkpoint import checkpoint_config, read_checkpoint
+    from .data import build_datamodule
+    from .distributed import uses_cuda
+    from .efficiency import markdown
+    from .fileio import atomic_path
+    from .tasks import TASKS
+    from .validation import positive_int
+
+    if cfg.ckpt_path is None:
+        raise ValueError("task=report needs ckpt_path=<file.ckpt>")
+    ckpt = read_checkpoint(cfg.ckpt_path)
+    config = checkpoint_config(ckpt)
+    task_name = config["task"]["name"]
+    if task_name not in TASKS:
+        raise ValueError(f"{cfg.ckpt_path} holds a task={task_name!r} model; reports cover {', '.join(TASKS)}")
+    limit = cfg.report.limit_batches
+    limit = 1.0 if limit is None else positive_int("report.limit_batches", limit)
+    data = {**config["data"], **OmegaConf.to_container(cfg.report.data, resolve=True)}
+    out = Path(cfg.report.dir) if cfg.report.dir else Path(cfg.paths.output_dir) / "report"
+    backend = resolve_backend(cfg.backend.name, cuda=uses_cuda(cfg.trainer))
+    _announce(f"snntrain: efficiency report of {cfg.ckpt_path} on data={data['name']} (backend={backend})")
+    datamodule = build_datamodule(data, seed=int(config.get("seed", 0)))
+    task = TASKS[task_name].load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
+    monitor = FiringRateMonitor(histograms=False)
+    trainer = L.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
+                        logger=False, callbacks=[monitor], enable_checkpointing=False, limit_val_batches=limit,
+                        enable_progress_bar=cfg.trainer.enable_progress_bar, enable_model_summary=False,
+                        default_root_dir=str(out.parent))
+    trainer.validate(task, datamodule=datamodule, verbose=False)
+    if monitor.report is None:
+        raise RuntimeError(f"no validation batch ran for data={data['name']}: nothing to report")
+    metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())
+               if k.startswith("val/") and torch.is_tensor(v) and v.numel() == 1}
+    model = {k: config["model"][k] for k in ("name", "depth", "width", "connect", "stem", "norm", "T")
+             if k in config["model"]}
+    model["neuron"] = dict(config["model"].get("neuron") or {}).get("type")
+    model["detector_head"] = config["model"].get("head") is not None
+    result = {"checkpoint": str(cfg.ckpt_path), "task": task_name, "data": data["name"], "backend": backend,
+              "model": model, "metrics": metrics, **monitor.report}
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "report.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=2))
+    text = markdown(result, title=f"Efficiency report: {task_name}, {Path(str(cfg.ckpt_path)).name}")
+    if metrics:
+        text += "\nValidation metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + "\n"
+    with atomic_path(out / "report.md") as tmp:
+        tmp.write_text(text)
+    _announce(f"snntrain: efficiency report in {(out / 'report.json').resolve()} and report.md")
+    return result
+
+
 def run(cfg: DictConfig) -> Any:
-    """Dispatch on ``cfg.task.name``: classify / detect train, export and predict use a checkpoint."""
+    """Dispatch on ``cfg.task.name``: classify / detect train; export, predict and report use a checkpoint."""
     name = cfg.task.name
     if name in ("classify", "detect"):
         metrics = train(cfg)
@@ -177,7 +240,9 @@ def run(cfg: DictConfig) -> Any:
         return export(cfg)
     if name == "predict":
         return predict(cfg)
-    raise ValueError(f"task={name!r} is not valid; choose one of classify, detect, export, predict")
+    if name == "report":
+        return report(cfg)
+    raise ValueError(f"task={name!r} is not valid; choose one of classify, detect, export, predict, report")
 
 
 @hydra.main(version_base="1.3", config_path="pkg://snntrain.conf", config_name="config")

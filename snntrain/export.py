@@ -4,7 +4,7 @@ An export folder holds:
 
 ``config.yaml``         the resolved run config (the model section rebuilds the network)
 ``model.safetensors``   the weights
-``model_card.json``     task, classes, T, input shape, training backend, metrics, files
+``model_card.json``     task, classes, T, input shape, training backend, metrics, efficiency report, files
 ``README.md``           the same card for people
 ``model.onnx``          the network with the T loop unrolled (PyTorch backend), opset 18
 ``model.pt2``           a ``torch.export`` program (Triton ops when exported on a GPU)
@@ -251,7 +251,21 @@ def check_formats(formats: object) -> list[str]:
     return list(dict.fromkeys(formats))
 
 
-def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source: Path) -> dict[str, Any]:
+def _efficiency(ckpt: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """The checkpoint's efficiency report (measured at its last validation, ``checkpoint["efficiency"]``) with the
+    static metrics of the exported weights; the static metrics alone for a checkpoint without one."""
+    from .efficiency import static_metrics
+
+    report = dict(ckpt.get("efficiency") or {})
+    report["static"] = static_metrics(model)
+    if "workload" not in report:
+        report["note"] = ("this checkpoint holds no validation report: python -m snntrain task=report "
+                          "ckpt_path=<it> measures one")
+    return report
+
+
+def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source: Path, model: nn.Module
+          ) -> dict[str, Any]:
     meta = ckpt.get("snntrain", {})
     task = config["task"]["name"]
     return {
@@ -269,6 +283,7 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "checkpoint": str(source),
         "outputs": ("logits [B, K]" if task != "detect"
                     else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS)"),
+        "efficiency": _efficiency(ckpt, model),
         "files": {},
     }
 
@@ -281,11 +296,24 @@ def _readme(card: dict[str, Any]) -> str:
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]
         lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]
-    lines += ["", "## Files", ""] + [f"- {k}: {v}" for k, v in card["files"].items()]
+    lines += ["", *_efficiency_lines(card.get("efficiency") or {})]
+    lines += ["## Files", ""] + [f"- {k}: {v}" for k, v in card["files"].items()]
     lines += ["", "Load with `snntrain.load_exported(folder)` (safetensors + config), "
               "`onnxruntime.InferenceSession('model.onnx')`, `snntrain.export.load_program('model.pt2')`, or "
               "`snntrain.load_nir('model.nir')` (any NIR reader: `nir.read`).", ""]
     return "\n".join(lines)
+
+
+def _efficiency_lines(report: dict[str, Any]) -> list[str]:
+    from .efficiency import markdown
+
+    if "workload" in report:
+        step = report.get("global_step")
+        title = "Efficiency" + (f" (validation at step {step})" if step is not None else "")
+        return markdown(report, title=title, layers=False).splitlines() + [""]
+    static = report.get("static") or {}
+    lines = ["## Efficiency", ""] + [f"- {k}: {v}" for k, v in static.items()]
+    return lines + ([f"- {report['note']}"] if "note" in report else []) + [""]
 
 
 def _max_diff(a, b) -> float:
@@ -321,7 +349,7 @@ def export_checkpoint(
     shape = input_shape(config)
     # a batch of 2 for tracing: a traced size of 1 would be specialised and not stay dynamic
     sample = torch.randn([2, *shape[1:]], generator=torch.Generator().manual_seed(seed))
-    card = _card(config, ckpt, shape, source)
+    card = _card(config, ckpt, shape, source, model)
     with torch.no_grad():
         reference = ExportGraph(model)(sample)
     with atomic_path(out_dir, is_dir=True) as tmp:

@@ -116,6 +116,7 @@ class SpikingTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
-                   if hasattr(v, "numel") and v.numel() == 1 and "/" in k and not k.startswith("firing_rate")}
+                   if hasattr(v, "numel") and v.numel() == 1 and "/" in k
+                   and not k.startswith(("firing_rate", "efficiency"))}
         checkpoint["snntrain"] = {"version": __version__, "backend": self.backend, "task": self.config["task"]["name"],
                                   "metrics": metrics}

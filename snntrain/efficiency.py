@@ -1,0 +1,635 @@
+"""Efficiency report of a spiking model: firing rates, activation sparsity, synaptic operations,
+footprint and energy estimates, counted on the device during validation.
+
+Counting (:class:`ActivityCounter`) uses forward hooks on the model's layers:
+
+* **Connection layers** (``Linear``, ``Conv1d/2d/3d``): each call's input is counted the way
+  NeuroBench's ``SynapticOperations`` counts it. The effective operations of a call are the
+  (nonzero input, nonzero weight) pairs that meet in some output, bias not included: the sum
+  of the layer's output with the input and the weights binarised (``x != 0``, ``W != 0``);
+  zero padding contributes nothing. They are accumulates (ACs) when every input value of the
+  call is in ``{-1, 0, 1}``, multiply-accumulates (MACs) otherwise. Dense operations count
+  every pair, zeros included (still without padding). Inputs arrive as the layer sees them:
+  a SEW ``ADD`` sum (values 0, 1, 2) makes the next convolution's operations MACs, ``AND`` and
+  ``IAND`` keep them ACs, the image into the stem is MACs.
+* **Spiking layers** (:class:`~snntrain.nn.norm_neuron.NormNeuron`, and neurons outside one):
+  spikes per channel and neuron-steps, for firing rates and activation sparsity (the fraction
+  of zero outputs, NeuroBench's ``ActivationSparsity``).
+* **The model**: how many samples (forward passes of one image) were counted, so that every
+  count is reported per sample, like NeuroBench, and per time step (per sample / T).
+
+Every count stays on the device (no host synchronisation per batch): a call writes its counts
+into a fresh row of a small per-layer buffer (one Triton launch per connection call on CUDA,
+:mod:`snntrain.kernels.synops`; one reduction per spiking-layer call), and the rows are folded
+into totals every few dozen calls and at the end. :meth:`ActivityCounter.totals` packs all
+totals into one float64 tensor (exact below 2**53) so that processes can add theirs in one
+collective; :func:`build_report` turns the reduced totals into the report.
+
+Static metrics (:func:`static_metrics`) follow NeuroBench: ``ParameterCount``, ``Footprint``
+(bytes of parameters and buffers) and ``ConnectionSparsity`` (zero weights of the connection
+layers). Energy estimates (:data:`ENERGY_MODELS`) put the counts through two labelled models,
+for the spiking network and for the same network as a non-spiking ANN (ReLU, one step):
+a compute-only proxy (0.9 pJ per AC, 4.6 pJ per MAC) and one that also counts memory traffic.
+docs/efficiency.md explains every number and where NeuroBench's rules and ours differ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backend import use_triton
+from .nn.neurons import BaseNeuron
+from .nn.norm_neuron import NormNeuron
+
+#: Layers whose inputs are counted as synaptic operations (NeuroBench's stateless connection layers).
+CONNECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: Version of the report's layout (``report["format"]``).
+FORMAT = "snntrain-efficiency-1"
+#: Calls buffered per layer before they are folded into its totals.
+ROWS = 64
+
+
+# ----------------------------------------------------------------------------- geometry
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How one call of a connection layer reads its input (host values, cached per input shape)."""
+
+    frames: int                       # input frames in the call (batch x steps folded together)
+    channel_dim: int                  # dim of the (batched) input holding the input channels / features
+    spatial_dims: tuple[int, ...]     # dims a convolution slides over (empty for Linear)
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]          # zero padding before the first element, per spatial dim
+    dilation: tuple[int, ...]
+    out_size: tuple[int, ...]
+    frame_numel: int                  # input elements per frame
+    dense_per_frame: int              # synaptic operations per frame, zeros included, padding not
+
+
+def _taps_reaching(size: int, out: int, k: int, stride: int, pad: int, dil: int) -> int:
+    """Output positions o in [0, out) that read an input position through tap k: 0 <= o*stride - pad + k*dil < size."""
+    lo = -((k * dil - pad) // stride)  # ceil((pad - k*dil) / stride)
+    hi = (size - 1 + pad - k * dil) // stride
+    return max(0, min(out - 1, hi) - max(0, lo) + 1)
+
+
+def _conv_padding(layer: nn.Module, sizes: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per spatial dim: (left padding, total padding)."""
+    if layer.padding_mode != "zeros":
+        raise ValueError(f"{type(layer).__name__} with padding_mode={layer.padding_mode!r} cannot be counted; "
+                         "synaptic operations are counted for padding_mode='zeros'")
+    if isinstance(layer.padding, str):  # 'valid' or 'same' (PyTorch puts the odd element on the right)
+        if layer.padding == "valid":
+            return tuple(0 for _ in sizes), tuple(0 for _ in sizes)
+        total = tuple(d * (k - 1) for d, k in zip(layer.dilation, layer.kernel_size))
+        return tuple(t // 2 for t in total), total
+    return tuple(layer.padding), tuple(2 * p for p in layer.padding)
+
+
+def geometry(layer: nn.Module, shape: Sequence[int]) -> _Geometry:
+    """The geometry of a call of ``layer`` (a :data:`CONNECTIONS` layer) on an input of ``shape``."""
+    shape = tuple(int(s) for s in shape)
+    if isinstance(layer, nn.Linear):
+        if not shape or shape[-1] != layer.in_features:
+            raise ValueError(f"Linear({layer.in_features}, {layer.out_features}) got input of shape {shape}")
+        frames = math.prod(shape[:-1])
+        return _Geometry(frames, len(shape) - 1, (), (), (), (), (), (), layer.in_features,
+                         layer.in_features * layer.out_features)
+    d = len(layer.kernel_size)
+    if len(shape) != d + 2:
+        raise ValueError(f"{type(layer).__name__} input has shape {shape}; counting needs a batched "
+                         f"[N, C, {', '.join('LHWD'[-d:] if d < 3 else 'DHW')}] input")
+    sizes = shape[2:]
+    left, total = _conv_padding(layer, sizes)
+    outs = tuple((s + t - dl * (k - 1) - 1) // st + 1 for s, t, dl, k, st in
+                 zip(sizes, total, layer.dilation, layer.kernel_size, layer.stride))
+    dense = layer.in_channels * (layer.out_channels // layer.groups)
+    for s, o, k, st, p, dl in zip(sizes, outs, layer.kernel_size, layer.stride, left, layer.dilation):
+        dense *= sum(_taps_reaching(s, o, j, st, p, dl) for j in range(k))
+    return _Geometry(shape[0], 1, tuple(range(2, 2 + d)), tuple(layer.kernel_size), tuple(layer.stride), left,
+                     tuple(layer.dilation), outs, math.prod(shape[1:]), dense)
+
+
+def weight_fanin(layer: nn.Module) -> torch.Tensor:
+    """Per input channel and kernel tap, the nonzero weights that read it (over the output channels of its group):
+    int32 ``[C_in, *kernel]`` (``[in_features]`` for Linear), on the weight's device."""
+    nz = layer.weight.detach() != 0
+    if isinstance(layer, nn.Linear):
+        return nz.sum(0, dtype=torch.int32)
+    g = layer.groups
+    out, cin_g, *kernel = nz.shape
+    return nz.view(g, out // g, cin_g, *kernel).sum(1, dtype=torch.int32).reshape(cin_g * g, *kernel)
+
+
+def fanout_map(m: torch.Tensor, geo: _Geometry, sizes: Sequence[int]) -> torch.Tensor:
+    """Fan-out of every input element of one frame (nonzero weights it meets), int64 ``[C, *sizes]``, from the
+    per-tap counts ``m`` of :func:`weight_fanin`: a tap reaches a position when some output reads it there."""
+    if not geo.spatial_dims:
+        return m.to(torch.int64)
+    device = m.device
+    factors, letters = [], []
+    for i, size in enumerate(sizes):
+        k = torch.arange(geo.kernel[i], device=device)[:, None]
+        t = torch.arange(size, device=device)[None, :] + geo.padding[i] - k * geo.dilation[i]
+        factors.append(((t >= 0) & (t % geo.stride[i] == 0) & (t // geo.stride[i] < geo.out_size[i])).double())
+        letters.append(("klm"[i], "xyz"[i]))
+    spec = "c" + "".join(k for k, _ in letters) + "," + ",".join(k + p for k, p in letters)
+    spec += "->c" + "".join(p for _, p in letters)
+    return torch.einsum(spec, m.double(), *factors).round().to(torch.int64)
+
+
+def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """The counts of one call, int64 ``[3]``: effective operations, nonzero inputs, inputs outside
+    ``{-1, 0, 1}`` (the PyTorch reference of :func:`snntrain.kernels.synops.count_synops`)."""
+    if geo.spatial_dims:
+        frames = x
+    else:
+        frames = x.reshape(-1, x.shape[-1])
+    if fan is None:
+        fan = fanout_map(m, geo, frames.shape[2:])
+    nz = frames != 0
+    counts = nz.sum(0)
+    return torch.stack([(counts * fan).sum(), counts.sum(), (nz & (frames.abs() != 1)).sum()])
+
+
+# ----------------------------------------------------------------------------- per-layer state
+
+
+class _Connection:
+    """Counts of one connection layer: device rows of (effective ops, nonzeros, non-binary inputs) per call,
+    folded into (AC ops, MAC ops, nonzero inputs, non-binary calls); host sums of what shapes decide."""
+
+    def __init__(self, name: str, module: nn.Module) -> None:
+        self.name, self.module = name, module
+        self.rows: torch.Tensor | None = None
+        self.used = 0
+        self.acc: torch.Tensor | None = None
+        self.host = [0, 0, 0, 0, 0, 0]  # calls, frames, input elements, dense ops, ANN ops, ANN input elements
+        self._geo: dict[tuple, _Geometry] = {}
+        self._fan: dict[tuple, torch.Tensor] = {}
+        self._m: tuple[tuple, torch.Tensor] | None = None
+
+    def fanin(self) -> torch.Tensor:
+        w = self.module.weight
+        key = (w.data_ptr(), w._version, w.device)
+        if self._m is None or self._m[0] != key:  # new weights since the last call (an optimizer step, a swap)
+            self._m = (key, weight_fanin(self.module))
+            self._fan.clear()
+        return self._m[1]
+
+    def count(self, x: torch.Tensor, batch: int | None, backend: str) -> None:
+        key = (tuple(x.shape), x.stride())
+        geo = self._geo.get(key)
+        if geo is None:
+            geo = self._geo[key] = geometry(self.module, x.shape)
+        m = self.fanin()
+        if self.rows is None:
+            self.rows = torch.zeros(ROWS, 3, dtype=torch.int64, device=x.device)
+            self.acc = torch.zeros(4, dtype=torch.int64, device=x.device)
+        row = self.rows[self.used]
+        if use_triton(backend, x) and (not geo.spatial_dims or len(geo.spatial_dims) == 2):
+            from .kernels.synops import count_synops
+
+            two = len(geo.spatial_dims) == 2
+            count_synops(x, m.view(m.shape[0], *(m.shape[1:] if two else (1, 1))), row,
+                         channel_dim=geo.channel_dim, spatial_dims=geo.spatial_dims or None,
+                         stride=geo.stride or (1, 1), padding=geo.padding or (0, 0),
+                         dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1))
+        else:
+            fan = self._fan.get(key)
+            if fan is None:
+                if len(self._fan) >= 8:
+                    self._fan.clear()
+                fan = self._fan[key] = fanout_map(m, geo, x.shape[2:] if geo.spatial_dims else ())
+            row.copy_(count_reference(x, m, geo, fan))
+        self.used += 1
+        if self.used == ROWS:
+            self.fold()
+        steps = geo.frames // batch if batch and geo.frames % batch == 0 else 1
+        ann_frames = geo.frames // steps  # the ANN runs each frame of a sample once, not once per step
+        h = self.host
+        h[0] += 1
+        h[1] += geo.frames
+        h[2] += geo.frames * geo.frame_numel
+        h[3] += geo.frames * geo.dense_per_frame
+        h[4] += ann_frames * geo.dense_per_frame
+        h[5] += ann_frames * geo.frame_numel
+
+    def fold(self) -> None:
+        if self.used == 0:
+            return
+        r = self.rows[: self.used]
+        binary = r[:, 2] == 0
+        self.acc += torch.stack([(r[:, 0] * binary).sum(), (r[:, 0] * ~binary).sum(), r[:, 1].sum(), (~binary).sum()])
+        self.rows.zero_()
+        self.used = 0
+
+
+class _Spiking:
+    """Counts of one spiking layer: spikes per channel (device rows, folded), neuron-steps and T (host)."""
+
+    def __init__(self, name: str, module: nn.Module) -> None:
+        self.name, self.module = name, module
+        self.rows: torch.Tensor | None = None
+        self.used = 0
+        self.acc: torch.Tensor | None = None
+        self.host = [0, 0, 0]  # calls, neuron-steps, ANN activations (neurons of one step)
+        self.steps = 0
+
+    def count(self, s: torch.Tensor) -> None:
+        dims = [d for d in range(s.dim()) if d != (2 if s.dim() >= 3 else 1)]
+        channels = s.shape[2 if s.dim() >= 3 else 1]
+        if self.rows is None:
+            self.rows = torch.zeros(ROWS, channels, dtype=torch.float64, device=s.device)
+            self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
+        elif self.rows.shape[1] != channels:
+            raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
+        torch.sum(s.detach(), dim=dims, dtype=torch.float64, out=self.rows[self.used])
+        self.used += 1
+        if self.used == ROWS:
+            self.fold()
+        self.steps = max(self.steps, int(s.shape[0]))
+        self.host[0] += 1
+        self.host[1] += s.numel()
+        self.host[2] += s.numel() // s.shape[0]
+
+    def fold(self) -> None:
+        if self.used == 0:
+            return
+        self.acc += self.rows[: self.used].sum(0)
+        self.rows.zero_()
+        self.used = 0
+
+
+def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every spiking layer whose output is spikes: each :class:`NormNeuron` (its neuron is bypassed when
+    fused) and each neuron that is not inside one."""
+    fused = [name for name, m in model.named_modules() if isinstance(m, NormNeuron)]
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, NormNeuron) or (isinstance(m, BaseNeuron) and not any(name.startswith(f + ".")
+                                                                                    for f in fused))]
+
+
+def connection_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, CONNECTIONS)]
+
+
+class ActivityCounter:
+    """Forward hooks that count a model's activity on the device over any number of forward passes.
+
+    Args:
+        model: the network (its input is ``[B, ...]``, repeated over T inside, or ``[T, B, C, H, W]``).
+        backend: ``torch``, ``triton`` or ``auto``: how connection-layer inputs are counted (the Triton
+            kernel for ``Conv2d`` and ``Linear`` inputs on CUDA, the PyTorch reference otherwise).
+        connections: also count synaptic operations (False: spiking layers only, for firing rates).
+
+    ``attach()`` registers the hooks and starts from zero; ``detach()`` removes them. The counts stay on
+    the device until :meth:`totals`.
+    """
+
+    def __init__(self, model: nn.Module, backend: str = "auto", connections: bool = True) -> None:
+        self.model = model
+        self.backend = backend
+        self.spiking = {name: _Spiking(name, m) for name, m in spiking_layers(model)}
+        self.connections = ({name: _Connection(name, m) for name, m in connection_layers(model)}
+                            if connections else {})
+        self.samples = self.passes = 0
+        self.order: list[str] = []  # layer names in the order of their first call
+        self._seen: set[str] = set()
+        self._batch: int | None = None
+        self._handles: list[Any] = []
+
+    # hooks
+    def _model_pre(self, module: nn.Module, args: tuple) -> None:
+        x = args[0] if args else None
+        if torch.is_tensor(x) and x.dim() >= 1:
+            self._batch = int(x.shape[1] if x.dim() == 5 else x.shape[0])
+            self.samples += self._batch
+            self.passes += 1
+
+    def _model_post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._batch = None
+
+    def _first(self, name: str) -> None:
+        if name not in self._seen:
+            self._seen.add(name)
+            self.order.append(name)
+
+    def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
+        self._first(layer.name)
+        layer.count(args[0].detach(), self._batch, self.backend)
+
+    def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
+        self._first(layer.name)
+        layer.count(output[0] if isinstance(output, tuple) else output)
+
+    def attach(self) -> ActivityCounter:
+        self.detach()
+        self.reset()
+        self._handles.append(self.model.register_forward_pre_hook(self._model_pre))
+        self._handles.append(self.model.register_forward_hook(self._model_post))
+        for layer in self.connections.values():
+            self._handles.append(layer.module.register_forward_pre_hook(partial(self._connection_pre, layer)))
+        for layer in self.spiking.values():
+            self._handles.append(layer.module.register_forward_hook(partial(self._spiking_post, layer)))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def reset(self) -> None:
+        for name, layer in self.spiking.items():
+            self.spiking[name] = _Spiking(name, layer.module)
+        for name, layer in self.connections.items():
+            fresh = _Connection(name, layer.module)
+            fresh._m, fresh._geo = layer._m, layer._geo  # weight counts and shapes carry over while unchanged
+            self.connections[name] = fresh
+        self.samples = self.passes = 0
+        self.order.clear()
+        self._seen.clear()
+        self._batch = None
+
+    # totals
+    def _called(self) -> tuple[list[_Spiking], list[_Connection]]:
+        return ([s for s in self.spiking.values() if s.host[0]], [c for c in self.connections.values() if c.host[0]])
+
+    def totals(self) -> torch.Tensor | None:
+        """Every count, one float64 tensor on the device (None when nothing ran): per spiking layer that ran
+        (model order) its spikes per channel and its host counts, per connection layer that ran its device
+        and host counts, then the samples and forward passes (the spiking layers' T is not packed: it is the
+        same everywhere). Every process that ran the same layers packs the same layout,
+        so the tensors can be added with one collective and handed to :meth:`unpack`."""
+        spiking, conns = self._called()
+        if not spiking and not conns:
+            return None
+        device = (spiking[0].acc if spiking else conns[0].acc).device
+        parts, host = [], []
+        for s in spiking:
+            s.fold()
+            parts.append(s.acc)
+            host += s.host
+        for c in conns:
+            c.fold()
+            parts.append(c.acc.double())
+            host += c.host
+        host += [self.samples, self.passes]
+        return torch.cat([*parts, torch.tensor(host, dtype=torch.float64, device=device)])
+
+    def unpack(self, flat: torch.Tensor) -> dict[str, Any]:
+        """Reduced totals (from :meth:`totals`, on any device) as plain values: ``spiking`` and ``connections``
+        per layer name, ``samples``, ``passes`` and ``order`` (the layers in the order they ran)."""
+        spiking, conns = self._called()
+        sizes = [s.acc.numel() for s in spiking] + [4] * len(conns)
+        values = flat.detach().cpu()
+        parts = values[: sum(sizes)].split(sizes)
+        host = values[sum(sizes):].tolist()
+        out: dict[str, Any] = {"spiking": {}, "connections": {}, "order": list(self.order)}
+        i = 0
+        for s, part in zip(spiking, parts):
+            calls, neuron_steps, ann = host[i: i + 3]
+            i += 3
+            out["spiking"][s.name] = {"type": _layer_type(s.module), "channel_spikes": part,
+                                      "spikes": float(part.sum()), "neuron_steps": neuron_steps,
+                                      "ann_activations": ann, "steps": s.steps, "calls": int(calls)}
+        for c, part in zip(conns, parts[len(spiking):]):
+            calls, frames, numel, dense, ann_dense, ann_inputs = host[i: i + 6]
+            i += 6
+            ac, mac, nonzero, nonbinary_calls = part.tolist()
+            out["connections"][c.name] = {"type": type(c.module).__name__, "ac": ac, "mac": mac, "nonzero": nonzero,
+                                          "numel": numel, "dense": dense, "ann_dense": ann_dense,
+                                          "ann_inputs": ann_inputs, "calls": int(calls),
+                                          "nonbinary_calls": int(nonbinary_calls), "frames": frames}
+        out["samples"], out["passes"] = int(host[i]), int(host[i + 1])
+        return out
+
+
+def _layer_type(module: nn.Module) -> str:
+    if isinstance(module, NormNeuron):
+        return f"{type(module.norm).__name__}+{type(module.neuron).__name__}"
+    return type(module).__name__
+
+
+# ----------------------------------------------------------------------------- static metrics
+
+
+def static_metrics(model: nn.Module) -> dict[str, Any]:
+    """NeuroBench's static metrics of ``model``: ``ParameterCount``, ``Footprint`` (bytes of parameters and
+    buffers) and ``ConnectionSparsity`` (zero weights over all weights of the connection layers)."""
+    params = sum(p.numel() for p in model.parameters())
+    footprint = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    weights = [m.weight.detach() for _, m in connection_layers(model)]
+    total = sum(w.numel() for w in weights)
+    zeros = int(torch.stack([(w == 0).sum() for w in weights]).sum()) if weights else 0
+    return {"ParameterCount": params, "Footprint": footprint,
+            "ConnectionSparsity": zeros / total if total else 0.0}
+
+
+# ----------------------------------------------------------------------------- energy
+
+
+@dataclass(frozen=True)
+class EnergyModel:
+    """Energy per operation and per memory word, picojoules."""
+
+    name: str
+    description: str
+    source: str
+    ac: float = 0.9                 # 32-bit float add, 45 nm
+    mac: float = 4.6                # 32-bit float multiply (3.7) + add (0.9), 45 nm
+    word: float = 0.0               # one 32-bit word read or written in SRAM
+
+    def snn(self, w: dict[str, float]) -> float:
+        """pJ per sample of the spiking network from the per-sample workload ``w``."""
+        access = self.word
+        energy = w["Effective_ACs"] * (self.ac + 3 * access) + w["Effective_MACs"] * (self.mac + 3 * access)
+        if access:
+            energy += (w["nonzero_inputs"] * access + w["neuron_updates"] * (self.mac + 3 * access)
+                       + w["spikes"] * access)
+        return energy
+
+    def ann(self, a: dict[str, float]) -> float:
+        """pJ per sample of the same network as a ReLU ANN (one step, dense) from its workload ``a``."""
+        access = self.word
+        energy = a["MACs"] * (self.mac + 3 * access)
+        if access:
+            energy += a["inputs"] * access + a["activations"] * 2 * access
+        return energy
+
+
+HOROWITZ = ("M. Horowitz, \"Computing's energy problem (and what we can do about it)\", ISSCC 2014: 45 nm, "
+            "32-bit float add 0.9 pJ, multiply 3.7 pJ, 8 KB SRAM 10 pJ per 64-bit access")
+ENERGY_MODELS = (
+    EnergyModel(
+        "compute", "0.9 pJ per AC, 4.6 pJ per MAC; nothing else (the proxy most SNN papers report)", HOROWITZ),
+    EnergyModel(
+        "compute+memory",
+        "0.9 pJ per AC and 4.6 pJ per MAC, plus 5 pJ per 32-bit SRAM word (half a 64-bit access), no data "
+        "reuse: every synaptic operation reads its weight and reads and writes its target's partial sum; every "
+        "nonzero input is read once; SNN: every neuron-step reads its input current and reads and writes its "
+        "membrane (3 words) with one MAC for the update, every spike is written; ANN: every activation reads its "
+        "sum and writes its output (2 words). Accounting after Lemaire et al., ICONIP 2022, and Dampfhoffer et "
+        "al., IEEE TETCI 2023 (memory traffic, not arithmetic, dominates both networks)", HOROWITZ, word=5.0),
+)
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def build_report(totals: dict[str, Any], static: dict[str, Any] | None = None,
+                 energy_models: Sequence[EnergyModel] = ENERGY_MODELS) -> dict[str, Any]:
+    """The efficiency report (plain values, JSON-ready) from :meth:`ActivityCounter.unpack` output and
+    :func:`static_metrics`. Workload values are per sample (one forward pass of one image) and per time step."""
+    samples = max(1, totals["samples"])
+    spiking, conns = totals["spiking"], totals["connections"]
+    steps = max([s["steps"] for s in spiking.values()] or [1])
+    spikes = sum(s["spikes"] for s in spiking.values())
+    neuron_steps = sum(s["neuron_steps"] for s in spiking.values())
+    ac = sum(c["ac"] for c in conns.values())
+    mac = sum(c["mac"] for c in conns.values())
+    dense = sum(c["dense"] for c in conns.values())
+    synops = {"Effective_MACs": mac / samples, "Effective_ACs": ac / samples, "Dense": dense / samples}
+    workload = {
+        "SynapticOperations": synops,
+        "SynapticOperations_per_time_step": {k: v / steps for k, v in synops.items()},
+        "ActivationSparsity": 1.0 - spikes / neuron_steps if neuron_steps else 0.0,
+        "firing_rate": spikes / neuron_steps if neuron_steps else 0.0,
+        "spikes": spikes / samples,
+        "neuron_updates": neuron_steps / samples,
+        "nonzero_inputs": sum(c["nonzero"] for c in conns.values()) / samples,
+    }
+    ann = {"MACs": sum(c["ann_dense"] for c in conns.values()) / samples,
+           "inputs": sum(c["ann_inputs"] for c in conns.values()) / samples,
+           "activations": sum(s["ann_activations"] for s in spiking.values()) / samples}
+    flat = {**synops, **{k: workload[k] for k in ("spikes", "neuron_updates", "nonzero_inputs")}}
+    energy = []
+    for model in energy_models:
+        snn_uj, ann_uj = model.snn(flat) * 1e-6, model.ann(ann) * 1e-6
+        energy.append({"model": model.name, "description": model.description, "source": model.source,
+                       "snn_uJ": snn_uj, "ann_uJ": ann_uj, "ann_over_snn": ann_uj / snn_uj if snn_uj else None})
+    layers = []
+    for name in totals["order"]:
+        if name in conns:
+            c = conns[name]
+            layers.append({
+                "name": name, "type": c["type"], "kind": "connection",
+                "Effective_ACs": c["ac"] / samples, "Effective_MACs": c["mac"] / samples, "Dense": c["dense"] / samples,
+                "input_sparsity": 1.0 - c["nonzero"] / c["numel"] if c["numel"] else 0.0,
+                "binary_input_calls": (c["calls"] - c["nonbinary_calls"]) / c["calls"] if c["calls"] else 0.0,
+                "calls_per_pass": c["calls"] / max(1, totals["passes"]),
+                "ann_MACs": c["ann_dense"] / samples,
+            })
+        elif name in spiking:
+            s = spiking[name]
+            rate = s["spikes"] / s["neuron_steps"] if s["neuron_steps"] else 0.0
+            layers.append({"name": name, "type": s["type"], "kind": "spiking", "firing_rate": rate,
+                           "ActivationSparsity": 1.0 - rate, "neurons": s["ann_activations"] / samples,
+                           "spikes": s["spikes"] / samples})
+    return {"format": FORMAT, "T": steps, "samples": totals["samples"], "static": dict(static or {}),
+            "workload": workload, "ann": ann, "energy": energy, "layers": layers}
+
+
+# ----------------------------------------------------------------------------- presentation
+
+
+def _si(value: float | None, digits: int = 3) -> str:
+    """``12.3 M``-style numbers for the tables."""
+    if value is None:
+        return "n/a"
+    value = float(value)
+    for factor, suffix in ((1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.{digits}g}{suffix}"
+    return f"{value:.{digits}g}"
+
+
+def markdown(report: dict[str, Any], title: str = "Efficiency report", layers: bool = True) -> str:
+    """The report as markdown tables: totals, energy estimates beside the ANN, and (``layers``) per layer."""
+    w, syn, steps = report["workload"], report["workload"]["SynapticOperations"], report["T"]
+    st = report.get("static") or {}
+    lines = [f"## {title}", "",
+             f"{report['samples']} samples (forward passes of one input) of the validation data, T = {steps}; "
+             "values per sample (one forward pass over all T steps) and per time step. Synaptic operations "
+             "follow NeuroBench's rules: inputs all in {-1, 0, 1}: accumulates (ACs), otherwise "
+             "multiply-accumulates (MACs); zero inputs and zero weights skipped; bias, norms, pooling, "
+             "element-wise ops and neuron updates not included.", "",
+             "| metric (NeuroBench name) | per sample | per time step |", "|---|---|---|"]
+    per_step = w["SynapticOperations_per_time_step"]
+    for key, label in (("Effective_ACs", "effective ACs (Effective_ACs)"),
+                       ("Effective_MACs", "effective MACs (Effective_MACs)"), ("Dense", "dense operations (Dense)")):
+        lines.append(f"| {label} | {_si(syn[key])} | {_si(per_step[key])} |")
+    lines.append(f"| spikes | {_si(w['spikes'])} | {_si(w['spikes'] / steps)} |")
+    lines.append(f"| activation sparsity (ActivationSparsity) | {w['ActivationSparsity']:.4f} | |")
+    lines.append(f"| firing rate | {w['firing_rate']:.4f} | |")
+    if st:
+        lines.append(f"| parameters (ParameterCount) | {_si(st['ParameterCount'])} | |")
+        lines.append(f"| footprint, bytes (Footprint) | {_si(st['Footprint'])} | |")
+        lines.append(f"| connection sparsity (ConnectionSparsity) | {st['ConnectionSparsity']:.4f} | |")
+    lines.append(f"| same network as an ANN (ReLU, one step): MACs | {_si(report['ann']['MACs'])} | |")
+    lines += ["", "| energy model | SNN, µJ per sample | same network as ANN (ReLU, one step), µJ | ANN / SNN |",
+              "|---|---|---|---|"]
+    for e in report["energy"]:
+        ratio = "n/a" if e["ann_over_snn"] is None else f"{e['ann_over_snn']:.2f}"
+        lines.append(f"| {e['model']} | {e['snn_uJ']:.4g} | {e['ann_uJ']:.4g} | {ratio} |")
+    lines.append("")
+    for e in report["energy"]:
+        lines.append(f"- {e['model']}: {e['description']}. Source: {e['source']}.")
+    if layers and report["layers"]:
+        lines += ["", "| layer | type | firing rate | input sparsity | ACs | MACs | dense | binary-input calls |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for lay in report["layers"]:
+            if lay["kind"] == "spiking":
+                lines.append(f"| {lay['name']} | {lay['type']} | {lay['firing_rate']:.4f} | | | | | |")
+            else:
+                lines.append(f"| {lay['name']} | {lay['type']} | | {lay['input_sparsity']:.4f} | "
+                             f"{_si(lay['Effective_ACs'])} | {_si(lay['Effective_MACs'])} | {_si(lay['Dense'])} | "
+                             f"{lay['binary_input_calls']:.2f} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def layer_chart(report: dict[str, Any], width: int = 960):
+    """A per-layer picture (uint8 ``[H, W, 3]`` array): for each connection layer its effective ACs (blue) and
+    MACs (orange) over its dense operations (grey), for each spiking layer its firing rate (green)."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    layers = report["layers"]
+    row, label, right = 14, 230, 110
+    height = row * (len(layers) + 3)
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    font = ImageFont.load_default()
+    span = width - label - right
+    dense_max = max([lay["Dense"] for lay in layers if lay["kind"] == "connection"] or [1.0]) or 1.0
+    rate_max = max([lay["firing_rate"] for lay in layers if lay["kind"] == "spiking"] or [1.0]) or 1.0
+    draw.text((4, 2), f"per sample, T={report['T']}: ops (blue AC, orange MAC, grey dense) | firing rate (green)",
+              fill="black", font=font)
+    for i, lay in enumerate(layers):
+        y = row * (i + 2)
+        draw.text((4, y), lay["name"][-34:], fill="black", font=font)
+        if lay["kind"] == "connection":
+            dense = span * lay["Dense"] / dense_max
+            ac = span * lay["Effective_ACs"] / dense_max
+            mac = span * lay["Effective_MACs"] / dense_max
+            draw.rectangle([label, y + 2, label + dense, y + row - 3], fill=(215, 215, 215))
+            draw.rectangle([label, y + 2, label + ac, y + row - 3], fill=(50, 110, 200))
+            draw.rectangle([label + ac, y + 2, label + ac + mac, y + row - 3], fill=(230, 140, 40))
+            text = _si(lay["Effective_ACs"] + lay["Effective_MACs"])
+        else:
+            draw.rectangle([label, y + 2, label + span * lay["firing_rate"] / rate_max, y + row - 3],
+                           fill=(60, 160, 80))
+            text = f"{lay['firing_rate']:.3f}"
+        draw.text((width - right + 6, y), text, fill="black", font=font)
+    return np.asarray(img)
