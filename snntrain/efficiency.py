@@ -36,7 +36,7 @@ docs/efficiency.md explains every number and where NeuroBench's rules and ours d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -558,13 +558,12 @@ def markdown(report: dict[str, Any], title: str = "Efficiency report", layers: b
     """The report as markdown tables: totals, energy estimates beside the ANN, and (``layers``) per layer."""
     w, syn, steps = report["workload"], report["workload"]["SynapticOperations"], report["T"]
     st = report.get("static") or {}
-    lines = [f"## {title}", "",
-             f"{report['samples']} samples (forward passes of one input) of the validation data, T = {steps}; "
+    intro = (f"{report['samples']} samples (forward passes of one input) of the validation data, T = {steps}; "
              "values per sample (one forward pass over all T steps) and per time step. Synaptic operations "
              "follow NeuroBench's rules: inputs all in {-1, 0, 1}: accumulates (ACs), otherwise "
              "multiply-accumulates (MACs); zero inputs and zero weights skipped; bias, norms, pooling, "
-             "element-wise ops and neuron updates not included.", "",
-             "| metric (NeuroBench name) | per sample | per time step |", "|---|---|---|"]
+             "element-wise ops and neuron updates not included.")
+    lines = [f"## {title}", "", intro, "", "| metric (NeuroBench name) | per sample | per time step |", "|---|---|---|"]
     per_step = w["SynapticOperations_per_time_step"]
     for key, label in (("Effective_ACs", "effective ACs (Effective_ACs)"),
                        ("Effective_MACs", "effective MACs (Effective_MACs)"), ("Dense", "dense operations (Dense)")):
@@ -583,8 +582,12 @@ def markdown(report: dict[str, Any], title: str = "Efficiency report", layers: b
         ratio = "n/a" if e["ann_over_snn"] is None else f"{e['ann_over_snn']:.2f}"
         lines.append(f"| {e['model']} | {e['snn_uJ']:.4g} | {e['ann_uJ']:.4g} | {ratio} |")
     lines.append("")
+    sources = []
     for e in report["energy"]:
-        lines.append(f"- {e['model']}: {e['description']}. Source: {e['source']}.")
+        lines.append(f"- {e['model']}: {e['description']}.")
+        if e["source"] not in sources:
+            sources.append(e["source"])
+    lines += [f"- Energy per operation and per memory access: {source}." for source in sources]
     if layers and report["layers"]:
         lines += ["", "| layer | type | firing rate | input sparsity | ACs | MACs | dense | binary-input calls |",
                   "|---|---|---|---|---|---|---|---|"]

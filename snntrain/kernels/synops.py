@@ -101,7 +101,7 @@ def _count_synops_kernel(
     tl.atomic_add(out_ptr + 2, tl.sum(acc_nb.to(tl.int64), axis=0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
