@@ -36,6 +36,7 @@ docs/efficiency.md explains every number and where NeuroBench's rules and ours d
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -73,6 +74,7 @@ class _Geometry:
     out_size: tuple[int, ...]
     frame_numel: int                  # input elements per frame
     dense_per_frame: int              # synaptic operations per frame, zeros included, padding not
+    fan_bound: int                    # the largest fan-out an input element can have (outputs x taps)
 
 
 def _taps_reaching(size: int, out: int, k: int, stride: int, pad: int, dil: int) -> int:
@@ -103,7 +105,7 @@ def geometry(layer: nn.Module, shape: Sequence[int]) -> _Geometry:
             raise ValueError(f"Linear({layer.in_features}, {layer.out_features}) got input of shape {shape}")
         frames = math.prod(shape[:-1])
         return _Geometry(frames, len(shape) - 1, (), (), (), (), (), (), layer.in_features,
-                         layer.in_features * layer.out_features)
+                         layer.in_features * layer.out_features, layer.out_features)
     d = len(layer.kernel_size)
     if len(shape) != d + 2:
         raise ValueError(f"{type(layer).__name__} input has shape {shape}; counting needs a batched "
@@ -116,7 +118,8 @@ def geometry(layer: nn.Module, shape: Sequence[int]) -> _Geometry:
     for s, o, k, st, p, dl in zip(sizes, outs, layer.kernel_size, layer.stride, left, layer.dilation):
         dense *= sum(_taps_reaching(s, o, j, st, p, dl) for j in range(k))
     return _Geometry(shape[0], 1, tuple(range(2, 2 + d)), tuple(layer.kernel_size), tuple(layer.stride), left,
-                     tuple(layer.dilation), outs, math.prod(shape[1:]), dense)
+                     tuple(layer.dilation), outs, math.prod(shape[1:]), dense,
+                     layer.out_channels // layer.groups * math.prod(layer.kernel_size))
 
 
 def weight_fanin(layer: nn.Module) -> torch.Tensor:
@@ -147,19 +150,31 @@ def fanout_map(m: torch.Tensor, geo: _Geometry, sizes: Sequence[int]) -> torch.T
     return torch.einsum(spec, m.double(), *factors).round().to(torch.int64)
 
 
-def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None,
+                    spikes: bool = False) -> torch.Tensor:
     """The counts of one call, int64 ``[3]``: effective operations, nonzero inputs, inputs outside
-    ``{-1, 0, 1}`` (the PyTorch reference of :func:`snntrain.kernels.synops.count_synops`)."""
-    if geo.spatial_dims:
-        frames = x
-    else:
-        frames = x.reshape(-1, x.shape[-1])
+    ``{-1, 0, 1}`` (the PyTorch reference of :func:`snntrain.kernels.synops.count_synops`). ``spikes``: ``x``
+    is known to hold only zeros and ones (a spiking layer's output), which saves the checks.
+
+    The nonzero pattern (``|x|`` mapped to 0/1) times ``[fan-out, 1]`` is one matrix product per frame
+    row, in float32 on the CPU over column chunks short enough that every partial sum is an integer below
+    2**24 (exact), in float64 elsewhere (no TF32)."""
+    frames = (x if geo.spatial_dims else x.reshape(-1, x.shape[-1])).contiguous()
     if fan is None:
         fan = fanout_map(m, geo, frames.shape[2:])
-    nz = frames != 0
-    counts = nz.sum(0)
-    return torch.stack([(counts * fan).sum(), counts.sum(), (nz & (frames.abs() != 1)).sum()])
+    n = frames.shape[0]
+    if spikes:
+        nz, nonbinary = frames, torch.zeros((), dtype=torch.int64, device=frames.device)
+    else:
+        a = frames.abs()
+        nz = torch.sign(a)  # 1 where x != 0
+        nonbinary = torch.count_nonzero(a.sub_(nz))
+    exact, dtype = (2**24, torch.float32) if frames.device.type == "cpu" else (2**53, torch.float64)
+    flat = nz.view(n, -1).to(dtype)
+    cols = torch.stack([fan.flatten().to(dtype), torch.ones(flat.shape[1], dtype=dtype, device=flat.device)], 1)
+    chunk = max(1, (exact - 1) // max(1, geo.fan_bound))
+    total = sum((flat[:, i: i + chunk] @ cols[i: i + chunk]).double().sum(0) for i in range(0, flat.shape[1], chunk))
+    return torch.cat([total.round().to(torch.int64), nonbinary.view(1)])
 
 
 # ----------------------------------------------------------------------------- per-layer state
@@ -187,7 +202,7 @@ class _Connection:
             self._fan.clear()
         return self._m[1]
 
-    def count(self, x: torch.Tensor, batch: int | None, backend: str) -> None:
+    def count(self, x: torch.Tensor, batch: int | None, backend: str, spikes: bool = False) -> None:
         key = (tuple(x.shape), x.stride())
         geo = self._geo.get(key)
         if geo is None:
@@ -211,7 +226,7 @@ class _Connection:
                 if len(self._fan) >= 8:
                     self._fan.clear()
                 fan = self._fan[key] = fanout_map(m, geo, x.shape[2:] if geo.spatial_dims else ())
-            row.copy_(count_reference(x, m, geo, fan))
+            row.copy_(count_reference(x, m, geo, fan, spikes))
         self.used += 1
         if self.used == ROWS:
             self.fold()
@@ -236,7 +251,8 @@ class _Connection:
 
 
 class _Spiking:
-    """Counts of one spiking layer: spikes per channel (device rows, folded), neuron-steps and T (host)."""
+    """Counts of one spiking layer: spikes per channel (device rows of float32 sums, exact below 2**24 spikes
+    per channel and call, folded into float64), neuron-steps and T (host)."""
 
     def __init__(self, name: str, module: nn.Module) -> None:
         self.name, self.module = name, module
@@ -250,14 +266,17 @@ class _Spiking:
         dims = [d for d in range(s.dim()) if d != (2 if s.dim() >= 3 else 1)]
         channels = s.shape[2 if s.dim() >= 3 else 1]
         if self.rows is None:
-            self.rows = torch.zeros(ROWS, channels, dtype=torch.float64, device=s.device)
+            self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=s.device)
             self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
         elif self.rows.shape[1] != channels:
             raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
-        torch.sum(s.detach(), dim=dims, dtype=torch.float64, out=self.rows[self.used])
-        self.used += 1
-        if self.used == ROWS:
-            self.fold()
+        if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
+            torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=self.rows[self.used])
+            self.used += 1
+            if self.used == ROWS:
+                self.fold()
+        else:
+            self.acc += torch.sum(s.detach(), dim=dims, dtype=torch.float64)
         self.steps = max(self.steps, int(s.shape[0]))
         self.host[0] += 1
         self.host[1] += s.numel()
@@ -266,8 +285,7 @@ class _Spiking:
     def fold(self) -> None:
         if self.used == 0:
             return
-        self.acc += self.rows[: self.used].sum(0)
-        self.rows.zero_()
+        self.acc += self.rows[: self.used].sum(0, dtype=torch.float64)  # rows are overwritten, not added to
         self.used = 0
 
 
@@ -308,6 +326,9 @@ class ActivityCounter:
         self._seen: set[str] = set()
         self._batch: int | None = None
         self._handles: list[Any] = []
+        # this pass's spiking-layer outputs (zeros and ones by construction), by storage location: a connection
+        # layer reading one of them (unchanged, still alive) skips the reference's value checks
+        self._spikes: dict[tuple, tuple[weakref.ref, int]] = {}
 
     # hooks
     def _model_pre(self, module: nn.Module, args: tuple) -> None:
@@ -316,9 +337,22 @@ class ActivityCounter:
             self._batch = int(x.shape[1] if x.dim() == 5 else x.shape[0])
             self.samples += self._batch
             self.passes += 1
+        self._spikes.clear()
 
     def _model_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._batch = None
+        self._spikes.clear()
+
+    @staticmethod
+    def _where(t: torch.Tensor) -> tuple:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+
+    def _is_spikes(self, x: torch.Tensor) -> bool:
+        found = self._spikes.get(self._where(x))
+        if found is None:
+            return False
+        source = found[0]()
+        return source is not None and source._version == found[1]
 
     def _first(self, name: str) -> None:
         if name not in self._seen:
@@ -327,11 +361,16 @@ class ActivityCounter:
 
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
         self._first(layer.name)
-        layer.count(args[0].detach(), self._batch, self.backend)
+        x = args[0].detach()
+        spikes = bool(self._spikes) and not use_triton(self.backend, x) and self._is_spikes(x)
+        layer.count(x, self._batch, self.backend, spikes)
 
     def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
         self._first(layer.name)
-        layer.count(output[0] if isinstance(output, tuple) else output)
+        s = output[0] if isinstance(output, tuple) else output
+        layer.count(s)
+        if self.connections and not use_triton(self.backend, s):
+            self._spikes[self._where(s)] = (weakref.ref(s), s._version)
 
     def attach(self) -> ActivityCounter:
         self.detach()
@@ -357,6 +396,7 @@ class ActivityCounter:
             fresh._m, fresh._geo = layer._m, layer._geo  # weight counts and shapes carry over while unchanged
             self.connections[name] = fresh
         self.samples = self.passes = 0
+        self._spikes.clear()
         self.order.clear()
         self._seen.clear()
         self._batch = None
