@@ -144,6 +144,37 @@ def test_sew_connections_hand_counts(connect, ops, binary):
     assert report["layers"][0]["binary_input_calls"] == (1.0 if binary else 0.0)
 
 
+class SpikesIntoConv(nn.Module):
+    def __init__(self, scale_in_place: bool) -> None:
+        super().__init__()
+        from snntrain.nn import LIF, NormNeuron
+
+        self.sn = NormNeuron(nn.BatchNorm2d(1), LIF(tau=2.0), backend="torch")
+        self.conv = MultiStep(conv(1, 1, 3, padding=1))
+        self.scale_in_place = scale_in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.sn(x)
+        if self.scale_in_place:
+            s.mul_(2.0)  # no longer spikes: the reference must not take the neuron's word for it
+        return self.conv(s)
+
+
+@pytest.mark.parametrize("scale_in_place", [False, True])
+def test_spiking_outputs_skip_checks_only_while_unchanged(scale_in_place):
+    x = torch.tensor([0.0, 3.0, 0.0, 3.0, 3.0, 0.0]).view(1, 1, 1, 2, 3).expand(2, 1, 1, 2, 3).contiguous()
+    model = SpikesIntoConv(scale_in_place).eval()
+    counter = E.ActivityCounter(model, backend="torch").attach()
+    with torch.no_grad():
+        model(x)
+    counter.detach()
+    layer = counter.unpack(counter.totals())["connections"]["conv.0"]
+    spikes = (model.sn(x) != 0).flatten(0, 1)
+    expected = definition(model.conv[0], spikes.float())
+    assert expected > 0
+    assert (layer["ac"], layer["mac"]) == ((0, expected) if scale_in_place else (expected, 0))
+
+
 def test_detector_head_hand_counts():
     f = _Factory(DEFAULT_NEURON, "batchnorm", "torch")
     head = FCOSHead(channels=2, num_classes=1, num_convs=0, num_levels=2, readout="membrane", f=f).eval()
