@@ -180,6 +180,12 @@ def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch
 # ----------------------------------------------------------------------------- per-layer state
 
 
+def _synops():
+    from .kernels import synops  # imported at the first kernel launch: CPU-only use never loads Triton
+
+    return synops
+
+
 class _Connection:
     """Counts of one connection layer: device rows of (effective ops, nonzeros, non-binary inputs) per call,
     folded into (AC ops, MAC ops, nonzero inputs, non-binary calls); host sums of what shapes decide."""
@@ -191,18 +197,19 @@ class _Connection:
         self.acc: torch.Tensor | None = None
         self.host = [0, 0, 0, 0, 0, 0]  # calls, frames, input elements, dense ops, ANN ops, ANN input elements
         self._geo: dict[tuple, _Geometry] = {}
+        self._plan: dict[tuple, Any] = {}
         self._fan: dict[tuple, torch.Tensor] = {}
-        self._m: tuple[tuple, torch.Tensor] | None = None
+        self._m: tuple[torch.Tensor, torch.Tensor] | None = None  # per-tap weight counts, their [C, KH, KW] view
+        self._row_views: Sequence[torch.Tensor] = ()
 
     def fanin(self) -> torch.Tensor:
-        w = self.module.weight
-        key = (w.data_ptr(), w._version, w.device)
-        if self._m is None or self._m[0] != key:  # new weights since the last call (an optimizer step, a swap)
-            self._m = (key, weight_fanin(self.module))
-            self._fan.clear()
-        return self._m[1]
+        """The weights' per-tap counts, read at the first call after :meth:`ActivityCounter.attach`."""
+        if self._m is None:
+            m = weight_fanin(self.module)
+            self._m = (m, m.view(m.shape[0], *(m.shape[1:] if m.dim() == 3 else (1, 1))))
+        return self._m[0]
 
-    def count(self, x: torch.Tensor, batch: int | None, backend: str, spikes: bool = False) -> None:
+    def count(self, x: torch.Tensor, batch: int | None, kernel: bool, spikes: bool = False) -> None:
         key = (tuple(x.shape), x.stride())
         geo = self._geo.get(key)
         if geo is None:
@@ -211,15 +218,18 @@ class _Connection:
         if self.rows is None:
             self.rows = torch.zeros(ROWS, 3, dtype=torch.int64, device=x.device)
             self.acc = torch.zeros(4, dtype=torch.int64, device=x.device)
-        row = self.rows[self.used]
-        if use_triton(backend, x) and (not geo.spatial_dims or len(geo.spatial_dims) == 2):
-            from .kernels.synops import count_synops
-
-            two = len(geo.spatial_dims) == 2
-            count_synops(x, m.view(m.shape[0], *(m.shape[1:] if two else (1, 1))), row,
-                         channel_dim=geo.channel_dim, spatial_dims=geo.spatial_dims or None,
-                         stride=geo.stride or (1, 1), padding=geo.padding or (0, 0),
-                         dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1))
+            self._row_views = self.rows.unbind(0)
+        row = self._row_views[self.used]
+        if kernel and len(geo.spatial_dims) in (0, 2):
+            synops = _synops()
+            p = self._plan.get(key)
+            if p is None:
+                p = self._plan[key] = synops.plan(
+                    key[0], key[1], tuple(self._m[1].shape[1:]), channel_dim=geo.channel_dim,
+                    spatial_dims=geo.spatial_dims or None, stride=geo.stride or (1, 1),
+                    padding=geo.padding or (0, 0), dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1),
+                    cuda_index=(x.device.index or 0) if x.is_cuda else None)
+            synops.launch(p, x, self._m[1], row)
         else:
             fan = self._fan.get(key)
             if fan is None:
@@ -311,7 +321,8 @@ class ActivityCounter:
             kernel for ``Conv2d`` and ``Linear`` inputs on CUDA, the PyTorch reference otherwise).
         connections: also count synaptic operations (False: spiking layers only, for firing rates).
 
-    ``attach()`` registers the hooks and starts from zero; ``detach()`` removes them. The counts stay on
+    ``attach()`` registers the hooks and starts from zero; ``detach()`` removes them. The weights are read
+    at each layer's first call after ``attach()`` (attach again after changing them). The counts stay on
     the device until :meth:`totals`.
     """
 
@@ -329,6 +340,7 @@ class ActivityCounter:
         # this pass's spiking-layer outputs (zeros and ones by construction), by storage location: a connection
         # layer reading one of them (unchanged, still alive) skips the reference's value checks
         self._spikes: dict[tuple, tuple[weakref.ref, int]] = {}
+        self._kernels: dict[torch.device, bool] = {}
 
     # hooks
     def _model_pre(self, module: nn.Module, args: tuple) -> None:
@@ -342,6 +354,13 @@ class ActivityCounter:
     def _model_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._batch = None
         self._spikes.clear()
+
+    def _kernel(self, x: torch.Tensor) -> bool:
+        """Whether inputs on ``x``'s device are counted by the Triton kernel (decided once per device)."""
+        decided = self._kernels.get(x.device)
+        if decided is None:
+            decided = self._kernels[x.device] = use_triton(self.backend, x)
+        return decided
 
     @staticmethod
     def _where(t: torch.Tensor) -> tuple:
@@ -362,14 +381,14 @@ class ActivityCounter:
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
         self._first(layer.name)
         x = args[0].detach()
-        spikes = bool(self._spikes) and not use_triton(self.backend, x) and self._is_spikes(x)
-        layer.count(x, self._batch, self.backend, spikes)
+        kernel = self._kernel(x)
+        layer.count(x, self._batch, kernel, bool(self._spikes) and not kernel and self._is_spikes(x))
 
     def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
         self._first(layer.name)
         s = output[0] if isinstance(output, tuple) else output
         layer.count(s)
-        if self.connections and not use_triton(self.backend, s):
+        if self.connections and not self._kernel(s):
             self._spikes[self._where(s)] = (weakref.ref(s), s._version)
 
     def attach(self) -> ActivityCounter:
@@ -393,7 +412,7 @@ class ActivityCounter:
             self.spiking[name] = _Spiking(name, layer.module)
         for name, layer in self.connections.items():
             fresh = _Connection(name, layer.module)
-            fresh._m, fresh._geo = layer._m, layer._geo  # weight counts and shapes carry over while unchanged
+            fresh._geo, fresh._plan = layer._geo, layer._plan  # shapes decide these; the weights are read again
             self.connections[name] = fresh
         self.samples = self.passes = 0
         self._spikes.clear()

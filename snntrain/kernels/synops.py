@@ -33,13 +33,15 @@ every hooked call. The PyTorch reference (and the oracle of the tests) is
 from __future__ import annotations
 
 import functools
+import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["BLOCK", "count_synops"]
+__all__ = ["BLOCK", "Plan", "count_synops", "launch", "plan"]
 
 BLOCK = 1024
 NUM_WARPS = 4
@@ -81,10 +83,10 @@ def _count_synops_kernel(
     for base in range(start, numel, step):
         offs = base + lanes
         inb = offs < numel
-        x = tl.load(x_ptr + offs, mask=inb, other=0.0).to(tl.float32)
-        nz = x != 0.0
+        x = tl.load(x_ptr + offs, mask=inb, other=0.0)  # compared in its own dtype
+        nz = x != 0
         acc_nz += nz.to(tl.int32)
-        acc_nb += (nz & (tl.abs(x) != 1.0)).to(tl.int32)
+        acc_nb += (nz & (tl.abs(x) != 1)).to(tl.int32)
         c = (offs // sc) % C
         h = (offs // sh) % H
         w = (offs // sw) % W
@@ -106,6 +108,48 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The launch of one input shape and layout (host values only, computed once and reused)."""
+
+    copy: bool          # the input is not dense with dim 0 outermost: count a contiguous copy
+    grid: int
+    args: tuple         # numel, C, H, W, strides, geometry (the kernel's scalar arguments)
+    meta: tuple         # KH, KW, INT64
+
+
+def plan(shape: tuple[int, ...], strides: tuple[int, ...], kernel: tuple[int, int], *, channel_dim: int,
+         spatial_dims: tuple[int, int] | None, stride: tuple[int, int] = (1, 1), padding: tuple[int, int] = (0, 0),
+         dilation: tuple[int, int] = (1, 1), out_size: tuple[int, int] = (1, 1), cuda_index: int | None = None
+         ) -> Plan:
+    """The launch for an input of ``shape`` and ``strides`` (see :func:`count_synops` for the arguments;
+    ``cuda_index``: the input's CUDA device, None on the CPU)."""
+    copy = not _dense_sample_major(shape, strides)
+    if copy:
+        strides = _contiguous_strides(shape)
+    numel = math.prod(shape)
+    C, sc = shape[channel_dim], strides[channel_dim]
+    if spatial_dims is None:
+        H = W = sh = sw = 1
+    else:
+        (H, W), (sh, sw) = (shape[d] for d in spatial_dims), (strides[d] for d in spatial_dims)
+    grid = triton.cdiv(numel, BLOCK)
+    grid = max(1, min(grid, 4 if _INTERPRET or cuda_index is None else PROGRAMS_PER_SM * _sm_count(cuda_index)))
+    args = (numel, C, H, W, sc, sh, sw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
+            out_size[0], out_size[1])
+    return Plan(copy, grid, args, (kernel[0], kernel[1], numel > _INT32_MAX - grid * BLOCK))
+
+
+def launch(p: Plan, x: torch.Tensor, m: torch.Tensor, out: torch.Tensor) -> None:
+    """Add the counts of ``x`` (of the shape and layout ``p`` was made for) to ``out``; no checks."""
+    if p.args[0] == 0:
+        return
+    if p.copy:
+        x = x.contiguous()
+    KH, KW, int64 = p.meta
+    _count_synops_kernel[(p.grid,)](x, m, out, *p.args, KH=KH, KW=KW, INT64=int64, BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
 def count_synops(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor, *, channel_dim: int,
                  spatial_dims: tuple[int, int] | None, stride: tuple[int, int] = (1, 1),
                  padding: tuple[int, int] = (0, 0), dilation: tuple[int, int] = (1, 1),
@@ -120,39 +164,36 @@ def count_synops(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor, *, channel
         spatial_dims: the two dimensions of ``x`` a ``Conv2d`` slides over, or None (``Linear``).
         stride, padding, dilation: the convolution's, per spatial dim (padding: left / top).
         out_size: the convolution's output height and width for this input.
+
+    Callers that count many inputs of the same shape keep the :func:`plan` and call :func:`launch`.
     """
     if out.dtype != torch.int64 or out.numel() != 3 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous int64 tensor of 3 elements, got {out.dtype} {tuple(out.shape)}")
     if m.dtype != torch.int32 or m.dim() != 3 or not m.is_contiguous():
         raise ValueError(f"m must be a contiguous int32 [C, KH, KW] tensor, got {m.dtype} {tuple(m.shape)}")
-    if x.numel() == 0:
-        return
-    if not _dense_sample_major(x):
-        x = x.contiguous()
-    C, KH, KW = m.shape
-    if x.shape[channel_dim] != C:
-        raise ValueError(f"input has {x.shape[channel_dim]} channels in dim {channel_dim}; the layer reads {C}")
-    sc = x.stride(channel_dim)
-    if spatial_dims is None:
-        H = W = sh = sw = 1
-    else:
-        (H, W), (sh, sw) = (x.shape[d] for d in spatial_dims), (x.stride(d) for d in spatial_dims)
-    numel = x.numel()
-    grid = triton.cdiv(numel, BLOCK)
-    grid = min(grid, 4 if _INTERPRET or not x.is_cuda else PROGRAMS_PER_SM * _sm_count(x.device.index or 0))
-    _count_synops_kernel[(grid,)](
-        x, m, out, numel, C, H, W, sc, sh, sw, stride[0], stride[1], padding[0], padding[1], dilation[0],
-        dilation[1], out_size[0], out_size[1], KH=KH, KW=KW, INT64=numel > _INT32_MAX - grid * BLOCK, BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
-    )
+    if x.shape[channel_dim] != m.shape[0]:
+        raise ValueError(f"input has {x.shape[channel_dim]} channels in dim {channel_dim}; the layer reads "
+                         f"{m.shape[0]}")
+    p = plan(tuple(x.shape), x.stride(), tuple(m.shape[1:]), channel_dim=channel_dim, spatial_dims=spatial_dims,
+             stride=stride, padding=padding, dilation=dilation, out_size=out_size,
+             cuda_index=x.device.index or 0 if x.is_cuda else None)
+    launch(p, x, m, out)
 
 
-def _dense_sample_major(x: torch.Tensor) -> bool:
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(1, size)
+    return tuple(reversed(strides))
+
+
+def _dense_sample_major(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Dense (no gaps, no overlaps) with dimension 0 outermost: element offset = n * (numel / N) + in-sample offset."""
     expected = 1
-    for d in sorted((d for d in range(x.dim()) if x.shape[d] != 1), key=x.stride):
-        if x.stride(d) != expected:
+    for d in sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: strides[d]):
+        if strides[d] != expected:
             return False
-        expected *= x.shape[d]
-    n = x.shape[0]
-    return n == 1 or x.stride(0) == x.numel() // n
+        expected *= shape[d]
+    n = shape[0]
+    return n <= 1 or strides[0] == math.prod(shape) // n
