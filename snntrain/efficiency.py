@@ -271,17 +271,20 @@ class _Spiking:
         self.acc: torch.Tensor | None = None
         self.host = [0, 0, 0]  # calls, neuron-steps, ANN activations (neurons of one step)
         self.steps = 0
+        self._row_views: Sequence[torch.Tensor] = ()
 
     def count(self, s: torch.Tensor) -> None:
-        dims = [d for d in range(s.dim()) if d != (2 if s.dim() >= 3 else 1)]
-        channels = s.shape[2 if s.dim() >= 3 else 1]
+        channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
+        dims = [d for d in range(s.dim()) if d != channel_dim]
+        channels = s.shape[channel_dim]
         if self.rows is None:
             self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=s.device)
             self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
+            self._row_views = self.rows.unbind(0)
         elif self.rows.shape[1] != channels:
             raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
         if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
-            torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=self.rows[self.used])
+            torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=self._row_views[self.used])
             self.used += 1
             if self.used == ROWS:
                 self.fold()
@@ -661,14 +664,14 @@ def markdown(report: dict[str, Any], title: str = "Efficiency report", layers: b
     return "\n".join(lines)
 
 
-def layer_chart(report: dict[str, Any], width: int = 960):
+def layer_chart(report: dict[str, Any], width: int = 800):
     """A per-layer picture (uint8 ``[H, W, 3]`` array): for each connection layer its effective ACs (blue) and
     MACs (orange) over its dense operations (grey), for each spiking layer its firing rate (green)."""
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
 
     layers = report["layers"]
-    row, label, right = 14, 230, 110
+    row, label, right = 13, 200, 70
     height = row * (len(layers) + 3)
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
@@ -676,8 +679,8 @@ def layer_chart(report: dict[str, Any], width: int = 960):
     span = width - label - right
     dense_max = max([lay["Dense"] for lay in layers if lay["kind"] == "connection"] or [1.0]) or 1.0
     rate_max = max([lay["firing_rate"] for lay in layers if lay["kind"] == "spiking"] or [1.0]) or 1.0
-    draw.text((4, 2), f"per sample, T={report['T']}: ops (blue AC, orange MAC, grey dense) | firing rate (green)",
-              fill="black", font=font)
+    draw.text((4, 2), f"T={report['T']}, per sample: synaptic ops, blue AC + orange MAC over grey dense (bars scaled "
+              "to the largest dense); firing rate, green (scaled to the largest)", fill="black", font=font)
     for i, lay in enumerate(layers):
         y = row * (i + 2)
         draw.text((4, y), lay["name"][-34:], fill="black", font=font)
