@@ -66,7 +66,8 @@ def logged_epoch_metrics(run: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     with open(run / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
-            out.update({k: float(v) for k, v in row.items() if v and k.startswith(("val/", "firing_rate/"))})
+            out.update({k: float(v) for k, v in row.items()
+                        if v and k.startswith(("val/", "firing_rate/", "efficiency/"))})
     return out
 
 
@@ -120,7 +121,9 @@ def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_
                                            tmp_path / f"val{run.name}")
         rates = [k for k in single if k.startswith("firing_rate/")]
         assert len(rates) > 10
-        assert_close(logged, single, ["val/loss", "val/acc", *rates])
+        # synaptic operations of all ranks (the AC/MAC split is decided per batch, and batches differ here)
+        assert_close(logged, single, ["val/loss", "val/acc", *rates, "efficiency/Dense",
+                                      "efficiency/ActivationSparsity"])
 
     # a two-process checkpoint resumes on one process (next epoch, same step count per epoch there)
     last = runs[0] / "checkpoints" / "last.ckpt"
@@ -151,10 +154,11 @@ def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp
     assert last["epoch"] == 1 and last["global_step"] == 4
     logged, others, images = tb_scalars(run)
     # histograms and images written once, by rank 0 (images after the sanity check only)
-    assert "firing_rate_per_channel/backbone.sn1" in others and images == 1
+    assert "firing_rate_per_channel/backbone.sn1" in others and "efficiency/per_layer" in others and images == 1
     single = single_process_validation(DETECT, run / "checkpoints" / "last.ckpt", tmp_path / "val")
     assert_close(logged, single, ["val/loss", "val/loss_box", "val/loss_cls", "val/loss_ctr", "val/num_pos", "val/map",
-                                  "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/backbone.sn1"])
+                                  "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/backbone.sn1",
+                                  "efficiency/Effective_ACs", "efficiency/Effective_MACs", "efficiency/Dense"])
 
 
 # ----------------------------------------------------------------------------------------- pieces
