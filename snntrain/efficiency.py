@@ -36,7 +36,6 @@ docs/efficiency.md explains every number and where NeuroBench's rules and ours d
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -150,11 +149,10 @@ def fanout_map(m: torch.Tensor, geo: _Geometry, sizes: Sequence[int]) -> torch.T
     return torch.einsum(spec, m.double(), *factors).round().to(torch.int64)
 
 
-def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None,
-                    spikes: bool = False) -> torch.Tensor:
+def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """The counts of one call, int64 ``[3]``: effective operations, nonzero inputs, inputs outside
-    ``{-1, 0, 1}`` (the PyTorch reference of :func:`snntrain.kernels.synops.count_synops`). ``spikes``: ``x``
-    is known to hold only zeros and ones (a spiking layer's output), which saves the checks.
+    ``{-1, 0, 1}`` (the PyTorch reference of :func:`snntrain.kernels.synops.count_synops`).
 
     The nonzero pattern (``|x|`` mapped to 0/1) times ``[fan-out, 1]`` is one matrix product per frame
     row, in float32 on the CPU over column chunks short enough that every partial sum is an integer below
@@ -163,12 +161,9 @@ def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch
     if fan is None:
         fan = fanout_map(m, geo, frames.shape[2:])
     n = frames.shape[0]
-    if spikes:
-        nz, nonbinary = frames, torch.zeros((), dtype=torch.int64, device=frames.device)
-    else:
-        a = frames.abs()
-        nz = torch.sign(a)  # 1 where x != 0
-        nonbinary = torch.count_nonzero(a.sub_(nz))
+    a = frames.abs()
+    nz = torch.sign(a)  # 1 where x != 0
+    nonbinary = torch.count_nonzero(a.sub_(nz))
     exact, dtype = (2**24, torch.float32) if frames.device.type == "cpu" else (2**53, torch.float64)
     flat = nz.view(n, -1).to(dtype)
     cols = torch.stack([fan.flatten().to(dtype), torch.ones(flat.shape[1], dtype=dtype, device=flat.device)], 1)
@@ -209,16 +204,17 @@ class _Connection:
             self._m = (m, m.view(m.shape[0], *(m.shape[1:] if m.dim() == 3 else (1, 1))))
         return self._m[0]
 
-    def count(self, x: torch.Tensor, batch: int | None, kernel: bool, spikes: bool = False) -> None:
+    def count(self, x: torch.Tensor, batch: int | None, kernel: bool) -> None:
         key = (tuple(x.shape), x.stride())
         geo = self._geo.get(key)
         if geo is None:
             geo = self._geo[key] = geometry(self.module, x.shape)
         m = self.fanin()
         if self.rows is None:
-            self.rows = torch.zeros(ROWS, 3, dtype=torch.int64, device=x.device)
-            self.acc = torch.zeros(4, dtype=torch.int64, device=x.device)
-            self._row_views = self.rows.unbind(0)
+            with torch.inference_mode(False):  # normal tensors: totals() may run outside inference mode
+                self.rows = torch.zeros(ROWS, 3, dtype=torch.int64, device=x.device)
+                self.acc = torch.zeros(4, dtype=torch.int64, device=x.device)
+                self._row_views = self.rows.unbind(0)
         row = self._row_views[self.used]
         if kernel and len(geo.spatial_dims) in (0, 2):
             synops = _synops()
@@ -236,7 +232,7 @@ class _Connection:
                 if len(self._fan) >= 8:
                     self._fan.clear()
                 fan = self._fan[key] = fanout_map(m, geo, x.shape[2:] if geo.spatial_dims else ())
-            row.copy_(count_reference(x, m, geo, fan, spikes))
+            row.copy_(count_reference(x, m, geo, fan))
         self.used += 1
         if self.used == ROWS:
             self.fold()
@@ -278,9 +274,10 @@ class _Spiking:
         dims = [d for d in range(s.dim()) if d != channel_dim]
         channels = s.shape[channel_dim]
         if self.rows is None:
-            self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=s.device)
-            self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
-            self._row_views = self.rows.unbind(0)
+            with torch.inference_mode(False):  # normal tensors: totals() may run outside inference mode
+                self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=s.device)
+                self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
+                self._row_views = self.rows.unbind(0)
         elif self.rows.shape[1] != channels:
             raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
         if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
@@ -340,9 +337,6 @@ class ActivityCounter:
         self._seen: set[str] = set()
         self._batch: int | None = None
         self._handles: list[Any] = []
-        # this pass's spiking-layer outputs (zeros and ones by construction), by storage location: a connection
-        # layer reading one of them (unchanged, still alive) skips the reference's value checks
-        self._spikes: dict[tuple, tuple[weakref.ref, int]] = {}
         self._kernels: dict[torch.device, bool] = {}
 
     # hooks
@@ -352,11 +346,9 @@ class ActivityCounter:
             self._batch = int(x.shape[1] if x.dim() == 5 else x.shape[0])
             self.samples += self._batch
             self.passes += 1
-        self._spikes.clear()
 
     def _model_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._batch = None
-        self._spikes.clear()
 
     def _kernel(self, x: torch.Tensor) -> bool:
         """Whether inputs on ``x``'s device are counted by the Triton kernel (decided once per device)."""
@@ -364,17 +356,6 @@ class ActivityCounter:
         if decided is None:
             decided = self._kernels[x.device] = use_triton(self.backend, x)
         return decided
-
-    @staticmethod
-    def _where(t: torch.Tensor) -> tuple:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
-
-    def _is_spikes(self, x: torch.Tensor) -> bool:
-        found = self._spikes.get(self._where(x))
-        if found is None:
-            return False
-        source = found[0]()
-        return source is not None and source._version == found[1]
 
     def _first(self, name: str) -> None:
         if name not in self._seen:
@@ -384,15 +365,11 @@ class ActivityCounter:
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
         self._first(layer.name)
         x = args[0].detach()
-        kernel = self._kernel(x)
-        layer.count(x, self._batch, kernel, bool(self._spikes) and not kernel and self._is_spikes(x))
+        layer.count(x, self._batch, self._kernel(x))
 
     def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
         self._first(layer.name)
-        s = output[0] if isinstance(output, tuple) else output
-        layer.count(s)
-        if self.connections and not self._kernel(s):
-            self._spikes[self._where(s)] = (weakref.ref(s), s._version)
+        layer.count(output[0] if isinstance(output, tuple) else output)
 
     def attach(self) -> ActivityCounter:
         self.detach()
@@ -418,7 +395,6 @@ class ActivityCounter:
             fresh._geo, fresh._plan = layer._geo, layer._plan  # shapes decide these; the weights are read again
             self.connections[name] = fresh
         self.samples = self.passes = 0
-        self._spikes.clear()
         self.order.clear()
         self._seen.clear()
         self._batch = None

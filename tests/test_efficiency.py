@@ -156,12 +156,12 @@ class SpikesIntoConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.sn(x)
         if self.scale_in_place:
-            s.mul_(2.0)  # no longer spikes: the reference must not take the neuron's word for it
+            s.mul_(2.0)  # no longer spikes: the count must see the values the convolution reads
         return self.conv(s)
 
 
 @pytest.mark.parametrize("scale_in_place", [False, True])
-def test_spiking_outputs_skip_checks_only_while_unchanged(scale_in_place):
+def test_spiking_outputs_changed_in_place_are_counted_as_read(scale_in_place):
     x = torch.tensor([0.0, 3.0, 0.0, 3.0, 3.0, 0.0]).view(1, 1, 1, 2, 3).expand(2, 1, 1, 2, 3).contiguous()
     model = SpikesIntoConv(scale_in_place).eval()
     counter = E.ActivityCounter(model, backend="torch").attach()
@@ -267,7 +267,7 @@ def sew(connect: str, threshold: float = 0.4) -> nn.Module:
 
 def counted(net: nn.Module, batches, backend: str = "torch") -> dict:
     counter = E.ActivityCounter(net, backend=backend).attach()
-    with torch.no_grad():
+    with torch.inference_mode():  # as in validation
         for x in batches:
             net(x)
     counter.detach()
