@@ -517,8 +517,8 @@ ENERGY_MODELS = (
         "reuse: every synaptic operation reads its weight and reads and writes its target's partial sum; every "
         "nonzero input is read once; SNN: every neuron-step reads its input current and reads and writes its "
         "membrane (3 words) with one MAC for the update, every spike is written; ANN: every activation reads its "
-        "sum and writes its output (2 words). Accounting after Lemaire et al., ICONIP 2022, and Dampfhoffer et "
-        "al., IEEE TETCI 2023 (memory traffic, not arithmetic, dominates both networks)", HOROWITZ, word=5.0),
+        "sum and writes its output (2 words). Memory accesses counted beside arithmetic as in Lemaire et al., "
+        "ICONIP 2022, and Dampfhoffer et al., IEEE TETCI 2023", HOROWITZ, word=5.0),
 )
 
 
