@@ -234,6 +234,20 @@ def test_kernel_matches_reference_and_definition(case, dtype, device):
             definition(layer, xx.float(), dense=True)
 
 
+def test_kernel_64_bit_offsets(device):
+    from snntrain.kernels import synops
+
+    layer = nn.Conv2d(3, 4, 3, padding=1).to(device)
+    x = ((torch.rand(2, 3, 5, 6) < 0.5).float() * 2).to(device)
+    geo, m = E.geometry(layer, x.shape), E.weight_fanin(layer)
+    p = synops.plan(tuple(x.shape), x.stride(), (3, 3), channel_dim=1, spatial_dims=(2, 3), padding=(1, 1),
+                    out_size=geo.out_size, cuda_index=0 if x.is_cuda else None)
+    assert p.meta == (3, 3, False)  # 64-bit offsets only past 2**31 elements: forced here
+    out = torch.zeros(3, dtype=torch.int64, device=device)
+    synops.launch(synops.Plan(p.copy, p.grid, p.args, (3, 3, True)), x, m, out)
+    assert out.tolist() == E.count_reference(x, m, geo).tolist()
+
+
 def test_reference_covers_conv1d_and_conv3d():
     for layer, shape in ((nn.Conv1d(3, 4, 3, padding=1, stride=2), (3, 3, 11)),
                          (nn.Conv3d(2, 3, 3, padding=1), (2, 2, 5, 4, 3))):

@@ -78,8 +78,9 @@ def _count_synops_kernel(
     acc_nz = tl.zeros([BLOCK], dtype=tl.int32)
     acc_nb = tl.zeros([BLOCK], dtype=tl.int32)
     start = pid * BLOCK
-    if INT64:
+    if INT64:  # offsets past 2**31: every loop bound in 64 bits
         start = start.to(tl.int64)
+        step = step.to(tl.int64)
     for base in range(start, numel, step):
         offs = base + lanes
         inb = offs < numel
