@@ -198,6 +198,7 @@ def build_step(args, classes: int, device: torch.device):
     from snntrain.tasks.speed import compile_model, to_channels_last
 
     torch.manual_seed(0)
+    torch._dynamo.reset()
     backend = "triton" if device.type == "cuda" else "torch"
     width, T = (64, 4) if not args.quick else (8, 2)
     model = SEWResNet(depth=18, num_classes=classes, in_channels=3, T=T, stem="imagenet", width=width,
@@ -242,6 +243,7 @@ def train_run(name: str, overrides: list[str], out: Path) -> dict:
     from snntrain.cli import train
 
     run = out / f"run_{name}"
+    torch._dynamo.reset()  # each run compiles its own model (the on-disk caches make that quick)
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, "logger=csv", f"paths.output_dir={run}"])
     t0 = time.perf_counter()
