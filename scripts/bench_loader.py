@@ -2,18 +2,21 @@
 feeding the compiled SEW-ResNet-18 training step, on a JPEG folder the script writes.
 
 The folder: ``--images`` JPEGs of ImageNet-like sizes (400-500 x 333-400 pixels, a fifth portrait) and
-quality (88-96, 4:2:0; about 85 KB a file, ImageNet averages about 110 KB), each a random crop of one of the photographs that scikit-image and scikit-learn
-ship, with jittered brightness, contrast and noise; one class per photograph, ``root/train`` and
-``root/val`` as ImageNet lays them out, and ``--odd`` of the files progressive or CMYK JPEGs or PNGs
-(which the GPU path decodes on the CPU, counted). Rows (``scripts/bench_utils.py``'s CSV schema; ``ms``
-per batch, ``bytes`` the JPEG bytes of a batch, images/s in ``note``):
+quality (88-96, 4:2:0; about 85 KB a file, where ImageNet averages about 110 KB), each a random crop of one
+of the photographs that scikit-image and scikit-learn ship, with jittered brightness, contrast and noise;
+one class per photograph, ``root/train`` and ``root/val`` as ImageNet lays them out, and ``--odd`` of the
+files progressive or CMYK JPEGs or PNGs (which the GPU path decodes on the CPU, counted). Rows
+(``scripts/bench_utils.py``'s CSV schema; ``ms`` per batch, ``bytes`` the JPEG bytes of a batch, images/s in
+``note``):
 
 * ``loader/alone``: training batches of ``data=image_folder`` with ``decode=cpu`` (PIL in ``--cpu-workers``
   processes, the batch copied to the GPU), ``gpu`` (``--gpu-workers`` processes read the files; nvJPEG and
   the resized-crop kernel on the GPU) and ``dali`` (when importable), each to a finished batch on the GPU;
 * ``step/synthetic``: the compiled training step (SEW-ResNet-18, ImageNet stem, T=4, ``--precision``,
   channels-last, ``compile=--compile``, SGD) on one batch already on the GPU: the rate a loader must beat;
-* ``loader+step``: the same step fed by each path, batch by batch;
+* ``loader+step``: the same step fed by each path, batch by batch, the device paths decoding each batch in a
+  background thread as it arrives (as in training, ``data.decode_ahead``); ``gpu-in-loop`` decodes in the
+  loop's thread instead;
 * ``train-run`` (``--train-runs``): short runs of the real training loop (Lightning, the same model and
   compile mode) on ``data=synthetic`` and on the folder with each path: ``perf/train_images_per_s`` of the
   last epoch and ``val/acc`` (the paths' validation accuracy must agree within noise).
@@ -156,22 +159,23 @@ def datamodule(root: Path, path: str, args, workers: int):
     return dm
 
 
-def batches(dm, device: torch.device, host: dict):
+def batches(dm, device: torch.device, host: dict, ahead=None):
     """Finished training batches ``(x, y)`` on ``device``, epoch after epoch; ``host`` collects the host
-    seconds spent waiting for the loader (``fetch``) and in the device decoder (``decode``)."""
+    seconds spent waiting for the loader (``fetch``) and in the device decoder (``decode``). ``ahead``: a
+    :class:`DecodeAhead` that starts decoding each batch as it arrives, as in training."""
     from snntrain.data.device_decode import EncodedBatch
 
     epoch = 0
     while True:
         loader = dm.train_dataloader()
         loader.sampler.set_epoch(epoch)
+        if ahead is not None:
+            loader.wrap = ahead.wrap
         it = iter(loader)
-        while True:
+        upcoming = next(it, None)
+        while upcoming is not None:
             t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
+            batch, upcoming = upcoming, next(it, None)  # one batch ahead, as Lightning's loop fetches
             t1 = time.perf_counter()
             if isinstance(batch, EncodedBatch):
                 x, y = dm.on_after_batch_transfer(batch.to(device, non_blocking=True), 0)
@@ -345,12 +349,15 @@ def main() -> None:
         print(f"{bench:18s} {provider:10s} {seconds * 1e3:8.2f} ms/batch {rate:9.1f} images/s {note}", flush=True)
         return rate
 
-    def stream(path: str):
+    def stream(path: str, ahead: bool = True):
+        from snntrain.data.device_decode import DecodeAhead
+
         workers = args.cpu_workers if path == "cpu" else args.gpu_workers
         dm = datamodule(root, path, args, workers)
         host = {"fetch": 0.0, "decode": 0.0, "batches": 0}
+        helper = DecodeAhead(dm.decoder, device) if ahead and dm.decoder is not None else None
         # the workers fill 2 batches each before the clock starts: warm up past them to time the steady state
-        return dm, batches(dm, device, host), host, 2 * workers + 5
+        return dm, batches(dm, device, host, helper), host, 2 * workers + 5
 
     # 1. each path alone
     for path in args.paths:
@@ -376,16 +383,18 @@ def main() -> None:
         compile_s = time.perf_counter() - t0
         seconds = timed(lambda: step(x, y), max(10, args.batches // 2) if not args.quick else 2, 3, device)
         report["step_images_per_s"] = add("step/synthetic", "synthetic", seconds, f"first call {compile_s:.0f} s")
-        for path in args.paths:
+        fed_cases = [(p, True) for p in args.paths] + [("gpu", False)] * ("gpu" in args.paths)
+        for path, ahead in fed_cases:
             if time.time() > args.deadline:
                 break
-            dm, gen, host, warmup = stream(path)
+            dm, gen, host, warmup = stream(path, ahead)
 
             def fed(gen=gen):
                 xb, yb = next(gen)
                 step(xb, yb)
 
-            report["fed"][path] = add("loader+step", path, timed(fed, args.batches, warmup, device))
+            name = path if ahead or path == "cpu" else f"{path}-in-loop"
+            report["fed"][name] = add("loader+step", name, timed(fed, args.batches, warmup, device))
             gen.close()
 
     # 3. the real training loop

@@ -203,6 +203,26 @@ def test_device_path_resumes_mid_epoch_with_the_same_batches(tmp_path):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
+def test_decoding_ahead_gives_the_same_batches(tmp_path):
+    """With a trainer, the training loader starts decoding each batch in a background thread as it arrives;
+    the hook then hands over the finished batch: the same tensors as decoding in the loop."""
+    from types import SimpleNamespace
+
+    dm = modules(make_folder(tmp_path, n=5), decodes=("gpu",))["gpu"]
+    plain = [decoded(dm, b) for b in dm.train_dataloader()]
+    dm.trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    loader = dm.train_dataloader()
+    assert loader.wrap is not None
+    batches = list(loader)  # all submitted before any is consumed
+    assert all(b.pending is not None for b in batches)
+    ahead = [decoded(dm, b) for b in batches]
+    assert len(ahead) == len(plain)
+    for (xa, ya), (xb, yb) in zip(plain, ahead):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    dm.teardown("fit")
+    assert dm._ahead is None
+
+
 def test_device_path_shards_epochs_over_processes(tmp_path, monkeypatch):
     import snntrain.data.common as common
 

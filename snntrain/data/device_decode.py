@@ -22,9 +22,11 @@ reads is used as decoded by PIL and counted like the other fallbacks.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +128,8 @@ class EncodedBatch:
         self.data, self.sizes, self.encoded = data, sizes, encoded
         self.pixels, self.decoded, self.reasons = pixels, decoded, reasons
         self.boxes, self.flips, self.labels, self.paths = boxes, flips, labels, paths
+        #: the result of :class:`DecodeAhead`, once it has taken the batch (never pickled: set in the main process)
+        self.pending: Future | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -286,15 +290,28 @@ class DeviceDecoder:
         self.norm = normalisation(self.mean, self.std)
         self.stats: Counter[str] = Counter()
         self._dali: dict[Any, Any] = {}
+        self._dali_lock = threading.Lock()
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        device = batch.device
+        """``(images, labels)`` of a batch whose labels are on the device it is decoded on; a batch that
+        :class:`DecodeAhead` is already decoding is waited for instead."""
+        if batch.pending is not None:
+            images, labels, done = batch.pending.result()
+            if done is not None:  # made on DecodeAhead's stream: the consumer's stream waits, and owns them
+                stream = torch.cuda.current_stream(images.device)
+                stream.wait_event(done)
+                images.record_stream(stream)
+                labels.record_stream(stream)
+            return images, labels
+        return self.images(batch, batch.device), batch.labels
+
+    def images(self, batch: EncodedBatch, device: torch.device) -> torch.Tensor:
+        """The batch's images decoded and augmented on ``device``."""
         self._count(batch)
         if self.engine == "dali":
-            images = self._dali_run(batch, device)
-        else:
-            images = self._nvjpeg_run(batch, device)
-        return images, batch.labels
+            with self._dali_lock:  # one DALI pipeline per device, fed by one thread at a time
+                return self._dali_run(batch, device)
+        return self._nvjpeg_run(batch, device)
 
     def _count(self, batch: EncodedBatch) -> None:
         self.stats["images"] += len(batch)
@@ -374,6 +391,38 @@ class DeviceDecoder:
         feed_ndarray(out.as_tensor(), images, cuda_stream=stream)
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         return images.to(self.dtype).contiguous(memory_format=memory_format)
+
+
+class DecodeAhead:
+    """Starts decoding each :class:`EncodedBatch` on ``device`` as soon as the loader hands it to the training
+    process, in one background thread (on its own CUDA stream), so that nvJPEG's decode of the next batch
+    overlaps the step in flight instead of holding up the training loop's thread (Lightning fetches one batch
+    ahead). :meth:`wrap` wraps a loader's iterator; :class:`DeviceDecoder` then returns the finished batch,
+    its tensors recorded on the consumer's stream. Results are the same as decoding in the training loop."""
+
+    def __init__(self, decoder: DeviceDecoder, device: torch.device) -> None:
+        self.decoder, self.device = decoder, torch.device(device)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="snntrain-decode")
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def wrap(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if isinstance(batch, EncodedBatch):
+                batch.pending = self.pool.submit(self._decode, batch, batch.labels)
+            yield batch
+
+    def _decode(self, batch: EncodedBatch, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        if self.stream is None:
+            return self.decoder.images(batch, self.device), labels.to(self.device), None
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            images = self.decoder.images(batch, self.device)
+            labels = labels.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return images, labels, done
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 DALI_MISSING = ("data.decode=dali needs NVIDIA DALI, which is not installed: pip install \".[dali]\" (the "

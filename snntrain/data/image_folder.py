@@ -42,10 +42,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
-from ..validation import number, one_of
+from ..validation import flag, number, one_of
 from .common import BadDataError, check_fraction, eval_sampler, open_image, positive_int, split_indices, train_loader
 from .device_decode import (
     DALI_MISSING,
+    DecodeAhead,
     DeviceDecoder,
     EncodedBatch,
     EncodedItem,
@@ -194,6 +195,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         crop_scale: Sequence[float] = (0.5, 1.0),
         val_resize: int | None = None,
         decode: str = "auto",
+        decode_ahead: bool = True,
         dtype: str = "auto",
         channels_last: str | bool = "auto",
         seed: int = 0,
@@ -219,6 +221,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         if self.val_resize < self.image_size:
             raise ValueError(f"val_resize={val_resize!r} must be at least image_size={self.image_size} (or null)")
         self.decode = one_of("decode", decode, DECODES)
+        self.decode_ahead = flag("decode_ahead", decode_ahead)
         if self.decode == "dali" and not dali_available():
             raise RuntimeError(DALI_MISSING)
         self.dtype = one_of("dtype", dtype, DTYPES)
@@ -240,6 +243,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.path: str | None = None
         #: decodes and augments ``gpu`` / ``dali`` batches on their device (built by :meth:`setup`)
         self.decoder: DeviceDecoder | None = None
+        self._ahead: DecodeAhead | None = None
 
     @property
     def num_classes(self) -> int:
@@ -303,7 +307,7 @@ class ImageFolderDataModule(L.LightningDataModule):
             full_train, full_eval = folder(self.train_root, True), folder(self.train_root, False)
             train_idx, val_idx = split_indices(len(full_train), self.val_fraction, self.seed)  # type: ignore[arg-type]
             self.train_set, self.val_set = Subset(full_train, train_idx), Subset(full_eval, val_idx)
-        if encoded:
+        if encoded and self.decoder is None:
             self.decoder = self._build_decoder()
             log.info("snntrain: image_folder decodes on %s with %s", self._device(),
                      "DALI" if self.path == "dali" else "nvJPEG" if self._device().type == "cuda" else "torchvision")
@@ -312,8 +316,13 @@ class ImageFolderDataModule(L.LightningDataModule):
         return collate_encoded if self.path in ("gpu", "dali") else None
 
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
-                            collate_fn=self._collate())
+        loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
+                              collate_fn=self._collate())
+        if self.path in ("gpu", "dali") and self.decode_ahead and self.trainer is not None:
+            if self._ahead is None:
+                self._ahead = DecodeAhead(self.decoder or self._build_decoder(), self._device())
+            loader.wrap = self._ahead.wrap
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
@@ -328,6 +337,9 @@ class ImageFolderDataModule(L.LightningDataModule):
         return batch
 
     def teardown(self, stage: str | None = None) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
         if self.decoder is not None and self.decoder.stats["images"]:
             log.info("snntrain: image_folder: %s", self.decoder.summary())
 
