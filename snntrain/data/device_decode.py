@@ -383,7 +383,13 @@ class DeviceDecoder:
         pipe.feed_input("roi_start", list(start))
         pipe.feed_input("roi_end", list(end))
         pipe.feed_input("mirror", list(batch.flips.numpy().astype(np.int32)))
-        (out,) = pipe.run()
+        try:
+            (out,) = pipe.run()
+        except Exception:
+            self._dali = {}  # rebuilt for the next batch
+            for path in batch.paths:  # name the file DALI could not read, if PIL cannot read it either
+                pil_pixels(path, self.channels)
+            raise
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         images = torch.empty((len(batch), self.channels, self.size, self.size), dtype=torch.float32, device=device)
