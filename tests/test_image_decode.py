@@ -262,6 +262,31 @@ def test_device_batches_follow_the_trainer_precision_and_layout(tmp_path):
         modules(tmp_path, decodes=("cpu",), val_resize=8)
 
 
+def test_a_torchvision_that_cannot_decode_on_the_gpu(tmp_path, monkeypatch, caplog):
+    """decode=auto falls back to the CPU path with a warning; decode=gpu stops with the advice."""
+    from types import SimpleNamespace
+
+    root = make_folder(tmp_path, n=2, odd=False)
+
+    def broken(parts, channels, device):
+        raise RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support")
+
+    monkeypatch.setattr(dd, "_decode_jpeg", broken)
+    cuda = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    for decode in ("auto", "gpu"):
+        dm = build_datamodule({"name": "image_folder", "root": str(root), "decode": decode}, seed=0)
+        dm.trainer = cuda
+        if decode == "gpu":
+            with pytest.raises(RuntimeError, match=r"data.decode=gpu: torchvision cannot decode JPEGs on cuda:0 "
+                                                   r"\(.*nvJPEG support\); use data.decode=cpu"):
+                dm.setup("fit")
+        else:
+            dm.setup("fit")
+            assert dm.path == "cpu" and "torchvision cannot decode JPEGs on cuda:0" in caplog.text
+    monkeypatch.undo()
+    dd.check_nvjpeg(torch.device("cpu"))  # the real decoder passes the check
+
+
 def test_truncated_file_is_named_and_a_refused_batch_is_decoded_file_by_file(tmp_path, monkeypatch, caplog):
     root = make_folder(tmp_path, n=3, odd=False)
     bad = root / "b" / "1.jpg"

@@ -254,6 +254,21 @@ def _decode_jpeg(data: list[torch.Tensor], channels: int, device: torch.device) 
         return decode_jpeg(data, mode=ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY, device=device)
 
 
+def check_nvjpeg(device: torch.device) -> None:
+    """Decode a small JPEG on ``device``: raises RuntimeError where torchvision cannot decode there (a build
+    without nvJPEG, say); also creates the decoder before the first batch."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 8), (200, 30, 90)).save(buf, "JPEG")
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    image = _decode_jpeg([data], 3, device)[0]
+    if tuple(image.shape) != (3, 8, 16):
+        raise RuntimeError(f"decoding a 16x8 JPEG on {device} gave shape {tuple(image.shape)}")
+
+
 def pil_pixels(path: str, channels: int) -> torch.Tensor:
     """The file decoded by PIL as a uint8 ``[channels, H, W]`` tensor (RGB or grey); a file PIL cannot read
     raises :class:`~snntrain.data.common.BadDataError` naming it."""

@@ -50,6 +50,7 @@ from .device_decode import (
     DeviceDecoder,
     EncodedBatch,
     EncodedItem,
+    check_nvjpeg,
     collate_encoded,
     dali_available,
     jpeg_info,
@@ -289,6 +290,16 @@ class ImageFolderDataModule(L.LightningDataModule):
         from torchvision.datasets import ImageFolder
 
         self.path = self._resolve_path()
+        if self.path == "gpu" and self._device().type == "cuda":
+            try:
+                check_nvjpeg(self._device())
+            except RuntimeError as err:
+                if self.decode == "gpu":
+                    raise RuntimeError(f"data.decode=gpu: torchvision cannot decode JPEGs on {self._device()} ({err}); "
+                                       "use data.decode=cpu (or dali)") from err
+                log.warning("snntrain: data.decode=auto: torchvision cannot decode JPEGs on %s (%s): decoding on the "
+                            "CPU", self._device(), err)
+                self.path = "cpu"
         encoded = self.path != "cpu"
 
         def folder(root: Path, train: bool) -> Dataset:
