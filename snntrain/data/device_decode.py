@@ -229,7 +229,6 @@ def resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: tor
     if not use_triton(backend, first):
         return resized_crop_reference(images, boxes, flips, size, norm, dtype, memory_format)
     from ..kernels.resized_crop import resized_crop as launch
-    from ..kernels.resized_crop import taps
 
     device = first.device
     src = torch.cat([im.reshape(-1) for im in images]) if len(images) > 1 else first.reshape(-1)
@@ -237,10 +236,8 @@ def resized_crop(images: Sequence[torch.Tensor], boxes: torch.Tensor, flips: tor
     meta = torch.tensor([[int(o), H, W, top, left, h, w, int(f)]
                          for o, (_, H, W), (top, left, h, w), f in zip(offsets, sizes, b, flips.tolist())],
                         dtype=torch.int64)
-    taps_y = taps(max(r[2] for r in b), size)
-    taps_x = taps(max(r[3] for r in b), size)
     out = torch.empty((len(images), C, size, size), dtype=dtype, device=device, memory_format=memory_format)
-    return launch(src, meta.to(device, non_blocking=True), norm.to(device, non_blocking=True), out, taps_y, taps_x)
+    return launch(src, meta.to(device, non_blocking=True), norm.to(device), out)
 
 
 # ------------------------------------------------------------------------------------------ decoders
@@ -303,6 +300,7 @@ class DeviceDecoder:
         self.dtype, self.channels_last = dtype, bool(channels_last)
         self.threads, self.batch_size, self.backend = max(1, int(threads)), int(batch_size), backend
         self.norm = normalisation(self.mean, self.std)
+        self._norms: dict[torch.device, torch.Tensor] = {}  # self.norm on each device used
         self.stats: Counter[str] = Counter()
         self._dali: dict[Any, Any] = {}
         self._dali_lock = threading.Lock()
@@ -356,9 +354,11 @@ class DeviceDecoder:
                 images[k] = image
         for k, pixels in zip(batch.decoded, batch.pixels):
             images[k] = pixels.to(device, non_blocking=True)
+        if device not in self._norms:
+            self._norms[device] = self.norm.to(device)
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        return resized_crop(images, batch.boxes, batch.flips, self.size, self.norm, self.dtype,  # type: ignore[arg-type]
-                            memory_format, self.backend)
+        return resized_crop(images, batch.boxes, batch.flips, self.size, self._norms[device],  # type: ignore[arg-type]
+                            self.dtype, memory_format, self.backend)
 
     def _decode(self, parts: list[torch.Tensor], paths: list[str], device: torch.device) -> list[torch.Tensor]:
         try:

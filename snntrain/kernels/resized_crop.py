@@ -17,9 +17,10 @@ averages over the footprint instead of aliasing, upscaling is plain bilinear. Th
 inside its image; the weights never reach outside the box. Math is fp32.
 
 A program computes ``BLOCK`` output pixels of one channel of one image: grid
-``(cdiv(S * S, BLOCK), B * C)``. Its two tap loops run to the largest footprint of the batch
-(``taps_y``, ``taps_x``, from the boxes on the host) with masks for smaller ones. Nothing here
-synchronises with the host. This is a data-path kernel called eagerly before the training step
+``(cdiv(S * S, BLOCK), B * C)``. Its two tap loops run to the image's largest footprint,
+``floor(2 * max(s, 1)) + 2`` source pixels per axis, with masks for shorter ones; the work per output
+pixel grows with the square of the downscaling factor (about 2-3 for ImageNet's images at 224).
+Nothing here synchronises with the host. This is a data-path kernel called eagerly before the training step
 (outside any compiled graph), so it is not registered as an operator; the PyTorch reference it is
 tested against is ``snntrain.data.device_decode.resized_crop_reference``.
 """
@@ -42,7 +43,7 @@ def _resized_crop_kernel(
     norm_ptr,   # float32 [C, 2]: out = pixel * norm[c, 0] + norm[c, 1]
     out_ptr,    # [B, C, S, S] float32 or bfloat16, strides below
     so_b, so_c, so_y, so_x,
-    S, taps_y, taps_x,
+    S,
     C: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -69,6 +70,7 @@ def _resized_crop_kernel(
     # rows: centre, support, first source row and count (PyTorch's antialiased weights)
     scale_y = h.to(tl.float32) / S
     sup_y = tl.maximum(scale_y, 1.0)
+    taps_y = (2.0 * sup_y).to(tl.int32) + 2  # the most source rows one output row reads
     inv_y = 1.0 / sup_y
     cy = scale_y * (oy.to(tl.float32) + 0.5)
     ymin = tl.maximum((cy - sup_y + 0.5).to(tl.int32), 0)
@@ -76,6 +78,7 @@ def _resized_crop_kernel(
     # columns
     scale_x = w.to(tl.float32) / S
     sup_x = tl.maximum(scale_x, 1.0)
+    taps_x = (2.0 * sup_x).to(tl.int32) + 2
     inv_x = 1.0 / sup_x
     cx = scale_x * (sx.to(tl.float32) + 0.5)
     xmin = tl.maximum((cx - sup_x + 0.5).to(tl.int32), 0)
@@ -105,21 +108,14 @@ def _resized_crop_kernel(
 
     value = acc / tl.maximum(total_y * total_x, 1e-20)
     value = value * tl.load(norm_ptr + c * 2) + tl.load(norm_ptr + c * 2 + 1)
-    dst = out_ptr + b * so_b + c * so_c + oy.to(tl.int64) * so_y + ox.to(tl.int64) * so_x
+    dst = out_ptr + b.to(tl.int64) * so_b + c * so_c + oy.to(tl.int64) * so_y + ox.to(tl.int64) * so_x
     tl.store(dst, value.to(out_ptr.dtype.element_ty), mask=inb)
 
 
-def taps(box_side: int, size: int) -> int:
-    """The most source pixels one output pixel reads along an axis where a box side of ``box_side``
-    becomes ``size``: the footprint spans at most ``2 * max(box_side / size, 1) + 1`` pixels."""
-    return int(2 * max(box_side / size, 1.0)) + 2
-
-
-def resized_crop(src: torch.Tensor, meta: torch.Tensor, norm: torch.Tensor, out: torch.Tensor, taps_y: int,
-                 taps_x: int) -> torch.Tensor:
+def resized_crop(src: torch.Tensor, meta: torch.Tensor, norm: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Launch the kernel: ``src`` the flat uint8 images, ``meta`` their ``[B, 8]`` int64 rows (:data:`META`),
     ``norm`` ``[C, 2]`` float32, ``out`` the ``[B, C, S, S]`` result (fp32 or bf16, any strides), all on
-    one device; ``taps_y`` / ``taps_x`` bound the footprints (:func:`taps` of the batch's largest box)."""
+    one device."""
     B, C, S, S2 = out.shape
     if S != S2:
         raise ValueError(f"the output must be square [B, C, S, S]; got {tuple(out.shape)}")
@@ -130,5 +126,5 @@ def resized_crop(src: torch.Tensor, meta: torch.Tensor, norm: torch.Tensor, out:
     if B == 0:
         return out
     grid = (triton.cdiv(S * S, BLOCK), B * C)
-    _resized_crop_kernel[grid](src, meta, norm, out, *out.stride(), S, int(taps_y), int(taps_x), C=C, BLOCK=BLOCK)
+    _resized_crop_kernel[grid](src, meta, norm, out, *out.stride(), S, C=C, BLOCK=BLOCK)
     return out
