@@ -311,7 +311,7 @@ def main() -> None:
         p.add_argument("--batches", type=int, default=60, help="timed batches per measurement")
         p.add_argument("--epochs", type=int, default=2, help="epochs of each training run")
         p.add_argument("--train-runs", action=argparse.BooleanOptionalAction, default=True)
-        p.add_argument("--budget", type=float, default=220.0, help="seconds; later parts are skipped past it")
+        p.add_argument("--budget", type=float, default=240.0, help="seconds; later parts are skipped past it")
         p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run")
         p.add_argument("--folder", default=None, help="where to write the JPEGs (default: <out>/jpegs)")
 

@@ -138,7 +138,9 @@ class EncodedBatch:
     def device(self) -> torch.device:
         return self.labels.device
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> EncodedBatch:
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> EncodedBatch:
+        # non-blocking by default (Lightning's transfer passes no arguments to a batch's own ``to``): a
+        # blocking copy would wait for the step in flight on the device
         self.labels = self.labels.to(device, non_blocking=non_blocking)
         return self
 
