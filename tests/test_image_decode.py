@@ -334,15 +334,39 @@ def test_dali_path_needs_the_extra_and_matches_the_cpu_path(tmp_path, monkeypatc
 
 
 @pytest.mark.gpu
-def test_nvjpeg_decodes_like_the_cpu_on_the_gpu(tmp_path):
-    """On CUDA: nvJPEG and the kernel against the CPU path (decoder differences only)."""
-    dms = modules(make_folder(tmp_path, n=4))
+def test_nvjpeg_path_on_the_gpu_matches_the_cpu_path(tmp_path):
+    """On CUDA: nvJPEG, the kernel, decoding ahead on a background thread and the hand-over between streams,
+    with a long step queued on the current stream after every batch (as in training), against the CPU path."""
+    from types import SimpleNamespace
+
+    dms = modules(make_folder(tmp_path, n=12), image_size=24, batch_size=4)
     dev = torch.device("cuda")
-    for (xc, yc), batch in zip(dms["cpu"].val_dataloader(), dms["gpu"].val_dataloader()):
-        xg, yg = dms["gpu"].on_after_batch_transfer(batch.to(dev), 0)
-        assert xg.is_cuda and torch.equal(yc, yg.cpu())
-        diff = (xc - xg.cpu()).abs()
-        assert diff.mean() < 0.03 and diff.max() < 0.5
+    gpu = dms["gpu"]
+    gpu.trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=dev))
+    gpu.decoder = None  # rebuilt for this trainer: channels-last float32 on CUDA
+    busy = torch.randn(2048, 2048, device=dev)
+    got, want = [], []
+    for epoch in (0, 1):
+        lc, lg = dms["cpu"].train_dataloader(), gpu.train_dataloader()
+        assert lg.wrap is not None
+        lc.sampler.set_epoch(epoch)
+        lg.sampler.set_epoch(epoch)
+        for (xc, yc), batch in zip(lc, lg):
+            got.append(gpu.on_after_batch_transfer(batch.to(dev), 0))
+            want.append((xc, yc))
+            for _ in range(10):  # a step in flight while the next batches are decoded
+                busy = torch.tanh(busy @ busy)
+    for (xc, yc), batch in zip(dms["cpu"].val_dataloader(), gpu.val_dataloader()):
+        got.append(gpu.on_after_batch_transfer(batch.to(dev), 0))
+        want.append((xc, yc))
+    assert len(got) == 2 * -(-len(gpu.train_set) // 4) + -(-len(gpu.val_set) // 4)
+    for (xg, yg), (xc, yc) in zip(got, want):
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last) and torch.equal(yc, yg.cpu())
+        diff = (xc - xg.cpu()).abs()  # nvJPEG against libjpeg-turbo: a few grey levels at most
+        assert diff.mean() < 0.03 and diff.max() < 0.5, (diff.mean(), diff.max())
+    stats = gpu.decoder.stats
+    assert stats["progressive JPEG"] >= 1 and stats["CMYK JPEG"] >= 1 and stats["not a JPEG"] >= 1
+    gpu.teardown("fit")
 
 
 def test_decoder_settings_are_checked():

@@ -305,27 +305,53 @@ class DeviceDecoder:
         self._norms: dict[torch.device, torch.Tensor] = {}  # self.norm on each device used
         self.stats: Counter[str] = Counter()
         self._dali: dict[Any, Any] = {}
-        self._dali_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._done: dict[torch.device, torch.cuda.Event] = {}
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images, labels)`` of a batch whose labels are on the device it is decoded on; a batch that
-        :class:`DecodeAhead` is already decoding is waited for instead."""
+        """``(images, labels)`` on the device of the batch's labels (where Lightning's transfer put them), ready
+        for the current stream; a batch that :class:`DecodeAhead` has taken is waited for instead."""
         if batch.pending is not None:
             images, labels, done = batch.pending.result()
-            if done is not None:  # made on DecodeAhead's stream: the consumer's stream waits, and owns them
-                stream = torch.cuda.current_stream(images.device)
-                stream.wait_event(done)
-                images.record_stream(stream)
-                labels.record_stream(stream)
-            return images, labels
-        return self.images(batch, batch.device), batch.labels
+        else:
+            images, labels, done = self.decode(batch, batch.device, batch.labels)
+        if done is not None:  # made on the decoder's stream: the current stream waits for them, and owns them
+            stream = torch.cuda.current_stream(images.device)
+            stream.wait_event(done)
+            images.record_stream(stream)
+            labels.record_stream(stream)
+        return images, labels
 
-    def images(self, batch: EncodedBatch, device: torch.device) -> torch.Tensor:
-        """The batch's images decoded and augmented on ``device``."""
+    def decode(self, batch: EncodedBatch, device: torch.device,
+               labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
+        """The batch's images decoded and augmented on ``device``, its labels there, and on CUDA the event
+        after which both are ready (they are made on the decoder's own stream).
+
+        On CUDA every batch runs on one stream of the decoder's, and waits first until the previous batch's
+        work on it is done: nvJPEG writes its output on a stream of its own, into memory the caching allocator
+        hands out as free on the current stream, which may be the previous batch's images still being read."""
+        device = torch.device(device)
+        with self._lock:  # one batch at a time (training and validation batches may overlap)
+            if device.type != "cuda":
+                return self._images(batch, device), labels.to(device), None
+            if device not in self._streams:
+                self._streams[device] = torch.cuda.Stream(device, priority=-1)
+            stream = self._streams[device]
+            with torch.cuda.device(device), torch.cuda.stream(stream):
+                if device in self._done:
+                    self._done[device].synchronize()
+                images = self._images(batch, device)
+                labels = labels.to(device, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+                self._done[device] = done
+            return images, labels, done
+
+    def _images(self, batch: EncodedBatch, device: torch.device) -> torch.Tensor:
         self._count(batch)
         if self.engine == "dali":
-            with self._dali_lock:  # one DALI pipeline per device, fed by one thread at a time
-                return self._dali_run(batch, device)
+            return self._dali_run(batch, device)
         return self._nvjpeg_run(batch, device)
 
     def _count(self, batch: EncodedBatch) -> None:
@@ -418,31 +444,20 @@ class DeviceDecoder:
 
 class DecodeAhead:
     """Starts decoding each :class:`EncodedBatch` on ``device`` as soon as the loader hands it to the training
-    process, in one background thread (on its own CUDA stream), so that nvJPEG's decode of the next batch
-    overlaps the step in flight instead of holding up the training loop's thread (Lightning fetches one batch
-    ahead). :meth:`wrap` wraps a loader's iterator; :class:`DeviceDecoder` then returns the finished batch,
-    its tensors recorded on the consumer's stream. Results are the same as decoding in the training loop."""
+    process, in one background thread, so that nvJPEG's decode of the next batch overlaps the step in flight
+    instead of holding up the training loop's thread (Lightning fetches one batch ahead). :meth:`wrap` wraps a
+    loader's iterator; :class:`DeviceDecoder` then hands over the finished batch. Results are the same as
+    decoding in the training loop."""
 
     def __init__(self, decoder: DeviceDecoder, device: torch.device) -> None:
         self.decoder, self.device = decoder, torch.device(device)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="snntrain-decode")
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def wrap(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             if isinstance(batch, EncodedBatch):
-                batch.pending = self.pool.submit(self._decode, batch, batch.labels)
+                batch.pending = self.pool.submit(self.decoder.decode, batch, self.device, batch.labels)
             yield batch
-
-    def _decode(self, batch: EncodedBatch, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        if self.stream is None:
-            return self.decoder.images(batch, self.device), labels.to(self.device), None
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            images = self.decoder.images(batch, self.device)
-            labels = labels.to(self.device, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        return images, labels, done
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
