@@ -330,8 +330,10 @@ class ImageFolderDataModule(L.LightningDataModule):
         loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
                               collate_fn=self._collate())
         if self.path in ("gpu", "dali") and self.decode_ahead and self.trainer is not None:
-            if self._ahead is None:
-                self._ahead = DecodeAhead(self.decoder or self._build_decoder(), self._device())
+            if self.decoder is None:
+                self.decoder = self._build_decoder()
+            if self._ahead is None or self._ahead.decoder is not self.decoder:
+                self._ahead = DecodeAhead(self.decoder, self._device())
             loader.wrap = self._ahead.wrap
         return loader
 
