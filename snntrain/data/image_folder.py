@@ -333,6 +333,8 @@ class ImageFolderDataModule(L.LightningDataModule):
             if self.decoder is None:
                 self.decoder = self._build_decoder()
             if self._ahead is None or self._ahead.decoder is not self.decoder:
+                if self._ahead is not None:
+                    self._ahead.close()
                 self._ahead = DecodeAhead(self.decoder, self._device())
             loader.wrap = self._ahead.wrap
         return loader
