@@ -490,7 +490,7 @@ def build_dali_pipeline(batch_size: int, size: int, channels: int, mean: Sequenc
 
     cuda = device.type == "cuda"
 
-    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device.index or 0 if cuda else None,
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=(device.index or 0) if cuda else None,
                   exec_async=False, exec_pipelined=False, prefetch_queue_depth=1)
     def pipeline():
         encoded = fn.external_source(name="encoded", dtype=types.UINT8)
