@@ -159,7 +159,7 @@ def datamodule(root: Path, path: str, args, workers: int):
     return dm
 
 
-def batches(dm, device: torch.device, host: dict, ahead=None):
+def batches(dm, device: torch.device, dtype: torch.dtype, host: dict, ahead=None):
     """Finished training batches ``(x, y)`` on ``device``, epoch after epoch; ``host`` collects the host
     seconds spent waiting for the loader (``fetch``) and in the device decoder (``decode``). ``ahead``: a
     :class:`DecodeAhead` that starts decoding each batch as it arrives, as in training."""
@@ -179,8 +179,10 @@ def batches(dm, device: torch.device, host: dict, ahead=None):
             t1 = time.perf_counter()
             if isinstance(batch, EncodedBatch):
                 x, y = dm.on_after_batch_transfer(batch.to(device, non_blocking=True), 0)
-            else:
+            else:  # the CPU path's float32 NCHW batch, in the device path's dtype and layout (one compiled graph)
                 x, y = (t.to(device, non_blocking=True) for t in batch)
+                layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
+                x = x.to(dtype=dtype).contiguous(memory_format=layout)
             t2 = time.perf_counter()
             host["fetch"] += t1 - t0
             host["decode"] += t2 - t1
@@ -336,6 +338,7 @@ def main() -> None:
     print(f"folder {root}: {folder}", flush=True)
     shape = f"{args.batch}x3x{args.size}x{args.size}"
     dtype = args.precision
+    xdtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # the batches every path delivers
     rows: list[bench_utils.Row] = []
     report: dict = {"folder": folder, "args": {k: v for k, v in vars(args).items() if k != "deadline"},
                     "cores": os.cpu_count(), "gpu": bench_utils.gpu_name(), "torch": torch.__version__,
@@ -357,7 +360,7 @@ def main() -> None:
         host = {"fetch": 0.0, "decode": 0.0, "batches": 0}
         helper = DecodeAhead(dm.decoder, device) if ahead and dm.decoder is not None else None
         # the workers fill 2 batches each before the clock starts: warm up past them to time the steady state
-        return dm, batches(dm, device, host, helper), host, 2 * workers + 5
+        return dm, batches(dm, device, xdtype, host, helper), host, 2 * workers + 5
 
     # 1. each path alone
     for path in args.paths:
@@ -374,7 +377,7 @@ def main() -> None:
     if time.time() < args.deadline:
         step = build_step(args, folder["classes"], device)
         g = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(args.batch, 3, args.size, args.size, device=device, generator=g)
+        x = torch.randn(args.batch, 3, args.size, args.size, device=device, generator=g).to(xdtype)
         x = x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
         y = torch.randint(0, folder["classes"], (args.batch,), device=device, generator=g)
         t0 = time.perf_counter()
