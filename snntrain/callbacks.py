@@ -329,7 +329,8 @@ class PreciseBatchNorm(L.Callback):
         device = pl_module.device
 
         def forward(batch) -> None:
-            batch = pl_module.transfer_batch_to_device(batch, device, 0)
+            # the trainer's own transfer: the datamodule's hooks too (data=image_folder decodes there)
+            batch = trainer.strategy.batch_to_device(batch, device)
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
             with trainer.precision_plugin.forward_context():
                 pl_module(x)
