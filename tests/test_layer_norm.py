@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from snntrain.kernels import layer_norm as K
+from snntrain.kernels import layer_norm_tuning as LT
 from snntrain.models.sew_resnet import SEWResNet
 from snntrain.nn import LayerNorm, LayerNorm2d, build_norm2d, set_backend
 
@@ -103,9 +104,9 @@ def test_rows_match_torch(device, dtype, C, affine):
 @pytest.mark.parametrize("C", [300, 1000])
 def test_rows_longer_than_one_block(device, dtype, C, small_blocks):
     x, dy, w, b = _inputs((5, C), -1, dtype, device)
-    plan = K._plan_fwd(x, 1, K._split(x, 1))
+    plan = LT.plan_fwd(x, 1, LT.find_split(x, 1))
     assert not plan.single and plan.block_c < C
-    assert not K._plan_bwd(x, 1, K._split(x, 1), True).single
+    assert not LT.plan_bwd(x, 1, LT.find_split(x, 1), True).single
     _check(x, dy, w, b, dim=-1)
 
 
@@ -177,7 +178,7 @@ def test_channels_first_match_torch(device, dtype, shape, affine):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_channels_first_longer_than_one_block(device, dtype, small_blocks):
     x, dy, w, b = _inputs((2, 2, 67, 4, 5), -3, dtype, device)
-    plan = K._plan_fwd(x, 2, 0)
+    plan = LT.plan_fwd(x, 2, 0)
     assert not plan.single and plan.s_unit
     _check(x, dy, w, b, dim=-3)
 
@@ -189,12 +190,12 @@ def test_channels_first_map_sizes(device, monkeypatch, hw, separate):
     monkeypatch.setattr(K.TUNING, "cf_unaligned_separate_dw", separate)
     x, dy, w, b = _inputs((3, 2, 24, *hw), -3, torch.float16, device)
     d = x.dim() - 3
-    split = K._split(x, d)
-    p = K._plan_bwd(x, d, split, True)
-    s3 = K._strides3(x, d, split)
+    split = LT.find_split(x, d)
+    p = LT.plan_bwd(x, d, split, True)
+    s3 = LT.strides3(x, d, split)
     S = hw[0] * hw[1]
-    assert K._const_s(p, s3) == (S if S % 16 else 0)
-    assert K._separate_dwdb(x, d, split) == (separate and S % 4 != 0)
+    assert LT.const_s(p, s3) == (S if S % 16 else 0)
+    assert LT.separate_dwdb(x, d, split) == (separate and S % 4 != 0)
     _check(x, dy, w, b, dim=-3)
 
 
@@ -213,61 +214,61 @@ def test_channels_first_layouts(device):
 def test_strided_views():
     """How tensors map onto [B0, S, C] strides; a size-1 group gets stride 0 (keeps Triton's alignment facts)."""
     x = torch.empty(10, 64)
-    assert K._split(x, 1) == 0 and K._strides3(x, 1, 0) == (0, 64, 1)
+    assert LT.find_split(x, 1) == 0 and LT.strides3(x, 1, 0) == (0, 64, 1)
     cf = torch.empty(2, 3, 8, 5, 7)
-    assert K._strides3(cf, 2, 0) == (8 * 35, 1, 35)
+    assert LT.strides3(cf, 2, 0) == (8 * 35, 1, 35)
     cl = torch.empty(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
-    assert K._strides3(cl, 1, 0) == (280, 8, 1)
+    assert LT.strides3(cl, 1, 0) == (280, 8, 1)
     rows = torch.empty(4, 9, 33)[:, 2:7]
-    assert K._split(rows, 2) == 1 and K._strides3(rows, 2, 1) == (297, 33, 1)
-    assert K._split(torch.empty(2, 8, 5, 7)[..., :4], 1) is None
-    plan = K._plan_fwd(torch.empty(64, 100).t(), 1, 0)  # [100, 64] with unit stride along rows
+    assert LT.find_split(rows, 2) == 1 and LT.strides3(rows, 2, 1) == (297, 33, 1)
+    assert LT.find_split(torch.empty(2, 8, 5, 7)[..., :4], 1) is None
+    plan = LT.plan_fwd(torch.empty(64, 100).t(), 1, 0)  # [100, 64] with unit stride along rows
     assert plan.s_unit and plan.block_s >= K.TUNING.cf_min_block_s
     # H*W compiled in only for dense channels-first maps whose H*W is not a multiple of 16.
     m = torch.empty(2, 8, 7, 7)
-    p = K._plan_fwd(m, 1, 0)
-    assert K._const_s(p, K._strides3(m, 1, 0)) == 49
+    p = LT.plan_fwd(m, 1, 0)
+    assert LT.const_s(p, LT.strides3(m, 1, 0)) == 49
     mcl = m.contiguous(memory_format=torch.channels_last)
-    assert K._const_s(K._plan_fwd(mcl, 1, 0), K._strides3(mcl, 1, 0)) == 0
+    assert LT.const_s(LT.plan_fwd(mcl, 1, 0), LT.strides3(mcl, 1, 0)) == 0
     m16 = torch.empty(2, 8, 4, 4)
-    assert K._const_s(K._plan_fwd(m16, 1, 0), K._strides3(m16, 1, 0)) == 0
+    assert LT.const_s(LT.plan_fwd(m16, 1, 0), LT.strides3(m16, 1, 0)) == 0
 
 
 def test_backward_plan(monkeypatch):
     """Persistent programs: SMs x k, k cut by the partial-sum budget, tiles grown to keep the warps per SM."""
-    monkeypatch.setattr(K, "_num_sms", lambda _device: 100)
+    monkeypatch.setattr(LT, "sm_count", lambda _device: 100)
     tn = K.TUNING
     big = torch.empty(400_000, 64, dtype=torch.float16, device="meta")
-    p = K._plan_bwd(big, 1, 0, True)
+    p = LT.plan_bwd(big, 1, 0, True)
     assert p.per_sm == tn.bwd_programs_per_sm and p.programs == 100 * p.per_sm
     assert p.block_s * p.block_c == tn.bwd_tile
     small = torch.empty(4096, 512, dtype=torch.float16, device="meta")
-    p = K._plan_bwd(small, 1, 0, True)
+    p = LT.plan_bwd(small, 1, 0, True)
     assert p.per_sm == 1 and p.programs == 100  # 2 x 512 fp32 partials per program: budget allows ~1 per SM
     assert p.block_s * p.block_c == tn.bwd_tile * tn.bwd_programs_per_sm
-    assert K._plan_bwd(small, 1, 0, False).per_sm == tn.bwd_programs_per_sm  # no partials, no budget
+    assert LT.plan_bwd(small, 1, 0, False).per_sm == tn.bwd_programs_per_sm  # no partials, no budget
     odd = torch.empty(3000, 96, dtype=torch.float16, device="meta")  # budget // SMs = 3: tile stays a power of 2
-    p = K._plan_bwd(odd, 1, 0, True)
+    p = LT.plan_bwd(odd, 1, 0, True)
     assert p.block_s & (p.block_s - 1) == 0
 
 
 def test_backward_stages_and_dw_grid(monkeypatch):
     """Pipelining depth per layout, lowered when the staged tiles would not fit in shared memory;
     the separate dW/dB pass launches no more programs than one wave holds."""
-    monkeypatch.setattr(K, "_num_sms", lambda _device: 132)
+    monkeypatch.setattr(LT, "sm_count", lambda _device: 132)
     monkeypatch.setattr(K.TUNING, "bwd_stages", 3)
     monkeypatch.setattr(K.TUNING, "cf_bwd_stages", 1)
     for dtype, stages in ((torch.float16, 3), (torch.float32, 2)):  # fp32: 2 x 128 KB staged tiles do not fit
         long = torch.empty(4096, 16384, dtype=dtype, device="meta")
-        p = K._plan_bwd(long, 1, 0, False)
-        assert p.block_c == 16384 and K._bwd_stages(p, long, long) == stages
+        p = LT.plan_bwd(long, 1, 0, False)
+        assert p.block_c == 16384 and LT.bwd_stages(p, long, long) == stages
     rows = torch.empty(4096, 512, dtype=torch.float16, device="meta")
-    assert K._bwd_stages(K._plan_bwd(rows, 1, 0, True), rows, rows) == 3
+    assert LT.bwd_stages(LT.plan_bwd(rows, 1, 0, True), rows, rows) == 3
     cf = torch.empty(4, 64, 56, 56, dtype=torch.float16, device="meta")
-    assert K._bwd_stages(K._plan_bwd(cf, 1, 0, True), cf, cf) == 1
+    assert LT.bwd_stages(LT.plan_bwd(cf, 1, 0, True), cf, cf) == 1
     # 4096 x 16384: 64 column blocks; 4 x 132 // 64 = 8 row groups (512 programs, one wave of 528).
-    p = K._plan_bwd(torch.empty(4096, 16384, dtype=torch.float16, device="meta"), 1, 0, False)
-    bs, bc, _tpb, n_col, G = K._plan_dwdb(p, 132)
+    p = LT.plan_bwd(torch.empty(4096, 16384, dtype=torch.float16, device="meta"), 1, 0, False)
+    bs, bc, _tpb, n_col, G = LT.plan_dwdb(p, 132)
     assert (n_col, G) == (64, 8) and n_col * G <= K.TUNING.dw_programs_per_sm * 132
 
 
@@ -299,7 +300,7 @@ def test_weight_grads_bit_identical(device, monkeypatch, case):
         x, dy, w, b = _inputs((24, 100), -1, torch.float32, device)
         dim = -1
     # Few programs, each summing many tiles, on any device.
-    monkeypatch.setattr(K, "_num_sms", lambda _device: 3)
+    monkeypatch.setattr(LT, "sm_count", lambda _device: 3)
     monkeypatch.setattr(K.TUNING, "partial_frac", 1e-9)
     r1, r2 = (_ours(x, dy, w, b, 1e-5, dim) for _ in range(2))
     for a, c in zip(r1, r2):
@@ -317,6 +318,30 @@ def test_ops_registered_and_in_profile(device):
         K.layer_norm(x, w, b, 1e-5, -3).backward(dy)
     names = {e.key for e in prof.key_averages()}
     assert "snntrain::layer_norm_fwd" in names and "snntrain::layer_norm_bwd" in names
+
+
+def test_eager_calls_skip_the_registered_ops(device, monkeypatch):
+    """Eager calls run the host functions through an autograd.Function, not the operators (whose
+    dispatch costs host time), and give the operators' results bit for bit."""
+    x, dy, w, b = _inputs((5, 12, 3, 7), 1, torch.float16, device)
+    w.requires_grad_()
+    outs = []
+    for eager in (False, True):
+        xi = x.detach().requires_grad_()
+        if eager:
+            y = K.layer_norm(xi, w, b, 1e-5, -3)
+        else:
+            y = torch.ops.snntrain.layer_norm_fwd(xi, w, b, -3, 1e-5)[0]
+        outs.append((y, *torch.autograd.grad(y, [xi, w], dy)))
+        if not eager:  # from here on, a call of either operator fails the test
+            def refuse(*args):
+                raise AssertionError("an eager layer_norm call went through a registered operator")
+
+            monkeypatch.setattr(K, "layer_norm_fwd", refuse)
+            monkeypatch.setattr(K, "layer_norm_bwd", refuse)
+    assert type(outs[1][0].grad_fn).__name__ == "Eager_layer_norm_fwdBackward"
+    for a, c in zip(*outs):
+        assert torch.equal(a, c)
 
 
 def test_torch_compile_fullgraph(device):
