@@ -12,6 +12,7 @@ import torch
 from torchvision.ops import generalized_box_iou_loss as tv_giou
 
 from snntrain.kernels import giou as K
+from snntrain.kernels import giou_tuning as GT
 from snntrain.losses import GIoULoss, giou_loss, giou_loss_reference
 
 # (rtol, atol) for the loss and for the gradients, against the float64 oracle on the same
@@ -444,7 +445,7 @@ def test_fused_flags_values(device, small_thresholds):
 
 def test_fused_flags_one_per_block(device, small_thresholds, monkeypatch):
     """FLAG_ROWS equal to the forward's block (one flag per tile), padding scattered and in runs."""
-    monkeypatch.setattr(K, "FLAG_ROWS", K._FWD_CONFIGS[0].kwargs["BLOCK"])
+    monkeypatch.setattr(K, "FLAG_ROWS", GT.FWD_CONFIGS[0].kwargs["BLOCK"])
     pred, target = padded_runs(2, 3 * K.FLAG_ROWS + 5, device, seed=42)
     target[0, :7] = 0.0
     for reduction in ("sum", "mean"):
@@ -541,24 +542,24 @@ def test_launch_config_cached(device, small_thresholds, monkeypatch):
     Which configuration wins depends on the GPU; this checks that one of the listed ones is
     cached once and reused, not which.
     """
-    monkeypatch.setattr(K, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
+    monkeypatch.setattr(GT, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
     tunes = []
-    real = K._tune_persistent
-    monkeypatch.setattr(K, "_tune_persistent", lambda *a, **k: tunes.append(1) or real(*a, **k))
+    real = GT.tune_persistent
+    monkeypatch.setattr(GT, "tune_persistent", lambda *a, **k: tunes.append(1) or real(*a, **k))
     pred, target = pair((200,), device, seed=49)
     p = pred.clone().requires_grad_()
-    K._BEST.clear()
+    GT.BEST.clear()
     first = giou_loss(p, target, backend="triton")
     first.backward()
     g_first = p.grad
-    assert len(K._BEST) == 1 and len(tunes) == 1
-    kwargs, block, per_sm = next(iter(K._BEST.values()))
-    assert (block, kwargs["num_warps"]) in {(c.kwargs["BLOCK"], c.num_warps) for c in K._FWD_CONFIGS}
+    assert len(GT.BEST) == 1 and len(tunes) == 1
+    kwargs, block, per_sm = next(iter(GT.BEST.values()))
+    assert (block, kwargs["num_warps"]) in {(c.kwargs["BLOCK"], c.num_warps) for c in GT.FWD_CONFIGS}
     assert per_sm >= 1
     p.grad = None
     again = giou_loss(p, target, backend="triton")
     again.backward()
-    assert len(K._BEST) == 1 and len(tunes) == 1  # cached: not tuned again
+    assert len(GT.BEST) == 1 and len(tunes) == 1  # cached: not tuned again
     assert torch.equal(first, again) and torch.equal(g_first, p.grad)
     _, (gr,) = oracle(pred, target, None, "mean")
     assert_close(p.grad, gr, torch.float32, "grad")
@@ -570,7 +571,7 @@ def test_tune_persistent_picks_fastest(device, small_thresholds, monkeypatch):
 
     configs = [triton.Config({"BLOCK": 32}, num_warps=4), triton.Config({"BLOCK": 64}, num_warps=4),
                triton.Config({"BLOCK": 128}, num_warps=4)]
-    monkeypatch.setattr(K, "_FWD_CONFIGS", configs)
+    monkeypatch.setattr(GT, "FWD_CONFIGS", configs)
     times = iter([3.0, 1.0, 1.0])
     timed = []
 
@@ -579,18 +580,18 @@ def test_tune_persistent_picks_fastest(device, small_thresholds, monkeypatch):
         timed.append(1)
         return next(times)
 
-    monkeypatch.setattr(K, "_bench_launch", fake_bench)
-    K._BEST.clear()
+    monkeypatch.setattr(GT, "bench_launch", fake_bench)
+    GT.BEST.clear()
     pred, target = pair((300,), device, seed=61)
     for reduction in ("sum", "mean"):
         compare(pred, target, None, reduction, wrt=("pred",))
         if reduction == "sum":
             assert len(timed) == 3
-            kwargs, block, per_sm = next(iter(K._BEST.values()))
+            kwargs, block, per_sm = next(iter(GT.BEST.values()))
             assert block == 64 and kwargs["num_warps"] == 4
             times = iter([1.0, 2.0, 3.0])
-    assert len(K._BEST) == 2 and len(timed) == 6
-    K._BEST.clear()
+    assert len(GT.BEST) == 2 and len(timed) == 6
+    GT.BEST.clear()
 
 
 def test_eps_is_compile_time():
@@ -618,12 +619,12 @@ def test_programs_per_sm():
     class Kern:
         n_regs = 128
 
-    assert K._programs_per_sm(Kern(), 4) == 4  # 128 regs x 128 threads: 4 of 64 K registers
+    assert GT.programs_per_sm(Kern(), 4) == 4  # 128 regs x 128 threads: 4 of 64 K registers
     Kern.n_regs = 133  # rounded up per warp to 136
-    assert K._programs_per_sm(Kern(), 4) == 3
+    assert GT.programs_per_sm(Kern(), 4) == 3
     Kern.n_regs = 32
-    assert K._programs_per_sm(Kern(), 4) == 16  # thread limit 2048
-    assert K._programs_per_sm(object(), 4) == K.PROGRAMS_PER_SM
+    assert GT.programs_per_sm(Kern(), 4) == 16  # thread limit 2048
+    assert GT.programs_per_sm(object(), 4) == GT.PROGRAMS_PER_SM
 
 
 # ------------------------------------------------------------------------------------------
