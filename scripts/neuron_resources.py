@@ -59,6 +59,8 @@ def lif_cases():
          dict(surrogate="atan", v_reset=None, detach=True), (4, 32, 64, 3136), torch.float32, True, False),
         ("IF piecewise_quadratic bf16 [8, 32, 8192], expanded dS", "if", dict(surrogate="piecewise_quadratic"),
          (8, 32, 8192), torch.bfloat16, False, True),
+        ("PLIF sigmoid hard, no decay_input, bf16 [16, 32, 4096]", "plif", dict(decay=False), (16, 32, 4096),
+         torch.bfloat16, False, False),
     ]
     for label, kind, opts, shape, dtype, full, expanded_gs in cases:
         flags, params, k_tensor = _flags(kind, **opts)
@@ -84,6 +86,8 @@ def norm_cases(norm: str):
          dict(surrogate="atan", detach=True), (32, 64, 112, 112), torch.float32, 4, False),
         ("PLIF atan soft fp32 NCHW [16, 8, 256, 14, 14] (checkpoints)", "plif", dict(surrogate="atan", v_reset=None),
          (16, 8, 256, 14, 14), torch.float32, None, False),
+        ("PLIF sigmoid, no decay_input, fp32 NCHW [4, 8, 32, 28, 28]", "plif", dict(decay=False),
+         (4, 8, 32, 28, 28), torch.float32, None, False),
     ]
     for label, kind, opts, shape, dtype, steps, cl in cases:
         flags, params, k_tensor = _flags(kind, **opts)

@@ -28,9 +28,9 @@ Three ways to give the backward what it needs (H_t, the charged membrane):
   re-reads the chunk's X rows and recomputes H for those steps in registers (a
   tuple of 8 values, unrolled with ``tl.static_range``), then runs the reverse-time
   scan over the chunk. Forward and recomputation use the same ``@triton.jit`` step
-  functions (:mod:`snntrain.kernels.neuron_step`), and the charge's multiply is an explicitly rounded ``mul.rn.f32``
-  (never contracted into an FMA), so the recomputed spikes equal the forward's bit
-  for bit, and the reference's too.
+  functions (:mod:`snntrain.kernels.neuron_step`), and the charge's multiply is an
+  explicitly rounded ``mul.rn.f32`` (never contracted into an FMA), so the recomputed
+  spikes equal the forward's bit for bit, and the reference's too.
 
   Cost: 4 B written and 4 B read per neuron every 8 steps, at most 1 B per
   element-step and none for T <= 8. fp32 at T=32 moves 20.75 B per element-step
@@ -103,16 +103,7 @@ from .neuron_step import (
     step,
     sum_kernel,
 )
-from .op_utils import (
-    FLOAT_DTYPES,
-    INT32_MAX,
-    direct,
-    eager_function,
-    op_wrap,
-    profiled,
-    register_op,
-    traced,
-)
+from .op_utils import FLOAT_DTYPES, INT32_MAX, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["SURROGATES", "CHUNK", "neuron_multistep", "neuron_flags", "neuron_fwd", "neuron_bwd"]
 
