@@ -322,6 +322,7 @@ def _bn_neuron_fwd_kernel(
                 y = y_e
             else:
                 y = ys[j]
+            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
             h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = fire(h, v_threshold)
             tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
@@ -588,6 +589,7 @@ def _ln_neuron_fwd_kernel(
                 y = y_e
             else:
                 y, _xh, _r = _ln_rows(xs[j], mask, C, eps, w, bias)
+            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
             h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = fire(h, v_threshold)
             tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
