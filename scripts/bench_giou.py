@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_utils as bu  # noqa: E402
 
 from snntrain.kernels import giou as K  # noqa: E402
+from snntrain.kernels import giou_tuning as GT  # noqa: E402
 from snntrain.losses import giou_loss  # noqa: E402
 
 SHAPES = [(32, 256), (256, 4096), (4096, 4096)]
@@ -453,7 +454,7 @@ def summary(rows: list[bu.Row], copy_gbps: float, defaults: dict, fractions: dic
         out.append("\nChecks\n  " + "\n  ".join(checks))
 
     tuned = []
-    for k, (kw, blk, n) in K._BEST.items():
+    for k, (kw, blk, n) in GT.BEST.items():
         name = "fwd (reducing, persistent)" if k[0] is K._fwd_tuned else "bwd"
         dts = "/".join(str(d).replace("torch.", "").replace("float", "f") for d in k[2])
         tuned.append(f"{name} bucket {k[1]} {dts}: BLOCK={blk} warps={kw.get('num_warps')} programs/SM={n}")
