@@ -764,6 +764,7 @@ def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
     return g, (st, sb, sc, sw if W > 1 else sh)
 
 
+@functools.lru_cache(maxsize=None)
 def _neuron_consts(flags: int) -> dict:
     return dict(LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
                 HARD_RESET=bool(flags & F_HARD_RESET))

@@ -10,6 +10,8 @@ several position tiles, so that about :data:`PROGRAMS_PER_SM` programs per SM re
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -34,6 +36,7 @@ def p2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def block_s(S: int, tile: int) -> int:
     """Positions per tile for an NCHW map: the largest power of two (16 .. tile) that pads
     S by at most 7%, else the one that pads least (56x56: 64, 28x28: 64, 14x14: 16)."""
@@ -45,6 +48,7 @@ def block_s(S: int, tile: int) -> int:
     return max(good) if good else min(cands, key=lambda b: (waste[b], -b))
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tuple[int, int]:
     """``(groups, TPP)``: each program of a kernel that writes per-program partial sums takes TPP
     consecutive position tiles, so that about ``PROGRAMS_PER_SM`` programs per SM remain and the
@@ -55,6 +59,7 @@ def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tup
     return triton.cdiv(s_tiles, tpp), tpp
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
     if cl:
@@ -64,6 +69,7 @@ def bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
     return bs, max(1, min(p2(C), tile // bs))
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def ln_tiles(C: int, tile: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C) of the layer-norm kernels: all C channels, positions to fill ``tile``."""
     block_c = p2(C)

@@ -30,7 +30,7 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "direct", "op_wrap", "no_launch",
+__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "direct", "FastLaunch", "op_wrap", "no_launch",
            "register_op", "profiled", "traced", "eager_function"]
 
 #: Triton's CPU interpreter is on (``TRITON_INTERPRET=1``, set by the tests on a machine without CUDA).
@@ -60,9 +60,111 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class FastLaunch:
+    """A ``@triton.jit`` kernel launched with less host work: ``FastLaunch(kernel)[grid](*args, **kwargs)``
+    launches what ``kernel[grid](*args, **kwargs)`` would, but reuses the compiled kernel found for the same
+    specialisation instead of having Triton bind and specialise every argument and hash the result on each
+    call (tens of microseconds per launch, as much as a small kernel runs on the GPU).
+
+    The specialisation key is what Triton specialises on: each tensor's dtype and 16-byte alignment, each
+    integer's being 1, its divisibility by 16 and its 32-bit range, every constexpr's value, the options
+    (``num_warps``, ...), the device. A new key takes Triton's own launch, which compiles or finds the kernel;
+    later calls with that key call the compiled kernel's launcher directly. Anything this version of Triton
+    does not offer, launch hooks (profilers such as Proton set them) or the interpreter take Triton's path.
+    """
+
+    __slots__ = ("kernel", "_cache", "_names", "_defaults", "_constexpr", "_ok")
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self._cache: dict = {}
+        self._ok = True
+        try:
+            import inspect
+
+            params = list(inspect.signature(kernel.fn).parameters.values())
+            self._names = [p.name for p in params]
+            self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+            self._constexpr = frozenset(p.name for p in kernel.params if p.is_constexpr)
+        except (AttributeError, TypeError, ValueError):
+            self._ok = False
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def _key(self, values: list, kwargs: dict, device: int) -> tuple:
+        key: list = [device]
+        for name, a in zip(self._names, values):
+            if name in self._constexpr:
+                key.append(a)
+            elif isinstance(a, Tensor):
+                key.append((a.dtype, a.data_ptr() % 16 == 0))
+            elif isinstance(a, bool) or a is None:
+                key.append(a)
+            elif isinstance(a, int):
+                key.append((a == 1, a % 16 == 0, _int_width(a)))
+            elif isinstance(a, float):
+                key.append(float)
+            else:
+                key.append(a)
+        key.extend(sorted((k, v) for k, v in kwargs.items() if k not in self._defaults and k not in self._names))
+        return tuple(key)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        from triton import knobs
+        from triton.runtime import driver
+
+        hook = knobs.runtime.launch_enter_hook  # a HookChain (empty unless a profiler added hooks) or a function
+        if not self._ok or (hook is not None and getattr(hook, "calls", True)):
+            return self.kernel[grid](*args, **kwargs)
+        try:
+            values = list(args)
+            for name in self._names[len(args):]:
+                values.append(kwargs[name] if name in kwargs else self._defaults[name])
+            device = driver.active.get_current_device()
+            key = self._key(values, kwargs, device)
+        except (KeyError, TypeError):
+            return self.kernel[grid](*args, **kwargs)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if hasattr(compiled, "result"):
+                compiled = compiled.result()
+            if compiled is not None and hasattr(compiled, "__getitem__"):
+                self._cache[key] = compiled
+            return compiled
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        compiled[grid](*values, stream=driver.active.get_current_stream(device))
+        return compiled
+
+
+def _int_width(a: int) -> int:
+    """The integer types Triton tells apart by value: 32-bit, unsigned 32-bit, 64-bit, unsigned 64-bit."""
+    if -2**31 <= a < 2**31:
+        return 0
+    if 0 <= a < 2**32:
+        return 1
+    return 2 if -2**63 <= a < 2**63 else 3
+
+
+_FAST: dict = {}
+
+
 def direct(kernel):
-    """Launch a kernel as it is (eager calls outside any tracing)."""
-    return kernel
+    """Launch a kernel as it is (eager calls outside any tracing), through :class:`FastLaunch` where the
+    kernels are compiled (a plain ``@triton.jit`` function, not under the interpreter)."""
+    if INTERPRET or not isinstance(kernel, _jit_function_type()):
+        return kernel
+    fast = _FAST.get(kernel)
+    if fast is None:
+        fast = _FAST[kernel] = FastLaunch(kernel)
+    return fast
+
+
+def _jit_function_type():
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction
 
 
 class _NoLaunch:
