@@ -344,9 +344,7 @@ class _GraphBuilder:
             input_shape=tuple(shape[1:]), weight=conv.weight.detach().double().numpy(), stride=tuple(conv.stride),
             padding=tuple(conv.padding) if not isinstance(conv.padding, str) else conv.padding,
             dilation=tuple(conv.dilation), groups=conv.groups, bias=conv.bias.detach().double().numpy())
-        with torch.no_grad():
-            out = conv(torch.zeros(1, *shape, dtype=conv.weight.dtype, device=conv.weight.device))
-        return self.add(name, node, src), tuple(out.shape[1:])
+        return self.add(name, node, src), (conv.out_channels, *_conv_out_size(conv, shape[1:]))
 
     def maxpool(self, name: str, m: nn.MaxPool2d, src: list[str], shape: tuple[int, ...], spikes: bool):
         if not spikes:
@@ -408,6 +406,15 @@ class _GraphBuilder:
         node = self.nir.Conv2d(input_shape=tuple(shape[1:]), weight=weight, stride=(1, 1), padding=tuple(pads),
                                dilation=(1, 1), groups=1, bias=np.zeros(to_shape[0]))
         return self.add(name, node, [src])[0]
+
+
+def _conv_out_size(conv: nn.Conv2d, size: tuple[int, ...]) -> tuple[int, ...]:
+    """The spatial size of ``conv``'s output for an input of spatial ``size``."""
+    if conv.padding == "same":
+        return tuple(size)
+    padding = (0, 0) if conv.padding == "valid" else conv.padding
+    return tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                 for n, p, d, k, s in zip(size, padding, conv.dilation, conv.kernel_size, conv.stride))
 
 
 def _output_shape(m: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -769,9 +776,10 @@ def neuron_from_nir(node: Any, dt: float, backend: str = "torch", name: str | No
     """The snntrain neuron of a NIR ``LIF``, ``IF`` or ``CubaLIF`` node (the inverse of :func:`neuron_to_nir`).
 
     ``IF``: ``r = 1/dt`` is NIR's IF stepped by ``dt`` (snntrain, SpikingJelly); ``r = 1`` is read as the
-    IF that adds its input unscaled each step, which is what Norse, Sinabs and snnTorch simulate when they
-    write ``r = 1``. ``CubaLIF`` maps only with ``tau_syn = dt`` (the synaptic current is the step's weighted
-    input: snnTorch's ``Synaptic(alpha=0)``); snntrain's neurons have no synaptic current otherwise."""
+    IF that adds its input unscaled each step, which is what Norse and Sinabs simulate when they write
+    ``r = 1`` (and the only IF snnTorch's importer takes). ``CubaLIF`` maps only with ``tau_syn = dt`` (the
+    synaptic current is the step's weighted input: snnTorch's ``Synaptic(alpha=0)``); snntrain's neurons have no
+    synaptic current otherwise."""
     import nir
 
     v_th = _uniform(name, "v_threshold", node.v_threshold)
