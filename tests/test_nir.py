@@ -43,6 +43,12 @@ def make_model(neuron: dict, stem: str = "cifar", num_classes: int = 5, seed: in
     torch.manual_seed(seed)
     model = SEWResNet(depth=18, num_classes=num_classes, in_channels=2, T=3, width=4, stem=stem, neuron=neuron,
                       backend="torch")
+    return firing(model, neuron, seed)
+
+
+def firing(model: torch.nn.Module, neuron: dict, seed: int = 0) -> torch.nn.Module:
+    """``model`` (eval mode) with BatchNorm statistics that keep every layer firing (and, for PLIF, a learned
+    time constant rather than the initial one)."""
     g = torch.Generator().manual_seed(seed)
     gain = 3.0 if neuron["type"] != "IF" and neuron.get("decay_input", True) else 1.0  # input divided by tau
     for m in model.modules():
@@ -53,7 +59,7 @@ def make_model(neuron: dict, stem: str = "cifar", num_classes: int = 5, seed: in
             with torch.no_grad():
                 m.weight.copy_((torch.rand(n, generator=g) * 2 + 1) * gain)
                 m.bias.copy_((torch.rand(n, generator=g) * 0.5 + 0.2) * gain)
-    if neuron["type"] == "PLIF":  # a learned time constant, not the initial one
+    if neuron["type"] == "PLIF":
         for m in model.modules():
             if hasattr(m, "w"):
                 m.w.data.add_(0.37)
