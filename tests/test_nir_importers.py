@@ -175,6 +175,28 @@ def test_detector_backbone_is_refused_for_snntorch_and_spikingjelly(tmp_path):
         assert not (tmp_path / target).exists()
 
 
+def test_cli_export_for_a_target(tmp_path):
+    """task=export with export.nir_target: the graph for that reader with its dt; a name that is no target
+    fails before anything is read or written."""
+    from snntrain.cli import run
+
+    ckpt = checkpoint(tmp_path / "model.ckpt", CLASSIFIER)
+
+    def export(*overrides):
+        with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+            return run(compose(config_name="config", overrides=[
+                "task=export", f"ckpt_path={ckpt}", "export.formats=[nir]", f"paths.output_dir={tmp_path}",
+                *overrides]))
+
+    card = export(f"export.dir={tmp_path / 'norse'}", "export.nir_target=norse")
+    graph = nir.read(str(tmp_path / "norse" / "model.nir"))
+    assert card["nir_target"] == "norse" and graph.metadata["target"] == "norse" and graph.metadata["dt"] == 1e-3
+    assert "NIR graph for norse" in card["files"]["model.nir"]
+    with pytest.raises(ValueError, match="export.nir_target='loihi' is not valid; choose one of spec, snntorch, norse"):
+        export(f"export.dir={tmp_path / 'loihi'}", "export.nir_target=loihi")
+    assert not (tmp_path / "loihi").exists()
+
+
 # ----------------------------------------------------------------------------- graphs they write
 
 
