@@ -147,7 +147,8 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.export.dir) if cfg.export.dir else Path(cfg.paths.output_dir) / "export"
     _announce(f"snntrain: exporting {cfg.ckpt_path} to {out.resolve()}")
     card = export_checkpoint(cfg.ckpt_path, out, formats=list(cfg.export.formats), backend=cfg.backend.name,
-                             opset=int(cfg.export.opset), nir_dt=cfg.export.get("nir_dt"))
+                             opset=int(cfg.export.opset), nir_dt=cfg.export.get("nir_dt"),
+                             nir_target=cfg.export.get("nir_target", "spec"))
     _announce(f"snntrain: export written to {out.resolve()}: {', '.join(card['files'])}")
     return card
 

@@ -9,7 +9,8 @@ An export folder holds:
 ``model.onnx``          the network with the T loop unrolled (PyTorch backend), opset 18
 ``model.pt2``           a ``torch.export`` program (Triton ops when exported on a GPU)
 ``model.nir``           the NIR graph (neuromorphic hardware and other SNN libraries; see docs/nir.md):
-                        a classifier, or a detector's backbone, with BatchNorm folded into the convolutions
+                        a classifier, or a detector's backbone, with BatchNorm folded into the convolutions,
+                        written for one reader (``nir_target``: spec, snntorch, norse or spikingjelly)
 
 The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
 A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
@@ -303,14 +304,20 @@ def export_checkpoint(
     opset: int = ONNX_OPSET,
     seed: int = 0,
     nir_dt: float | None = None,
+    nir_target: str = "spec",
 ) -> dict[str, Any]:
     """Export a checkpoint into ``out_dir`` (replaced atomically); returns the model card.
 
     ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
-    otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_dt`` is the NIR
-    graph's seconds per time step (None: :data:`snntrain.nir_graph.DEFAULT_DT`).
+    otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_target`` is the
+    reader the NIR graph is written for (:data:`snntrain.nir_graph.NIR_TARGETS`); ``nir_dt`` its
+    seconds per time step (None: the target's). A graph that the target cannot read is refused
+    (naming every node and why) before anything is written.
     """
+    from .nir_graph import check_target
+
     formats = check_formats(formats)
+    check_target(nir_target)
     source = Path(ckpt_path)
     ckpt = read_checkpoint(source)
     config = checkpoint_config(ckpt)
@@ -322,6 +329,11 @@ def export_checkpoint(
     # a batch of 2 for tracing: a traced size of 1 would be specialised and not stay dynamic
     sample = torch.randn([2, *shape[1:]], generator=torch.Generator().manual_seed(seed))
     card = _card(config, ckpt, shape, source)
+    nir_graph = None
+    if "nir" in formats:  # checked first: a model the target cannot read stops the export before any writing
+        from .nir_graph import to_nir
+
+        nir_graph = to_nir(set_backend(model, "torch"), tuple(shape[1:]), nir_dt, nir_target)
     with torch.no_grad():
         reference = ExportGraph(model)(sample)
     with atomic_path(out_dir, is_dir=True) as tmp:
@@ -345,10 +357,11 @@ def export_checkpoint(
             where = ("batch 1 (fixed), needs a CUDA GPU (snntrain's Triton kernels; export with backend=torch "
                      "for any device)" if prog_backend == "triton" else "any batch, any device")
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
-        if "nir" in formats:
-            card["nir_dt"], card["nir_max_abs_diff"] = _export_nir(model, sample, tmp / "model.nir", nir_dt)
+        if nir_graph is not None:
+            card.update(_export_nir(model, sample, nir_graph, tmp / "model.nir"))
             what = "backbone stage spikes" if isinstance(model, SpikingFCOS) else "per-step logits (mean over T)"
-            card["files"]["model.nir"] = f"NIR graph, BatchNorm folded, dt={card['nir_dt']:g} s, {what}"
+            card["files"]["model.nir"] = (f"NIR graph for {card['nir_target']}, BatchNorm folded, "
+                                          f"dt={card['nir_dt']:g} s, {what}")
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
         (tmp / "README.md").write_text(_readme(card))
     log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
@@ -372,27 +385,34 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     return diff
 
 
-def _export_nir(model: nn.Module, sample: torch.Tensor, path: Path, dt: float | None) -> tuple[float, float]:
-    """Write the NIR graph, read it back with the NIR package, run it with snntrain layers and compare with
-    the model on the PyTorch backend."""
-    from .nir_graph import DEFAULT_DT, load_nir, write_nir
+def _export_nir(model: nn.Module, sample: torch.Tensor, graph, path: Path) -> dict[str, Any]:
+    """Write the NIR graph, read it back with the NIR package, run it with snntrain layers and compare with the
+    model on the PyTorch backend with BatchNorm folded into the convolutions (the network the graph describes:
+    the same spikes, logits to float32 rounding), and with the model itself (folding changes the rounding of
+    every convolution, so a membrane within rounding of the threshold can fire in one and not in the other)."""
+    from .nir_graph import NIR_TARGETS, NIRNetwork, fold_batchnorm, load_nir, save_nir
 
-    dt = DEFAULT_DT if dt is None else dt
-    set_backend(model, "torch")
-    write_nir(model, path, tuple(sample.shape[1:]), dt)
+    target = NIR_TARGETS[graph.metadata["target"]]
+    save_nir(graph, path)
     net = load_nir(path, backend="torch")
     x = sample.unsqueeze(0).expand(net.T, *sample.shape)  # [T, B, C, H, W]: the same input at every step
-    with torch.no_grad():
-        if isinstance(model, SpikingFCOS):
-            ref = model.backbone.forward_features(x)
-            got = net(x)
-            got = [got[f"stage{i}"] for i in range(1, len(ref) + 1)]
-        else:
-            ref, got = model(x), net(x)
-    diff = _max_diff(tuple(got) if isinstance(got, list) else got, tuple(ref) if isinstance(ref, list) else ref)
-    print(f"NIR graph (read back, snntrain layers) vs PyTorch backend: largest absolute difference {diff:.3g}",
+
+    def run(m: nn.Module) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            if isinstance(m, NIRNetwork):
+                out = m(x)
+                return tuple(out[f"stage{i}"] for i in range(1, len(out) + 1)) if isinstance(out, dict) else (out,)
+            return tuple(m.backbone.forward_features(x)) if isinstance(m, SpikingFCOS) else (m(x),)
+
+    got = run(net)
+    diffs = {name: _max_diff(got, run(m)) for name, m in (("folded", fold_batchnorm(model)), ("model", model))}
+    print(f"NIR graph for {target.name} (read back, snntrain layers): largest absolute difference "
+          f"{diffs['folded']:.3g} from the model with BatchNorm folded, {diffs['model']:.3g} from the model",
           flush=True)
-    return float(dt), diff
+    if target.name != "spec":
+        print(f"NIR graph: import it with {target.reader}", flush=True)
+    return {"nir_target": target.name, "nir_dt": float(graph.metadata["dt"]), "nir_max_abs_diff": diffs["folded"],
+            "nir_unfolded_max_abs_diff": diffs["model"]}
 
 
 def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: Path):
