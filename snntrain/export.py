@@ -69,7 +69,11 @@ class SpikingClassifier(nn.Module):
 
 class SpikingDetector(nn.Module):
     """A trained detector: ``forward(images)`` gives one dict per image with ``boxes`` ``[n, 4]``
-    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS."""
+    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS.
+
+    ``images`` are normalised as in training (:func:`snntrain.data.detection.normalize_image`), at any size:
+    ``scales`` (None: the model's ``test_scales``, ``auto``) runs a photo larger than the training square
+    as an image pyramid (:meth:`snntrain.models.SpikingFCOS.detect`); ``[1.0]`` is a single pass."""
 
     def __init__(self, model: SpikingFCOS, config: dict[str, Any]) -> None:
         super().__init__()
@@ -77,8 +81,9 @@ class SpikingDetector(nn.Module):
         self.config = config
         self.classes = list(config.get("data", {}).get("classes") or ["face"])
 
-    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return self.model.detect(images)
+    def forward(self, images: torch.Tensor, scales: str | Sequence[float] | None = None
+                ) -> list[dict[str, torch.Tensor]]:
+        return self.model.detect(images, scales=scales)
 
 
 class ExportGraph(nn.Module):
@@ -104,8 +109,20 @@ def _wrap(model: nn.Module, config: dict[str, Any]) -> nn.Module:
     return wrapped.eval()
 
 
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a run config. A detector trained on ``data=faces`` before its head recorded the
+    face sizes it was trained on (``object_sizes``, ``train_size``: multi-scale inference) takes them from
+    the run's data section."""
+    model = dict(config["model"])
+    data = config.get("data", {})
+    head = model.get("head")
+    if head is not None and "object_sizes" not in head and data.get("name") == "faces":
+        model["head"] = {**head, "object_sizes": list(data["face_size"]), "train_size": int(data["image_size"])}
+    return model
+
+
 def _model_from(config: dict[str, Any], state_dict: dict[str, torch.Tensor], backend: str, source: Path) -> nn.Module:
-    model = build_model(config["model"], backend=backend)
+    model = build_model(model_config(config), backend=backend)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise CheckpointError(
@@ -229,16 +246,36 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "global_step": ckpt.get("global_step"),
         "checkpoint": str(source),
         "outputs": ("logits [B, K]" if task != "detect"
-                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS)"),
+                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS); one pass at "
+                         "one scale (run the image pyramid of multi_scale around it)"),
+        **({"multi_scale": multi_scale_card(model_config(config)["head"])} if task == "detect" else {}),
         "files": {},
+    }
+
+
+def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
+    """What a detector's model card records for multi-scale inference (:meth:`SpikingFCOS.detect`): the
+    object sizes it was trained on and how its image pyramid is chosen."""
+    return {
+        "object_sizes": head.get("object_sizes"),
+        "train_size": head.get("train_size"),
+        "test_scales": head.get("test_scales", "auto"),
+        "scale_step": head.get("scale_step", 2.0),
+        "tile_size": head.get("tile_size", 1024),
+        "how": ("object_sizes: the sizes (px of the network input) of the faces in training. Pyramid (auto): the "
+                "photo at scales from 1 down to train_size / its longer side, adjacent scales at most scale_step "
+                "apart; per scale keep boxes sized within object_sizes (x0.75-1.25; the finest scale also smaller, "
+                "the coarsest also larger ones), map them back (divide by the scale) and merge all with NMS"
+                if head.get("object_sizes") else "one pass at the evaluation geometry (no object sizes recorded)"),
     }
 
 
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
     for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
-                "checkpoint", "outputs"):
-        lines.append(f"- {key}: {card[key]}")
+                "checkpoint", "outputs", "multi_scale"):
+        if key in card:
+            lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]
         lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]

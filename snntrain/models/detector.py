@@ -16,6 +16,15 @@ scores and box distances; docs/benchmarks.md records the comparison that made
 
 Everything from the input to the losses is tensor code without host synchronisation;
 only :meth:`SpikingFCOS.decode` (inference: thresholding and NMS) leaves the device.
+
+Multi-scale inference. A detector knows the object sizes it was trained on (``object_sizes``, pixels of
+its input) and its training image size (``train_size``). :meth:`SpikingFCOS.detect` runs an image at a
+pyramid of scales (:func:`pyramid_scales`: from the image's own pixels down to the training square, a
+factor ``scale_step`` apart), so that objects of any size in a photograph pass through the network at a
+size it has learned. Each scale keeps the boxes whose size lies in the trained range there (the finest
+scale also smaller ones, the coarsest also larger ones); the boxes, mapped back to the image's pixels,
+are merged by NMS. A scaled image larger than ``tile_size`` is cut into overlapping tiles, run one at a
+time, so memory is bounded by the tile, not the photograph.
 """
 
 from __future__ import annotations
@@ -30,10 +39,45 @@ from torch import nn
 
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
-from ..validation import flag, one_of, positive_int
+from ..validation import flag, number, one_of, positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
+#: Per scale of a pyramid, boxes are kept when their size (square root of the area, pixels of the scaled
+#: image) lies within the trained object sizes widened by these factors (SNIP's valid ranges); the finest
+#: scale has no lower and the coarsest no upper limit.
+VALID_RANGE_SLACK = (0.75, 1.25)
+
+
+def pyramid_scales(height: int, width: int, train_size: int, step: float = 2.0, finest: float = 1.0) -> list[float]:
+    """Scales (factors of an image of ``height`` x ``width``) of the pyramid a detector trained on
+    ``train_size`` x ``train_size`` images runs it at: from ``finest`` (1: the image's own pixels) down to
+    the scale that fits it into the training square, geometrically, adjacent scales at most ``step`` apart.
+    An image no larger than the training square gets that one scale (the single pass of training)."""
+    coarsest = train_size / max(height, width)
+    if coarsest >= finest:
+        return [coarsest]
+    n = math.ceil(math.log(finest / coarsest) / math.log(step) - 1e-9)
+    return [finest * (coarsest / finest) ** (k / n) for k in range(n + 1)]
+
+
+def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
+    """Start offsets of tiles of ``tile`` pixels covering ``length`` pixels, adjacent tiles overlapping by
+    at least ``overlap`` pixels, spread evenly (the first at 0, the last ending at ``length``)."""
+    if length <= tile:
+        return [0]
+    n = math.ceil((length - tile) / max(1, tile - overlap)) + 1
+    return [round(i * (length - tile) / (n - 1)) for i in range(n)]
+
+
+def _check_scales(name: str, value: object) -> str | list[float]:
+    if value == "auto":
+        return "auto"
+    if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 16 for v in value)):
+        raise ValueError(f"{name}={value!r} is not valid; give auto or a non-empty list of scale factors in (0, 16] "
+                         "(1: the image as given)")
+    return sorted({float(v) for v in value}, reverse=True)
 
 
 def _upsample_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -141,7 +185,10 @@ class SpikingFCOS(nn.Module):
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
             ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
             ``center_sampling_radius`` (in strides), and decoding: ``score_thresh``,
-            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test`` (see :meth:`detect`).
+            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test``; multi-scale inference
+            (see :meth:`detect`): ``object_sizes`` (``[lo, hi]``, the object sizes in pixels the detector was
+            trained on; None: unknown, one pass), ``train_size`` (its training image side), ``test_scales``
+            (``auto`` or a list of factors), ``scale_step``, ``tile_size``.
 
     ``forward(images)`` returns a dict with ``cls_logits`` ``[B, L, K]``, ``box_ltrb``
     ``[B, L, 4]`` (pixels), ``centerness`` ``[B, L]`` (logits), and the ``points``
@@ -177,10 +224,29 @@ class SpikingFCOS(nn.Module):
         self.pre_nms_top_n = int(head.pop("pre_nms_top_n", 1000))
         self.max_detections = int(head.pop("max_detections", 100))
         self.flip_test = flag("flip_test", head.pop("flip_test", False))
+        object_sizes = head.pop("object_sizes", None)
+        train_size = head.pop("train_size", None)
+        self.test_scales = _check_scales("test_scales", head.pop("test_scales", "auto"))
+        self.scale_step = number("scale_step", head.pop("scale_step", 2.0))
+        self.tile_size = positive_int("tile_size", head.pop("tile_size", 1024))
         if head:
             raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
                              "num_convs, readout, scale_ranges, center_sampling_radius, score_thresh, nms_thresh, "
-                             "pre_nms_top_n, max_detections, flip_test")
+                             "pre_nms_top_n, max_detections, flip_test, object_sizes, train_size, test_scales, "
+                             "scale_step, tile_size")
+        if object_sizes is not None:
+            if (isinstance(object_sizes, (str, bytes)) or not isinstance(object_sizes, Sequence)
+                    or len(object_sizes) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                                     for v in object_sizes)
+                    or not 0 < object_sizes[0] <= object_sizes[1]):
+                raise ValueError(f"object_sizes={object_sizes!r} must be [lo, hi] with 0 < lo <= hi (pixels) or null")
+            object_sizes = [float(v) for v in object_sizes]
+        self.object_sizes = object_sizes
+        self.train_size = None if train_size is None else positive_int("train_size", train_size)
+        if self.scale_step <= 1.0:
+            raise ValueError(f"scale_step={self.scale_step!r} must be larger than 1")
+        if self.tile_size < 64:
+            raise ValueError(f"tile_size={self.tile_size!r} must be at least 64 pixels")
         if not levels or any(lv not in (1, 2, 3, 4) for lv in levels) or sorted(set(levels)) != levels:
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
         one_of("readout", readout, READOUTS)
@@ -240,17 +306,105 @@ class SpikingFCOS(nn.Module):
 
     # ------------------------------------------------------------------ inference
 
-    @torch.no_grad()
-    def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None
-               ) -> list[dict[str, torch.Tensor]]:
-        """Detections per image (:meth:`decode`, boxes clipped to the images) from ``outputs`` of
-        ``images`` (computed when not given).
+    def scale_plan(self, height: int, width: int, scales: str | Sequence[float] | None = None) -> list[float]:
+        """The scales (finest first) :meth:`detect` runs an image of ``height`` x ``width`` at: ``scales`` (None:
+        ``test_scales``), ``auto`` for :func:`pyramid_scales` (one pass at scale 1 when the detector does not
+        know its training sizes), or a list of factors."""
+        scales = _check_scales("scales", self.test_scales if scales is None else scales)
+        if scales != "auto":
+            return list(scales)
+        if self.object_sizes is None or self.train_size is None:
+            return [1.0]
+        return pyramid_scales(height, width, self.train_size, self.scale_step)
 
-        With ``flip_test`` (test-time augmentation) the network also sees the images mirrored left to
-        right; its outputs there, mapped back to the locations they mirror (left and right distances
-        swapped), are averaged with the plain ones before decoding: class and quality logits and box
-        distances alike. Images whose width is not a multiple of the coarsest stride are first padded
-        on the right (mid grey, as batches are padded) so that the locations mirror onto each other."""
+    @torch.no_grad()
+    def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None,
+               scales: str | Sequence[float] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Detections per image, boxes in the pixels of ``images`` (clipped to them).
+
+        ``scales`` (None: the detector's ``test_scales``) picks the passes (:meth:`scale_plan`): a single
+        pass at scale 1 decodes the network's outputs for ``images`` (``outputs``, when given, are those);
+        several scales (an image pyramid), or an image larger than ``tile_size``, run :meth:`detect_scaled`
+        at each scale, keep per scale the boxes of the sizes the detector was trained on
+        (:data:`VALID_RANGE_SLACK`), map them back and merge them with NMS (``nms_thresh``), keeping the
+        ``max_detections`` best per image.
+
+        With ``flip_test`` (test-time augmentation) every pass also sees the images mirrored left to right;
+        its outputs there, mapped back to the locations they mirror (left and right distances swapped), are
+        averaged with the plain ones before decoding: class and quality logits and box distances alike.
+        Images whose width is not a multiple of the coarsest stride are first padded on the right (mid
+        grey, as batches are padded) so that the locations mirror onto each other."""
+        height, width = (int(v) for v in images.shape[-2:])
+        plan = self.scale_plan(height, width, scales)
+        if plan == [1.0] and max(height, width) <= self.tile_size:
+            return self._detect_pass(images, outputs)
+        from torchvision.ops import batched_nms
+
+        found: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
+        for i, scale in enumerate(plan):
+            lo, hi = 0.0, math.inf
+            if self.object_sizes is not None and len(plan) > 1:
+                lo = 0.0 if i == 0 else self.object_sizes[0] * VALID_RANGE_SLACK[0]
+                hi = math.inf if i == len(plan) - 1 else self.object_sizes[1] * VALID_RANGE_SLACK[1]
+            for per_image, det in zip(found, self.detect_scaled(images, scale)):
+                b = det["boxes"]
+                size = ((b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)).sqrt() * scale
+                keep = (size >= lo) & (size <= hi)
+                per_image.append({k: v[keep] for k, v in det.items()})
+        results = []
+        for per_image in found:
+            merged = {k: torch.cat([d[k] for d in per_image]) for k in ("boxes", "scores", "labels")}
+            kept = batched_nms(merged["boxes"], merged["scores"], merged["labels"], self.nms_thresh)
+            results.append({k: v[kept[: self.max_detections]] for k, v in merged.items()})
+        return results
+
+    @torch.no_grad()
+    def detect_scaled(self, images: torch.Tensor, scale: float) -> list[dict[str, torch.Tensor]]:
+        """One level of the pyramid: ``images`` resized by ``scale`` (bilinear, antialiased when shrinking),
+        detected in tiles of at most ``tile_size`` pixels a side when larger; boxes in the pixels of
+        ``images``. Tiles overlap by more than the largest trained object (a quarter of a tile when the
+        detector does not know its sizes) and each keeps the boxes whose centre lies in its own part of
+        the overlap, so every object that fits the overlap is decoded whole in one tile."""
+        height, width = (int(v) for v in images.shape[-2:])
+        h, w = max(1, round(height * scale)), max(1, round(width * scale))
+        x = images
+        if (h, w) != (height, width):
+            x = F.interpolate(images, size=(h, w), mode="bilinear", align_corners=False, antialias=scale < 1)
+        tile = self.tile_size
+        if self.object_sizes is None:
+            overlap = tile // 4
+        else:
+            overlap = min(tile // 2, math.ceil(self.object_sizes[1] * VALID_RANGE_SLACK[1]) + 2 * max(self.strides))
+        ys, xs = tile_starts(h, tile, overlap), tile_starts(w, tile, overlap)
+
+        def bounds(starts: list[int]) -> list[tuple[float, float]]:  # each tile's own part: up to mid-overlap
+            cuts = [(a + tile + b) / 2 for a, b in zip(starts[:-1], starts[1:])]
+            return list(zip([-math.inf, *cuts], [*cuts, math.inf]))
+
+        parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
+        for y0, (ylo, yhi) in zip(ys, bounds(ys)):
+            for x0, (xlo, xhi) in zip(xs, bounds(xs)):
+                crop = x[..., y0:y0 + tile, x0:x0 + tile]
+                for per_image, det in zip(parts, self._detect_pass(crop)):
+                    b = det["boxes"] + torch.tensor([x0, y0, x0, y0], dtype=det["boxes"].dtype,
+                                                    device=det["boxes"].device)
+                    cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
+                    keep = (cx >= xlo) & (cx < xhi) & (cy >= ylo) & (cy < yhi)
+                    per_image.append({"boxes": b[keep], "scores": det["scores"][keep], "labels": det["labels"][keep]})
+        back = torch.tensor([w / width, h / height, w / width, h / height], device=images.device)
+        limit = torch.tensor([width, height, width, height], dtype=torch.float32, device=images.device)
+        results = []
+        for per_image in parts:
+            boxes = torch.cat([d["boxes"] for d in per_image]).float() / back
+            results.append({"boxes": torch.minimum(boxes.clamp(min=0), limit),
+                            "scores": torch.cat([d["scores"] for d in per_image]),
+                            "labels": torch.cat([d["labels"] for d in per_image])})
+        return results
+
+    @torch.no_grad()
+    def _detect_pass(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None
+                     ) -> list[dict[str, torch.Tensor]]:
+        """One pass over ``images`` as given (with ``flip_test``, and its mirror image): :meth:`decode`."""
         if self.flip_test:
             pad = -images.shape[-1] % max(self.strides)
             padded = F.pad(images, (0, pad)) if pad else images
