@@ -190,8 +190,8 @@ def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int 
     data = model.config["data"]
     size, side = detection_geometry(data, max_side, pyramid=scales is not None)
     divisor = int(data.get("size_divisor") or 32)
-    # a pyramid is chosen from each photo's own size: one photo at a time (tiles bound the memory)
-    batch_size = batch_size if scales is None else 1
+    if scales is not None:  # a pyramid is chosen from each photo's own size: one photo at a time, unpadded
+        batch_size, divisor = 1, 1
     for i in range(0, len(files), batch_size):
         chunk = files[i:i + batch_size]
         loaded = [load_image_for_detection(f, size, side) for f in chunk]
