@@ -11,10 +11,12 @@ An export folder holds:
 ``model.nir``           the NIR graph (neuromorphic hardware and other SNN libraries; see docs/nir.md):
                         a classifier, or a detector's backbone, with BatchNorm folded into the convolutions
 
-The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
-A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
-(xyxy pixels of the input) and ``scores`` ``[B, L, K]`` for all L locations, before
-thresholding and NMS (see :meth:`snntrain.models.SpikingFCOS.decode`).
+The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``; a detector's
+also any height and width that are multiples of its coarsest stride (one pass at one scale: run an
+image pyramid around it as README "Export and inference" shows). A classifier returns logits
+``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]`` (xyxy pixels of the input) and ``scores``
+``[B, L, K]`` for all L locations, before thresholding and NMS (see
+:meth:`snntrain.models.SpikingFCOS.decode`).
 
 Every export is written into a temporary folder that is renamed only when complete.
 """
@@ -335,12 +337,16 @@ def export_checkpoint(
             card["files"]["model.safetensors"] = f"{len(state)} tensors"
         if "onnx" in formats:
             card["onnx_max_abs_diff"] = _export_onnx(model, sample, reference, tmp / "model.onnx", opset)
-            card["files"]["model.onnx"] = f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+            card["files"]["model.onnx"] = (f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+                                           + (", any height and width (multiples of the coarsest stride)"
+                                              if isinstance(model, SpikingFCOS) else ""))
         if "torch_export" in formats:
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, tmp / "model.pt2")
-            batch = "batch 1 (fixed)" if prog_backend == "triton" else "any batch"
+            batch = ("batch 1 (fixed)" if prog_backend == "triton" else
+                     "any batch, height and width (multiples of the coarsest stride)" if isinstance(model, SpikingFCOS)
+                     else "any batch")
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {batch}"
         if "nir" in formats:
             card["nir_dt"], card["nir_max_abs_diff"] = _export_nir(model, sample, tmp / "model.nir", nir_dt)
@@ -352,6 +358,17 @@ def export_checkpoint(
     return card
 
 
+def dynamic_dims(model: nn.Module) -> dict[int, Any]:
+    """The input dimensions an exported graph keeps dynamic: the batch, and for a detector the height and
+    width too, as multiples of its coarsest stride (so that one graph runs every scale of a pyramid)."""
+    dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1)}
+    if isinstance(model, SpikingFCOS):
+        stride = max(model.strides)
+        dims[2] = stride * torch.export.Dim("height_blocks", min=1, max=65536 // stride)
+        dims[3] = stride * torch.export.Dim("width_blocks", min=1, max=65536 // stride)
+    return dims
+
+
 def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, opset: int) -> float:
     import onnxruntime as ort
 
@@ -359,7 +376,7 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     detector = graph.detector
     names = ["boxes", "scores"] if detector else ["logits"]
     torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
-                      output_names=names, dynamic_shapes={"images": {0: torch.export.Dim("batch", min=1)}},
+                      output_names=names, dynamic_shapes={"images": dynamic_dims(model)},
                       external_data=False, verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
@@ -404,7 +421,7 @@ def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: 
         dynamic = None
     else:
         x = sample.to(device)
-        dynamic = ({0: torch.export.Dim("batch", min=1)},)
+        dynamic = (dynamic_dims(model),)
     with torch.no_grad():
         reference = net(x)  # the model is on the PyTorch backend here
     set_backend(model, backend)

@@ -140,6 +140,15 @@ def test_detector_round_trips(detector_ckpt, detector_export):
     with torch.no_grad():
         p_boxes, p_scores = program.module()(x)
     assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
+    # one pass at any scale: both graphs take other heights and widths (multiples of the coarsest stride)
+    other = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref_boxes, ref_scores = ex.ExportGraph(model.model)(other)
+        p_boxes, p_scores = program.module()(other)
+    boxes, scores = session.run(None, {"images": other.numpy()})
+    assert scores.shape == (1, 12 * 20 + 6 * 10 + 3 * 5, 1)
+    np.testing.assert_allclose(scores, ref_scores.numpy(), atol=ONNX_ATOL, rtol=0)
+    assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
 
 
 def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatch):

@@ -273,9 +273,11 @@ class SpikingFCOS(nn.Module):
         self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def locations(self, sizes: Sequence[tuple[int, int]], device: torch.device):
-        """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels."""
+        """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels (cached per size;
+        not for the symbolic sizes of an export with dynamic height and width)."""
         key = (tuple(sizes), str(device))
-        if key not in self._points_cache:
+        symbolic = any(not isinstance(v, int) for hw in sizes for v in hw)
+        if symbolic or key not in self._points_cache:
             pts, strides, ranges = [], [], []
             for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
                 ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
@@ -284,7 +286,10 @@ class SpikingFCOS(nn.Module):
                 pts.append(p)
                 strides.append(torch.full((h * w,), float(s)))
                 ranges.append(torch.tensor([[lo, hi]]).expand(h * w, 2))
-            self._points_cache[key] = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+            found = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+            if symbolic:
+                return found
+            self._points_cache[key] = found
         return self._points_cache[key]
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
