@@ -263,11 +263,15 @@ def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
         "train_size": head.get("train_size"),
         "test_scales": head.get("test_scales", "auto"),
         "scale_step": head.get("scale_step", 2.0),
+        "min_object": head.get("min_object", 0.0),
+        "merge": head.get("merge", "nms"),
         "tile_size": head.get("tile_size", 1024),
         "how": ("object_sizes: the sizes (px of the network input) of the faces in training. Pyramid (auto): the "
-                "photo at scales from 1 down to train_size / its longer side, adjacent scales at most scale_step "
-                "apart; per scale keep boxes sized within object_sizes (x0.75-1.25; the finest scale also smaller, "
-                "the coarsest also larger ones), map them back (divide by the scale) and merge all with NMS"
+                "photo at scales from min(1, object_sizes[0] / (min_object x its shorter side)) down to train_size / "
+                "its longer side, adjacent scales at most scale_step apart; per scale keep boxes sized within "
+                "object_sizes (x0.75-1.25; the finest scale also smaller, the coarsest also larger ones), map them "
+                "back (divide by the scale) and merge them (merge: nms, or vote: score-weighted mean boxes scored by "
+                "the mean of their two best scales)"
                 if head.get("object_sizes") else "one pass at the evaluation geometry (no object sizes recorded)"),
     }
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from snntrain.models import SpikingFCOS, build_model
-from snntrain.models.detector import (VALID_RANGE_SLACK, default_scale_ranges, fcos_targets, pyramid_scales,
-                                      tile_starts)
+from snntrain.models.detector import (VALID_RANGE_SLACK, default_scale_ranges, fcos_targets, finest_scale,
+                                      pyramid_scales, tile_starts)
 
 
 def tiny_detector(**head) -> SpikingFCOS:
@@ -237,6 +237,19 @@ def test_pyramid_runs_from_the_photo_down_to_the_training_square():
     assert pyramid_scales(40, 50, 64) == [64 / 50]  # smaller than the training square: enlarged to it
 
 
+def test_min_object_sets_the_finest_scale():
+    # faces of 3 % of a 886 px shorter side (26.6 px) reach the smallest trained size (10 px) at scale 0.376
+    assert finest_scale(886, 1280, 10, 0.03) == pytest.approx(10 / (0.03 * 886))
+    assert finest_scale(886, 1280, 10, 0.0) == 1.0 and finest_scale(200, 300, 10, 0.03) == 1.0  # never enlarged
+    m = tiny_detector(object_sizes=[10, 48], train_size=64, min_object=0.03)
+    plan = m.scale_plan(886, 1280)
+    assert plan[0] == pytest.approx(10 / (0.03 * 886)) and plan[-1] == pytest.approx(64 / 1280)
+    with pytest.raises(ValueError, match="min_object=1.5 must be in"):
+        tiny_detector(min_object=1.5)
+    with pytest.raises(ValueError, match="merge='wbf' is not valid; choose one of nms, vote"):
+        tiny_detector(merge="wbf")
+
+
 def test_tiles_cover_the_image_and_overlap():
     for length, tile, overlap in [(1280, 1024, 92), (4000, 1024, 92), (300, 64, 30), (65, 64, 8)]:
         starts = tile_starts(length, tile, overlap)
@@ -336,3 +349,29 @@ def test_pyramid_detects_a_photo_end_to_end_within_its_pixels():
     assert 0 < len(det["boxes"]) <= m.max_detections
     assert float(det["boxes"][:, 2].max()) <= 150 and float(det["boxes"][:, 3].max()) <= 90
     assert (det["scores"][:-1] >= det["scores"][1:]).all()
+
+
+def test_vote_averages_boxes_and_asks_two_scales_to_agree(monkeypatch):
+    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, merge="vote")
+    assert m.scale_plan(256, 256) == [1.0, 0.5, 0.25]
+
+    def fake_scaled(images, scale):
+        # a 60 px face (valid at 0.5: 30 px and 0.25: 15 px; too large at 1: 60 > 50) found at 0.5 and 0.25 with
+        # slightly different boxes; a 60 px box elsewhere found only at 0.5
+        face = {0.5: [40.0, 40.0, 100.0, 100.0], 0.25: [44.0, 44.0, 104.0, 104.0], 1.0: [40.0, 40.0, 100.0, 100.0]}
+        score = {0.5: 0.8, 0.25: 0.6, 1.0: 0.9}
+        boxes, scores = [face[scale]], [score[scale]]
+        if scale == 0.5:
+            boxes.append([150.0, 150.0, 210.0, 210.0])
+            scores.append(0.9)
+        return [{"boxes": torch.tensor(boxes), "scores": torch.tensor(scores), "labels": torch.zeros(len(boxes),
+                                                                                                     dtype=torch.long)}]
+
+    monkeypatch.setattr(m, "detect_scaled", fake_scaled)
+    det = m.detect(torch.zeros(1, 3, 256, 256))[0]
+    # the face: (0.8 + 0.6) / 2, its box the score-weighted mean (the scale-1 box is out of range there);
+    # the other box: one of the two scales that should have seen it, (0.9 + 0) / 2
+    assert det["scores"].tolist() == pytest.approx([0.7, 0.45])
+    want = (torch.tensor([40.0, 40.0, 100.0, 100.0]) * 0.8 + torch.tensor([44.0, 44.0, 104.0, 104.0]) * 0.6) / 1.4
+    torch.testing.assert_close(det["boxes"][0], want)
+    torch.testing.assert_close(det["boxes"][1], torch.tensor([150.0, 150.0, 210.0, 210.0]))

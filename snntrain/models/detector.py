@@ -19,11 +19,12 @@ only :meth:`SpikingFCOS.decode` (inference: thresholding and NMS) leaves the dev
 
 Multi-scale inference. A detector knows the object sizes it was trained on (``object_sizes``, pixels of
 its input) and its training image size (``train_size``). :meth:`SpikingFCOS.detect` runs an image at a
-pyramid of scales (:func:`pyramid_scales`: from the image's own pixels down to the training square, a
-factor ``scale_step`` apart), so that objects of any size in a photograph pass through the network at a
-size it has learned. Each scale keeps the boxes whose size lies in the trained range there (the finest
-scale also smaller ones, the coarsest also larger ones); the boxes, mapped back to the image's pixels,
-are merged by NMS. A scaled image larger than ``tile_size`` is cut into overlapping tiles, run one at a
+pyramid of scales (:func:`pyramid_scales`: from the scale at which objects of ``min_object`` times the
+image's shorter side have the smallest trained size, never above the image's own pixels, down to the
+training square, a factor ``scale_step`` apart), so that objects of any size in a photograph pass through
+the network at a size it has learned. Each scale keeps the boxes whose size lies in the trained range
+there (the finest scale also smaller ones, the coarsest also larger ones); the boxes, mapped back to the
+image's pixels, are merged by NMS or by voting across scales (``merge``). A scaled image larger than ``tile_size`` is cut into overlapping tiles, run one at a
 time, so memory is bounded by the tile, not the photograph.
 """
 
@@ -43,6 +44,11 @@ from ..validation import flag, number, one_of, positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
+#: How the boxes of a pyramid's scales are merged: ``nms`` keeps the best of overlapping boxes; ``vote``
+#: averages overlapping boxes weighted by their scores and scores the result by the mean of its best
+#: :data:`VOTE_SCALES` scales' scores (a scale that should have seen it but did not counts 0).
+MERGES = ("nms", "vote")
+VOTE_SCALES = 2
 #: Per scale of a pyramid, boxes are kept when their size (square root of the area, pixels of the scaled
 #: image) lies within the trained object sizes widened by these factors (SNIP's valid ranges); the finest
 #: scale has no lower and the coarsest no upper limit.
@@ -59,6 +65,15 @@ def pyramid_scales(height: int, width: int, train_size: int, step: float = 2.0, 
         return [coarsest]
     n = math.ceil(math.log(finest / coarsest) / math.log(step) - 1e-9)
     return [finest * (coarsest / finest) ** (k / n) for k in range(n + 1)]
+
+
+def finest_scale(height: int, width: int, smallest_trained: float, min_object: float) -> float:
+    """The finest scale of the auto pyramid: the one at which an object of ``min_object`` times the image's
+    shorter side has the smallest trained size ``smallest_trained``; never above 1 (the image's own pixels).
+    ``min_object`` 0: scale 1."""
+    if min_object <= 0:
+        return 1.0
+    return min(1.0, smallest_trained / (min_object * min(height, width)))
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -188,7 +203,9 @@ class SpikingFCOS(nn.Module):
             ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test``; multi-scale inference
             (see :meth:`detect`): ``object_sizes`` (``[lo, hi]``, the object sizes in pixels the detector was
             trained on; None: unknown, one pass), ``train_size`` (its training image side), ``test_scales``
-            (``auto`` or a list of factors), ``scale_step``, ``tile_size``.
+            (``auto`` or a list of factors), ``scale_step``, ``min_object`` (the smallest object the auto
+            pyramid looks for, a fraction of the image's shorter side; 0: down to the image's own pixels),
+            ``merge`` (``nms`` or ``vote``, :data:`MERGES`), ``tile_size``.
 
     ``forward(images)`` returns a dict with ``cls_logits`` ``[B, L, K]``, ``box_ltrb``
     ``[B, L, 4]`` (pixels), ``centerness`` ``[B, L]`` (logits), and the ``points``
@@ -228,12 +245,14 @@ class SpikingFCOS(nn.Module):
         train_size = head.pop("train_size", None)
         self.test_scales = _check_scales("test_scales", head.pop("test_scales", "auto"))
         self.scale_step = number("scale_step", head.pop("scale_step", 2.0))
+        self.min_object = number("min_object", head.pop("min_object", 0.0))
+        self.merge = one_of("merge", head.pop("merge", "nms"), MERGES)
         self.tile_size = positive_int("tile_size", head.pop("tile_size", 1024))
         if head:
             raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
                              "num_convs, readout, scale_ranges, center_sampling_radius, score_thresh, nms_thresh, "
                              "pre_nms_top_n, max_detections, flip_test, object_sizes, train_size, test_scales, "
-                             "scale_step, tile_size")
+                             "scale_step, min_object, merge, tile_size")
         if object_sizes is not None:
             if (isinstance(object_sizes, (str, bytes)) or not isinstance(object_sizes, Sequence)
                     or len(object_sizes) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float))
@@ -243,6 +262,8 @@ class SpikingFCOS(nn.Module):
             object_sizes = [float(v) for v in object_sizes]
         self.object_sizes = object_sizes
         self.train_size = None if train_size is None else positive_int("train_size", train_size)
+        if not 0.0 <= self.min_object < 1.0:
+            raise ValueError(f"min_object={self.min_object!r} must be in [0, 1): a fraction of the image's shorter side")
         if self.scale_step <= 1.0:
             raise ValueError(f"scale_step={self.scale_step!r} must be larger than 1")
         if self.tile_size < 64:
@@ -320,7 +341,18 @@ class SpikingFCOS(nn.Module):
             return list(scales)
         if self.object_sizes is None or self.train_size is None:
             return [1.0]
-        return pyramid_scales(height, width, self.train_size, self.scale_step)
+        finest = finest_scale(height, width, self.object_sizes[0], self.min_object)
+        return pyramid_scales(height, width, self.train_size, self.scale_step, finest)
+
+    def valid_range(self, index: int, num_scales: int) -> tuple[float, float]:
+        """The sizes (square root of the area, pixels of the scaled image) of the boxes that scale ``index`` of
+        ``num_scales`` (finest first) keeps: the trained sizes widened by :data:`VALID_RANGE_SLACK`, no lower
+        limit at the finest scale and no upper one at the coarsest; any size for one scale or unknown sizes."""
+        if self.object_sizes is None or num_scales == 1:
+            return 0.0, math.inf
+        lo = 0.0 if index == 0 else self.object_sizes[0] * VALID_RANGE_SLACK[0]
+        hi = math.inf if index == num_scales - 1 else self.object_sizes[1] * VALID_RANGE_SLACK[1]
+        return lo, hi
 
     @torch.no_grad()
     def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None,
@@ -331,8 +363,8 @@ class SpikingFCOS(nn.Module):
         pass at scale 1 decodes the network's outputs for ``images`` (``outputs``, when given, are those);
         several scales (an image pyramid), or an image larger than ``tile_size``, run :meth:`detect_scaled`
         at each scale, keep per scale the boxes of the sizes the detector was trained on
-        (:data:`VALID_RANGE_SLACK`), map them back and merge them with NMS (``nms_thresh``), keeping the
-        ``max_detections`` best per image.
+        (:meth:`valid_range`), map them back and merge them (``merge``: NMS at ``nms_thresh``, or
+        :meth:`vote`), keeping the ``max_detections`` best per image.
 
         With ``flip_test`` (test-time augmentation) every pass also sees the images mirrored left to right;
         its outputs there, mapped back to the locations they mirror (left and right distances swapped), are
@@ -347,21 +379,56 @@ class SpikingFCOS(nn.Module):
 
         found: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
         for i, scale in enumerate(plan):
-            lo, hi = 0.0, math.inf
-            if self.object_sizes is not None and len(plan) > 1:
-                lo = 0.0 if i == 0 else self.object_sizes[0] * VALID_RANGE_SLACK[0]
-                hi = math.inf if i == len(plan) - 1 else self.object_sizes[1] * VALID_RANGE_SLACK[1]
+            lo, hi = self.valid_range(i, len(plan))
             for per_image, det in zip(found, self.detect_scaled(images, scale)):
-                b = det["boxes"]
-                size = ((b[:, 2] - b[:, 0]).clamp(min=0) * (b[:, 3] - b[:, 1]).clamp(min=0)).sqrt() * scale
+                size = _box_size(det["boxes"]) * scale
                 keep = (size >= lo) & (size <= hi)
-                per_image.append({k: v[keep] for k, v in det.items()})
+                per_image.append({**{k: v[keep] for k, v in det.items()},
+                                  "scale": torch.full((int(keep.sum()),), i, device=size.device)})
         results = []
         for per_image in found:
-            merged = {k: torch.cat([d[k] for d in per_image]) for k in ("boxes", "scores", "labels")}
-            kept = batched_nms(merged["boxes"], merged["scores"], merged["labels"], self.nms_thresh)
-            results.append({k: v[kept[: self.max_detections]] for k, v in merged.items()})
+            merged = {k: torch.cat([d[k] for d in per_image]) for k in ("boxes", "scores", "labels", "scale")}
+            if self.merge == "vote":
+                merged = self.vote(merged, plan)
+            else:
+                kept = batched_nms(merged["boxes"], merged["scores"], merged["labels"], self.nms_thresh)
+                merged = {k: v[kept] for k, v in merged.items()}
+            results.append({k: merged[k][: self.max_detections] for k in ("boxes", "scores", "labels")})
         return results
+
+    def vote(self, dets: Mapping[str, torch.Tensor], plan: Sequence[float]) -> dict[str, torch.Tensor]:
+        """Merge a pyramid's boxes (``scale``: the index in ``plan`` each came from) by voting: the best box
+        left and every left box of its class overlapping it by more than ``nms_thresh`` form a cluster; its
+        box is their score-weighted mean, its score the mean of the best scores of its :data:`VOTE_SCALES`
+        best scales, over as many scales as should have seen a box of its size (:meth:`valid_range`; at least
+        one, at most ``VOTE_SCALES``), so that an object must be confirmed at two scales where two see it."""
+        from torchvision.ops import box_iou
+
+        boxes, scores, labels, source = (dets[k] for k in ("boxes", "scores", "labels", "scale"))
+        if len(boxes) == 0:
+            return dict(dets)
+        ranges = torch.tensor([self.valid_range(i, len(plan)) for i in range(len(plan))], device=boxes.device)
+        factors = torch.tensor(list(plan), device=boxes.device)
+        iou = box_iou(boxes, boxes)
+        free = torch.ones(len(boxes), dtype=torch.bool, device=boxes.device)
+        out_boxes, out_scores, out_labels = [], [], []
+        for i in scores.argsort(descending=True).tolist():
+            if not free[i]:
+                continue
+            members = free & (iou[i] > self.nms_thresh) & (labels == labels[i])
+            free &= ~members
+            w = scores[members]
+            box = (boxes[members] * w[:, None]).sum(0) / w.sum()
+            best = torch.zeros(len(plan), device=boxes.device).scatter_reduce(0, source[members], w, "amax")
+            size = _box_size(box[None]) * factors
+            expected = int(((size >= ranges[:, 0]) & (size <= ranges[:, 1])).sum())
+            k = max(1, min(VOTE_SCALES, expected))
+            out_boxes.append(box)
+            out_scores.append(best.topk(k).values.sum() / k)
+            out_labels.append(labels[i])
+        order = torch.stack(out_scores).argsort(descending=True)
+        return {"boxes": torch.stack(out_boxes)[order], "scores": torch.stack(out_scores)[order],
+                "labels": torch.stack(out_labels)[order]}
 
     @torch.no_grad()
     def detect_scaled(self, images: torch.Tensor, scale: float) -> list[dict[str, torch.Tensor]]:
@@ -475,6 +542,11 @@ class SpikingFCOS(nn.Module):
             kept = batched_nms(b, s, cls_idx, self.nms_thresh)[: self.max_detections]
             results.append({"boxes": b[kept], "scores": s[kept], "labels": cls_idx[kept]})
         return results
+
+
+def _box_size(boxes: torch.Tensor) -> torch.Tensor:
+    """Square root of the area of xyxy boxes ``[n, 4]`` (0 for empty ones)."""
+    return ((boxes[:, 2] - boxes[:, 0]).clamp(min=0) * (boxes[:, 3] - boxes[:, 1]).clamp(min=0)).sqrt()
 
 
 def fcos_targets(
