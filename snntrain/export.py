@@ -262,9 +262,9 @@ def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
         "object_sizes": head.get("object_sizes"),
         "train_size": head.get("train_size"),
         "test_scales": head.get("test_scales", "auto"),
-        "scale_step": head.get("scale_step", 2.0),
-        "min_object": head.get("min_object", 0.0),
-        "merge": head.get("merge", "nms"),
+        "scale_step": head.get("scale_step", 1.41),
+        "min_object": head.get("min_object", 0.03),
+        "merge": head.get("merge", "vote"),
         "tile_size": head.get("tile_size", 1024),
         "how": ("object_sizes: the sizes (px of the network input) of the faces in training. Pyramid (auto): the "
                 "photo at scales from min(1, object_sizes[0] / (min_object x its shorter side)) down to train_size / "

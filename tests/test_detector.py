@@ -262,7 +262,7 @@ def test_scale_plan_auto_needs_the_training_sizes():
     m = tiny_detector()
     assert m.scale_plan(500, 800) == [1.0]  # sizes unknown (an older checkpoint): one pass
     m = tiny_detector(object_sizes=[10, 48], train_size=64)
-    assert m.scale_plan(500, 800) == pyramid_scales(500, 800, 64)
+    assert m.scale_plan(500, 800) == pyramid_scales(500, 800, 64, 1.41, finest_scale(500, 800, 10, 0.03))
     assert m.scale_plan(500, 800, [0.5, 1, 0.5]) == [1.0, 0.5]
     with pytest.raises(ValueError, match="scales=\\[-1\\] is not valid"):
         m.scale_plan(500, 800, [-1])
@@ -279,7 +279,7 @@ def _noisy(m: SpikingFCOS) -> SpikingFCOS:
 
 def test_one_scale_is_the_resized_image_mapped_back():
     torch.manual_seed(0)
-    m = _noisy(tiny_detector(score_thresh=0.0))
+    m = _noisy(tiny_detector(score_thresh=0.0, merge="nms"))
     x = torch.randn(2, 3, 64, 96)
     half = torch.nn.functional.interpolate(x, size=(32, 48), mode="bilinear", align_corners=False, antialias=True)
     with torch.no_grad():
@@ -319,7 +319,8 @@ def test_large_images_run_in_tiles_each_box_decoded_once(monkeypatch):
 
 
 def test_pyramid_keeps_trained_sizes_per_scale_and_merges(monkeypatch):
-    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5)
+    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, scale_step=2.0, min_object=0.0,
+                      merge="nms")
     plan = m.scale_plan(256, 256)
     assert plan == [1.0, 0.5, 0.25]
 
@@ -342,7 +343,8 @@ def test_pyramid_keeps_trained_sizes_per_scale_and_merges(monkeypatch):
 
 def test_pyramid_detects_a_photo_end_to_end_within_its_pixels():
     torch.manual_seed(0)
-    m = _noisy(tiny_detector(object_sizes=[8, 16], train_size=32, tile_size=64, score_thresh=0.0, flip_test=True))
+    m = _noisy(tiny_detector(object_sizes=[8, 16], train_size=32, tile_size=64, score_thresh=0.0, flip_test=True,
+                             scale_step=2.0))
     x = torch.randn(1, 3, 90, 150)
     assert len(m.scale_plan(90, 150)) == 4
     det = m.detect(x)[0]
@@ -352,7 +354,7 @@ def test_pyramid_detects_a_photo_end_to_end_within_its_pixels():
 
 
 def test_vote_averages_boxes_and_asks_two_scales_to_agree(monkeypatch):
-    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, merge="vote")
+    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, scale_step=2.0, min_object=0.0)
     assert m.scale_plan(256, 256) == [1.0, 0.5, 0.25]
 
     def fake_scaled(images, scale):

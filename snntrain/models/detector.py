@@ -21,11 +21,12 @@ Multi-scale inference. A detector knows the object sizes it was trained on (``ob
 its input) and its training image size (``train_size``). :meth:`SpikingFCOS.detect` runs an image at a
 pyramid of scales (:func:`pyramid_scales`: from the scale at which objects of ``min_object`` times the
 image's shorter side have the smallest trained size, never above the image's own pixels, down to the
-training square, a factor ``scale_step`` apart), so that objects of any size in a photograph pass through
-the network at a size it has learned. Each scale keeps the boxes whose size lies in the trained range
-there (the finest scale also smaller ones, the coarsest also larger ones); the boxes, mapped back to the
-image's pixels, are merged by NMS or by voting across scales (``merge``). A scaled image larger than ``tile_size`` is cut into overlapping tiles, run one at a
-time, so memory is bounded by the tile, not the photograph.
+training square, a factor ``scale_step`` apart), so that objects of any size in a photograph pass
+through the network at a size it has learned. Each scale keeps the boxes whose size lies in the trained
+range there (the finest scale also smaller ones, the coarsest also larger ones); the boxes, mapped back
+to the image's pixels, are merged by NMS or by voting across scales (``merge``). A scaled image larger
+than ``tile_size`` is cut into overlapping tiles, run one at a time, so memory is bounded by the tile,
+not the photograph.
 """
 
 from __future__ import annotations
@@ -244,9 +245,9 @@ class SpikingFCOS(nn.Module):
         object_sizes = head.pop("object_sizes", None)
         train_size = head.pop("train_size", None)
         self.test_scales = _check_scales("test_scales", head.pop("test_scales", "auto"))
-        self.scale_step = number("scale_step", head.pop("scale_step", 2.0))
-        self.min_object = number("min_object", head.pop("min_object", 0.0))
-        self.merge = one_of("merge", head.pop("merge", "nms"), MERGES)
+        self.scale_step = number("scale_step", head.pop("scale_step", 1.41))
+        self.min_object = number("min_object", head.pop("min_object", 0.03))
+        self.merge = one_of("merge", head.pop("merge", "vote"), MERGES)
         self.tile_size = positive_int("tile_size", head.pop("tile_size", 1024))
         if head:
             raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
@@ -263,7 +264,8 @@ class SpikingFCOS(nn.Module):
         self.object_sizes = object_sizes
         self.train_size = None if train_size is None else positive_int("train_size", train_size)
         if not 0.0 <= self.min_object < 1.0:
-            raise ValueError(f"min_object={self.min_object!r} must be in [0, 1): a fraction of the image's shorter side")
+            raise ValueError(f"min_object={self.min_object!r} must be in [0, 1): a fraction of the image's "
+                             "shorter side")
         if self.scale_step <= 1.0:
             raise ValueError(f"scale_step={self.scale_step!r} must be larger than 1")
         if self.tile_size < 64:
