@@ -81,3 +81,32 @@ def test_evaluate_photos_reports_recall_boxes_elsewhere_and_ap(real_faces, tmp_p
     assert sorted(f.name for f in (tmp_path / "images").iterdir()) == sorted(f"{p['name']}.png" for p in photos)
     strict = real_faces.evaluate_photos(stub, photos, 0.95, "auto")
     assert strict["found"] == 0 and strict["elsewhere"] == 0 and strict["ap50"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_search_trains_variants_and_scores_both_yardsticks(tmp_path):
+    """scripts/search_faces.py: two tiny variants trained side by side, their checkpoints copied and scored
+    on the synthetic split and the photos; --score-only scores the copies again."""
+    import json
+    import subprocess
+    import sys
+
+    script = SCRIPT.with_name("search_faces.py")
+    tiny = ["backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8", "model.head.num_convs=1",
+            "data.num_train=16", "data.num_val=8", "data.image_size=32", "data.face_size=[8,14]",
+            "data.batch_size=8", "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1", "precise_bn.num_batches=1"]
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(script), "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--jobs", "2",
+           "--only", "default,clutter13", "--", *tiny]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((out / "search_faces.json").read_text())
+    assert [r["name"] for r in report["results"]] == ["default", "clutter13"]
+    for r in report["results"]:
+        assert r["rc"] == 0 and "val/map_50" in r["val"] and (out / f"{r['run']}.ckpt").exists()
+        assert r["real"]["faces"] >= 8 and 0 <= r["real"]["found"] <= r["real"]["faces"]
+    assert "| clutter13 | 42 |" in done.stdout
+    again = subprocess.run([sys.executable, str(script), "--out", str(out), "--score-only"], capture_output=True,
+                           text=True, timeout=900)
+    assert again.returncode == 0 and "| default | 42 |" in again.stdout
