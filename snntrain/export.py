@@ -271,7 +271,7 @@ def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
                 "its longer side, adjacent scales at most scale_step apart; per scale keep boxes sized within "
                 "object_sizes (x0.75-1.25; the finest scale also smaller, the coarsest also larger ones), map them "
                 "back (divide by the scale) and merge them (merge: nms, or vote: score-weighted mean boxes scored by "
-                "the mean of their two best scales)"
+                "the mean of their three best scales, over as many as should see them)"
                 if head.get("object_sizes") else "one pass at the evaluation geometry (no object sizes recorded)"),
     }
 

@@ -49,7 +49,7 @@ READOUTS = ("membrane", "rate")
 #: averages overlapping boxes weighted by their scores and scores the result by the mean of its best
 #: :data:`VOTE_SCALES` scales' scores (a scale that should have seen it but did not counts 0).
 MERGES = ("nms", "vote")
-VOTE_SCALES = 2
+VOTE_SCALES = 3
 #: Per scale of a pyramid, boxes are kept when their size (square root of the area, pixels of the scaled
 #: image) lies within the trained object sizes widened by these factors (SNIP's valid ranges); the finest
 #: scale has no lower and the coarsest no upper limit.
@@ -403,7 +403,8 @@ class SpikingFCOS(nn.Module):
         left and every left box of its class overlapping it by more than ``nms_thresh`` form a cluster; its
         box is their score-weighted mean, its score the mean of the best scores of its :data:`VOTE_SCALES`
         best scales, over as many scales as should have seen a box of its size (:meth:`valid_range`; at least
-        one, at most ``VOTE_SCALES``), so that an object must be confirmed at two scales where two see it."""
+        one, at most ``VOTE_SCALES``), so that an object must be confirmed at several scales where several
+        see it."""
         from torchvision.ops import box_iou
 
         boxes, scores, labels, source = (dets[k] for k in ("boxes", "scores", "labels", "scale"))
