@@ -19,6 +19,7 @@ threshold and the official WIDER FACE AP at IoU 0.5 over every kept box (:mod:`s
 
     python scripts/real_faces.py CHECKPOINT_OR_EXPORT [--out DIR] [--scales auto|none|F,F,...]
         [--max-side N] [--score-thresh 0.5] [--backend torch] [--threads N] [--photos-dir DIR]
+        [--head KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ import numpy as np
 import torch
 
 ANNOTATIONS = Path(__file__).with_name("real_faces.json")
+#: Inference settings of a detector's head that ``--head KEY=VALUE`` may change.
+HEAD_KEYS = ("test_scales", "scale_step", "min_object", "merge", "tile_size", "nms_thresh", "flip_test",
+             "object_sizes", "train_size")
 IOU = 0.5
 
 
@@ -153,6 +157,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (timings)")
     p.add_argument("--annotations", type=Path, default=ANNOTATIONS)
     p.add_argument("--photos-dir", type=Path, default=None, help="a folder with copies of the photos (looked in first)")
+    p.add_argument("--head", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override an inference setting of the detector's head ({', '.join(HEAD_KEYS)}); repeatable")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,13 +166,25 @@ def main() -> None:
     from snntrain.predict import load_model
 
     model = load_model(args.checkpoint, args.backend).eval()
+    for item in args.head:
+        key, _, value = item.partition("=")
+        if key not in HEAD_KEYS:
+            p.error(f"--head {item!r}: {key!r} is not one of {', '.join(HEAD_KEYS)}")
+        import yaml
+
+        from snntrain.models import SpikingFCOS
+
+        head = {k: getattr(model.model, k) for k in HEAD_KEYS}
+        head[key] = yaml.safe_load(value)
+        probe = SpikingFCOS(width=4, T=1, head={"fpn_levels": model.model.levels, **head}, backend="torch")
+        setattr(model.model, key, getattr(probe, key))  # validated as the head validates it
     photos, missing = load_photos(args.annotations, args.photos_dir)
     for name in missing:
         print(f"not installed, skipped: {name}")
     out = Path(args.out)
     result = evaluate_photos(model, photos, args.score_thresh, args.scales, args.max_side, out)
     result = {"checkpoint": str(args.checkpoint), "training_data": model.config["data"].get("name"),
-              "scales": args.scales, "max_side": args.max_side, "score_thresh": args.score_thresh,
+              "head": args.head, "scales": args.scales, "max_side": args.max_side, "score_thresh": args.score_thresh,
               "threads": torch.get_num_threads(), "skipped": missing, **result}
     (out / "real_faces.json").write_text(json.dumps(result, indent=2))
     for r in result["photos"]:

@@ -52,9 +52,9 @@ seeded with that triple, so images can be rendered lazily in any order or proces
 disjoint crops: the last ``held_out_faces`` faces and non-faces (20 of each by default) appear only in
 ``val`` and ``test`` (whose generators differ by the split index); ``train`` uses the rest. ``val`` is the held-out split the
 detection task measures mAP on. The LFW subset has no identity labels, so the same person may appear
-in both pools through different photographs. The real portraits that ``scripts/real_faces.py``
-measures a detector on (scikit-image's astronaut and camera man, matplotlib's Grace Hopper) are never
-used, nor any other photograph with a face or a head.
+in both pools through different photographs. The real photographs that ``scripts/real_faces.py``
+measures a detector on (insightface's group photo, scikit-image's astronaut and camera man,
+matplotlib's Grace Hopper) are never used, nor any other photograph with a face or a head.
 
 Images are RGB (``in_channels = 3``, like WIDER FACE).
 """
