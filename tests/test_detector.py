@@ -290,6 +290,12 @@ def test_one_scale_is_the_resized_image_mapped_back():
     # scale 1 on an image no larger than a tile is the single pass of validation
     for a, b in zip(m.detect(x, scales=[1.0]), m.decode(m(x), image_size=(64, 96))):
         assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    # outputs computed by the caller (validation) are decoded as they are, even for an image larger than a tile
+    m.tile_size = 64
+    with torch.no_grad():
+        outputs = m(x)
+    for a, b in zip(m.detect(x, outputs, scales=[1.0]), m.decode(outputs, image_size=(64, 96))):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
 
 
 def test_large_images_run_in_tiles_each_box_decoded_once(monkeypatch):

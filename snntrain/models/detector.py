@@ -362,7 +362,8 @@ class SpikingFCOS(nn.Module):
         """Detections per image, boxes in the pixels of ``images`` (clipped to them).
 
         ``scales`` (None: the detector's ``test_scales``) picks the passes (:meth:`scale_plan`): a single
-        pass at scale 1 decodes the network's outputs for ``images`` (``outputs``, when given, are those);
+        pass at scale 1 decodes the network's outputs for ``images`` (``outputs``, when given, are those, and
+        are decoded as they are even for images larger than a tile);
         several scales (an image pyramid), or an image larger than ``tile_size``, run :meth:`detect_scaled`
         at each scale, keep per scale the boxes of the sizes the detector was trained on
         (:meth:`valid_range`), map them back and merge them (``merge``: NMS at ``nms_thresh``, or
@@ -375,8 +376,8 @@ class SpikingFCOS(nn.Module):
         grey, as batches are padded) so that the locations mirror onto each other."""
         height, width = (int(v) for v in images.shape[-2:])
         plan = self.scale_plan(height, width, scales)
-        if plan == [1.0] and max(height, width) <= self.tile_size:
-            return self._detect_pass(images, outputs)
+        if plan == [1.0] and (outputs is not None or max(height, width) <= self.tile_size):
+            return self._detect_pass(images, outputs)  # outputs given (validation): decoded as they are
         from torchvision.ops import batched_nms
 
         found: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
