@@ -99,9 +99,9 @@ def predict(
     if max_side is not None:
         max_side = positive_int("predict.max_side", max_side)
     if scales is not None:
-        from .models.detector import _check_scales
+        from .models.detector import check_scales
 
-        scales = _check_scales("predict.scales", scales)
+        scales = check_scales("predict.scales", scales)
     model = load_model(source, backend)
     device = torch.device("cuda" if torch.cuda.is_available() and backend != "torch" else "cpu")
     model = model.to(device)
@@ -143,8 +143,10 @@ def detection_geometry(data: dict[str, Any], max_side: int | None = None, pyrami
     """``(image_size, max_side)`` for :func:`~snntrain.data.detection.load_image_for_detection`: how a
     detector trained with the data config ``data`` sees a photograph (see :func:`predict`): with
     ``pyramid`` (multi-scale inference) at its original resolution, else as the model was evaluated."""
-    if max_side is not None or pyramid:
+    if max_side is not None:
         return None, max_side
+    if pyramid:  # the photo's own pixels, or what a full-resolution detector's evaluation caps them at
+        return None, data.get("eval_max_side")
     if "eval_max_side" in data:
         return None, data["eval_max_side"]
     return int(data["image_size"]), None

@@ -86,7 +86,8 @@ def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
     return [round(i * (length - tile) / (n - 1)) for i in range(n)]
 
 
-def _check_scales(name: str, value: object) -> str | list[float]:
+def check_scales(name: str, value: object) -> str | list[float]:
+    """``auto``, or the scale factors ``value`` sorted finest first without repeats; else a ValueError."""
     if value == "auto":
         return "auto"
     if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value
@@ -244,7 +245,7 @@ class SpikingFCOS(nn.Module):
         self.flip_test = flag("flip_test", head.pop("flip_test", False))
         object_sizes = head.pop("object_sizes", None)
         train_size = head.pop("train_size", None)
-        self.test_scales = _check_scales("test_scales", head.pop("test_scales", "auto"))
+        self.test_scales = check_scales("test_scales", head.pop("test_scales", "auto"))
         self.scale_step = number("scale_step", head.pop("scale_step", 1.41))
         self.min_object = number("min_object", head.pop("min_object", 0.03))
         self.merge = one_of("merge", head.pop("merge", "vote"), MERGES)
@@ -338,7 +339,7 @@ class SpikingFCOS(nn.Module):
         """The scales (finest first) :meth:`detect` runs an image of ``height`` x ``width`` at: ``scales`` (None:
         ``test_scales``), ``auto`` for :func:`pyramid_scales` (one pass at scale 1 when the detector does not
         know its training sizes), or a list of factors."""
-        scales = _check_scales("scales", self.test_scales if scales is None else scales)
+        scales = check_scales("scales", self.test_scales if scales is None else scales)
         if scales != "auto":
             return list(scales)
         if self.object_sizes is None or self.train_size is None:
