@@ -93,6 +93,7 @@ def main() -> None:
         p.error(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
     out = Path(args.out)
     runs = args.runs_dir or out / "runs"
+    out.mkdir(parents=True, exist_ok=True)
     runs.mkdir(parents=True, exist_ok=True)
     report = out / "search_faces.json"
     if args.score_only:
