@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from snntrain.models import SpikingFCOS, build_model
-from snntrain.models.detector import (VALID_RANGE_SLACK, default_scale_ranges, fcos_targets, finest_scale,
-                                      pyramid_scales, tile_starts)
+from snntrain.models.detector import (
+    VALID_RANGE_SLACK,
+    default_scale_ranges,
+    fcos_targets,
+    finest_scale,
+    pyramid_scales,
+    tile_starts,
+)
 
 
 def tiny_detector(**head) -> SpikingFCOS:

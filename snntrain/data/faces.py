@@ -553,7 +553,8 @@ class FacesDataModule(DetectionDataModule):
 
     ``num_train``/``num_val``/``num_test`` images of ``image_size`` x ``image_size`` (RGB), composed as
     the module docstring describes (``skin_tones``, ``context``, ``lighting``, ``occlusion`` and ``blur``
-    are probabilities; ``clutter_per_image`` a ``[min, max]`` count). Training images are augmented (when ``augment``) with
+    are probabilities; ``clutter_per_image`` a ``[min, max]`` count). Training images are augmented (when
+    ``augment``) with
     :class:`~snntrain.data.detection.TrainTransform` (``hflip``, ``zoom_out``, ``crop_scale``,
     ``min_visibility``, ``min_box_size``). ``max_boxes=None`` pads every batch to the most faces an
     image can hold (``faces_per_image[1]``), so batch shapes are fixed and nothing is dropped.
