@@ -180,8 +180,9 @@ def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float 
     return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).contiguous()
 
 
-def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int = 16, device: torch.device | None = None,
-                 max_side: int | None = None, scales: str | Sequence[float] | None = "auto"
+def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int = 16,
+                 device: torch.device | None = None, max_side: int | None = None,
+                 scales: str | Sequence[float] | None = "auto"
                  ) -> Iterator[tuple[Path, dict[str, Any], dict[str, torch.Tensor]]]:
     """Run a detector on image files as :func:`predict` does (see there for ``max_side`` and ``scales``); yields
     ``(file, meta, detections)`` per file, the boxes in the file's own pixels (``meta["orig_size"]`` is its
