@@ -163,7 +163,9 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     _announce(f"snntrain: predicting {cfg.input} with {cfg.ckpt_path} into {out.resolve()}")
     records = run_predict(cfg.ckpt_path, cfg.input, out, backend=cfg.backend.name,
                           batch_size=int(cfg.predict.batch_size), score_thresh=cfg.predict.score_thresh,
-                          draw=bool(cfg.predict.draw), max_side=cfg.predict.get("max_side"))
+                          draw=bool(cfg.predict.draw), max_side=cfg.predict.get("max_side"),
+                          scales=OmegaConf.to_object(cfg.predict).get("scales", "auto"),
+                          tile_size=cfg.predict.get("tile_size"))
     _announce(f"snntrain: {len(records)} prediction(s) in {(out / 'predictions.json').resolve()}")
     return records
 

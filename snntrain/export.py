@@ -12,10 +12,12 @@ An export folder holds:
                         a classifier, or a detector's backbone, with BatchNorm folded into the convolutions,
                         written for one reader (``nir_target``: spec, snntorch, norse or spikingjelly)
 
-The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
-A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
-(xyxy pixels of the input) and ``scores`` ``[B, L, K]`` for all L locations, before
-thresholding and NMS (see :meth:`snntrain.models.SpikingFCOS.decode`).
+The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``; a detector's
+also any height and width that are multiples of its coarsest stride (one pass at one scale: run an
+image pyramid around it as README "Export and inference" shows). A classifier returns logits
+``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]`` (xyxy pixels of the input) and ``scores``
+``[B, L, K]`` for all L locations, before thresholding and NMS (see
+:meth:`snntrain.models.SpikingFCOS.decode`).
 
 Every export is written into a temporary folder that is renamed only when complete.
 """
@@ -70,7 +72,11 @@ class SpikingClassifier(nn.Module):
 
 class SpikingDetector(nn.Module):
     """A trained detector: ``forward(images)`` gives one dict per image with ``boxes`` ``[n, 4]``
-    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS."""
+    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS.
+
+    ``images`` are normalised as in training (:func:`snntrain.data.detection.normalize_image`), at any size:
+    ``scales`` (None: the model's ``test_scales``, ``auto``) runs a photo larger than the training square
+    as an image pyramid (:meth:`snntrain.models.SpikingFCOS.detect`); ``[1.0]`` is a single pass."""
 
     def __init__(self, model: SpikingFCOS, config: dict[str, Any]) -> None:
         super().__init__()
@@ -78,8 +84,9 @@ class SpikingDetector(nn.Module):
         self.config = config
         self.classes = list(config.get("data", {}).get("classes") or ["face"])
 
-    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return self.model.detect(images)
+    def forward(self, images: torch.Tensor, scales: str | Sequence[float] | None = None
+                ) -> list[dict[str, torch.Tensor]]:
+        return self.model.detect(images, scales=scales)
 
 
 class ExportGraph(nn.Module):
@@ -105,8 +112,20 @@ def _wrap(model: nn.Module, config: dict[str, Any]) -> nn.Module:
     return wrapped.eval()
 
 
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a run config. A detector trained on ``data=faces`` before its head recorded the
+    face sizes it was trained on (``object_sizes``, ``train_size``: multi-scale inference) takes them from
+    the run's data section."""
+    model = dict(config["model"])
+    data = config.get("data", {})
+    head = model.get("head")
+    if head is not None and "object_sizes" not in head and data.get("name") == "faces":
+        model["head"] = {**head, "object_sizes": list(data["face_size"]), "train_size": int(data["image_size"])}
+    return model
+
+
 def _model_from(config: dict[str, Any], state_dict: dict[str, torch.Tensor], backend: str, source: Path) -> nn.Module:
-    model = build_model(config["model"], backend=backend)
+    model = build_model(model_config(config), backend=backend)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise CheckpointError(
@@ -269,16 +288,40 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "global_step": ckpt.get("global_step"),
         "checkpoint": str(source),
         "outputs": ("logits [B, K]" if task != "detect"
-                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS)"),
+                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS); one pass at "
+                         "one scale (run the image pyramid of multi_scale around it)"),
+        **({"multi_scale": multi_scale_card(model_config(config)["head"])} if task == "detect" else {}),
         "files": {},
+    }
+
+
+def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
+    """What a detector's model card records for multi-scale inference (:meth:`SpikingFCOS.detect`): the
+    object sizes it was trained on and how its image pyramid is chosen."""
+    return {
+        "object_sizes": head.get("object_sizes"),
+        "train_size": head.get("train_size"),
+        "test_scales": head.get("test_scales", "auto"),
+        "scale_step": head.get("scale_step", 1.41),
+        "min_object": head.get("min_object", 0.03),
+        "merge": head.get("merge", "vote"),
+        "tile_size": head.get("tile_size", 1024),
+        "how": ("object_sizes: the sizes (px of the network input) of the faces in training. Pyramid (auto): the "
+                "photo at scales from min(1, object_sizes[0] / (min_object x its shorter side)) down to train_size / "
+                "its longer side, adjacent scales at most scale_step apart; per scale keep boxes sized within "
+                "object_sizes (x0.75-1.25; the finest scale also smaller, the coarsest also larger ones), map them "
+                "back (divide by the scale) and merge them (merge: nms, or vote: score-weighted mean boxes scored by "
+                "the mean of their three best scales, over as many as should see them)"
+                if head.get("object_sizes") else "one pass at the evaluation geometry (no object sizes recorded)"),
     }
 
 
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
     for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
-                "checkpoint", "outputs"):
-        lines.append(f"- {key}: {card[key]}")
+                "checkpoint", "outputs", "multi_scale"):
+        if key in card:
+            lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]
         lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]
@@ -349,13 +392,17 @@ def export_checkpoint(
             card["files"]["model.safetensors"] = f"{len(state)} tensors"
         if "onnx" in formats:
             card["onnx_max_abs_diff"] = _export_onnx(model, sample, reference, tmp / "model.onnx", opset)
-            card["files"]["model.onnx"] = f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+            card["files"]["model.onnx"] = (f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+                                           + (", any height and width (multiples of the coarsest stride)"
+                                              if isinstance(model, SpikingFCOS) else ""))
         if "torch_export" in formats:
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, tmp / "model.pt2")
             where = ("batch 1 (fixed), needs a CUDA GPU (snntrain's Triton kernels; export with backend=torch "
-                     "for any device)" if prog_backend == "triton" else "any batch, any device")
+                     "for any device)" if prog_backend == "triton" else
+                     "any batch, height and width (multiples of the coarsest stride), any device"
+                     if isinstance(model, SpikingFCOS) else "any batch, any device")
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
         if nir_graph is not None:
             card.update(_export_nir(model, sample, nir_graph, tmp / "model.nir"))
@@ -368,6 +415,17 @@ def export_checkpoint(
     return card
 
 
+def dynamic_dims(model: nn.Module) -> dict[int, Any]:
+    """The input dimensions an exported graph keeps dynamic: the batch, and for a detector the height and
+    width too, as multiples of its coarsest stride (so that one graph runs every scale of a pyramid)."""
+    dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1)}
+    if isinstance(model, SpikingFCOS):
+        stride = max(model.strides)
+        dims[2] = stride * torch.export.Dim("height_blocks", min=1, max=65536 // stride)
+        dims[3] = stride * torch.export.Dim("width_blocks", min=1, max=65536 // stride)
+    return dims
+
+
 def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, opset: int) -> float:
     import onnxruntime as ort
 
@@ -375,7 +433,7 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     detector = graph.detector
     names = ["boxes", "scores"] if detector else ["logits"]
     torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
-                      output_names=names, dynamic_shapes={"images": {0: torch.export.Dim("batch", min=1)}},
+                      output_names=names, dynamic_shapes={"images": dynamic_dims(model)},
                       external_data=False, verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
@@ -427,7 +485,7 @@ def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: 
         dynamic = None
     else:
         x = sample.to(device)
-        dynamic = ({0: torch.export.Dim("batch", min=1)},)
+        dynamic = (dynamic_dims(model),)
     with torch.no_grad():
         reference = net(x)  # the model is on the PyTorch backend here
     set_backend(model, backend)

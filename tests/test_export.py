@@ -14,6 +14,7 @@ from PIL import Image
 from snntrain import export as ex
 from snntrain import load_checkpoint, load_exported
 from snntrain.checkpoint import CheckpointError
+from snntrain.models.detector import pyramid_scales
 from snntrain.cli import run
 
 # ONNX runs the same float32 graph through other kernels: conv results differ in the last
@@ -140,6 +141,15 @@ def test_detector_round_trips(detector_ckpt, detector_export):
     with torch.no_grad():
         p_boxes, p_scores = program.module()(x)
     assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
+    # one pass at any scale: both graphs take other heights and widths (multiples of the coarsest stride)
+    other = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref_boxes, ref_scores = ex.ExportGraph(model.model)(other)
+        p_boxes, p_scores = program.module()(other)
+    boxes, scores = session.run(None, {"images": other.numpy()})
+    assert scores.shape == (1, 12 * 20 + 6 * 10 + 3 * 5, 1)
+    np.testing.assert_allclose(scores, ref_scores.numpy(), atol=ONNX_ATOL, rtol=0)
+    assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
 
 
 def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatch):
@@ -224,6 +234,42 @@ def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
         x1, y1, x2, y2 = det["box"]
         assert 0 <= x1 <= x2 <= 50 and 0 <= y1 <= y2 <= 40 and det["label"] == "face"
     assert (pred_out / "images" / "img0.png").exists()
+
+
+def test_predict_runs_the_pyramid_in_tiles_or_one_pass(detector_export, tmp_path):
+    """task=predict reads a photo at its own resolution and runs the model's image pyramid (here in tiles of
+    64 px), or with predict.scales=null the single pass of evaluation; boxes are in the photo's pixels."""
+    det_dir, card = detector_export
+    assert card["multi_scale"]["object_sizes"] == [8, 14] and card["multi_scale"]["train_size"] == 32
+    assert "one pass at one scale" in card["outputs"] and "object_sizes" in (det_dir / "README.md").read_text()
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (150, 230, 3), dtype=np.uint8)).save(photo)
+    model = load_exported(det_dir, backend="torch")
+    assert model.model.scale_plan(150, 230) == pyramid_scales(150, 230, 32, 1.41)  # faces of 3 %: from scale 1
+    for overrides in (["predict.tile_size=64"], ["predict.scales=null"], ["predict.scales=[1.0,0.5]"]):
+        out = tmp_path / overrides[0].split("=")[0]
+        records = run(compose_cfg(tmp_path / "run", ["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                                     f"predict.output_dir={out}", "predict.score_thresh=0.0",
+                                                     "backend=torch", *overrides]))
+        assert records[0]["width"] == 230 and records[0]["height"] == 150 and records[0]["detections"]
+        for det in records[0]["detections"]:
+            x1, y1, x2, y2 = det["box"]
+            assert 0 <= x1 <= x2 <= 230 and 0 <= y1 <= y2 <= 150
+    with pytest.raises(ValueError, match="predict.scales='big' is not valid"):
+        run(compose_cfg(tmp_path / "run", ["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                           "predict.scales=big", "backend=torch"]))
+    with pytest.raises(ValueError, match="predict.tile_size=16 must be at least 64"):
+        run(compose_cfg(tmp_path / "run", ["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                           "predict.tile_size=16", "backend=torch"]))
+
+
+def test_old_face_detector_checkpoints_take_their_sizes_from_the_data_section():
+    config = {"data": {"name": "faces", "face_size": [10, 48], "image_size": 64},
+              "model": {"name": "sew_resnet", "head": {"fpn_levels": [1, 2, 3]}}}
+    assert ex.model_config(config)["head"]["object_sizes"] == [10, 48]
+    assert ex.model_config(config)["head"]["train_size"] == 64
+    config["data"] = {"name": "widerface", "image_size": 640}
+    assert "object_sizes" not in ex.model_config(config)["head"]
 
 
 def test_predict_input_errors(classifier_ckpt, tmp_path):
