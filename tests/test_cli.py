@@ -153,7 +153,8 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_help_lists_config_groups(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_resnet", "logger: csv, none, tensorboard"):
+    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_fcos, sew_resnet",
+                 "logger: csv, none, tensorboard", "callbacks: default"):
         assert line in res.stdout
     assert "data: " in res.stdout and "digits" in res.stdout and "trainer: default" in res.stdout
 
@@ -174,3 +175,18 @@ def test_cli_multirun_over_T(tmp_path):
     for p in runs:
         assert (p.parent / "checkpoints" / "last.ckpt").exists()
     assert "run directory" in res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_cli_reads_moved_keys_as_their_new_ones(tmp_path):
+    """Keys that moved into the callbacks and trainer groups keep working on the command line, and the
+    run says what they are called now."""
+    res = cli("precise_bn.num_batches=4", "ema.enabled=true", "checkpoint.every_n_steps=3", "ddp.static_graph=true",
+              "--cfg", "job", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = OmegaConf.create(res.stdout)
+    assert cfg.callbacks.precise_bn.num_batches == 4 and cfg.callbacks.ema.enabled is True
+    assert cfg.callbacks.checkpoint.every_n_steps == 3 and cfg.trainer.ddp.static_graph is True
+    assert "precise_bn" not in cfg and "ddp" not in cfg
+    assert "precise_bn.num_batches is now callbacks.precise_bn.num_batches" in res.stderr
+    assert "ddp.static_graph is now trainer.ddp.static_graph" in res.stderr

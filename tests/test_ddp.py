@@ -289,8 +289,8 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
     args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
     # each process keeps its own batch-norm buffers (no broadcast from rank 0): only precise BN's average
     # over the processes makes them agree before validation
-    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", "ddp.broadcast_buffers=false",
-        "ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", "trainer.ddp.broadcast_buffers=false",
+        "trainer.ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
     lines = final_metrics_lines(run)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # the averaged precise-BN statistics agree
     dm = build_datamodule({"name": "digits"}, seed=42)
@@ -313,7 +313,7 @@ def test_ddp_settings_reach_the_strategy():
     assert ddp_strategy({**two, "devices": 1}, {"static_graph": True}) == "auto"  # one process: no DDP
     assert ddp_strategy({**two, "devices": "auto"}, {}) == "auto"  # CPU "auto": one process
     assert ddp_strategy({**two, "strategy": "ddp_spawn"}, {}) == "ddp_spawn"  # other strategies as given
-    with pytest.raises(ValueError, match=r"unknown ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
+    with pytest.raises(ValueError, match=r"unknown trainer.ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
         ddp_strategy(two, {"bucket_mb": 25})
-    with pytest.raises(ValueError, match=r"ddp.static_graph='yes' must be true or false"):
+    with pytest.raises(ValueError, match=r"trainer.ddp.static_graph='yes' must be true or false"):
         ddp_strategy(two, {"static_graph": "yes"})

@@ -249,3 +249,30 @@ def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
     graph = nir.read(str(tmp_path / "e" / "model.nir"))
     outputs = sorted(n for n, node in graph.nodes.items() if isinstance(node, nir.Output))
     assert outputs == ["stage1", "stage2", "stage3"] and graph.metadata["dt"] == 1e-3
+
+
+@pytest.mark.slow
+def test_detector_checkpoint_of_the_old_layout_loads_validates_and_exports(detector_ckpt, tmp_path):
+    """Checkpoints written before the detector had a model name of its own describe it as ``sew_resnet``
+    with a ``head`` section, with the callbacks' and DDP settings at the top of the config: they load,
+    validate and export as the same checkpoint in today's layout."""
+    ckpt = torch.load(detector_ckpt, map_location="cpu", weights_only=True)
+    config = ckpt["hyper_parameters"]["config"]
+    assert config["model"]["name"] == "sew_fcos"
+    config["model"]["name"] = "sew_resnet"
+    config.update(config.pop("callbacks"))
+    config["ddp"] = config["trainer"].pop("ddp")
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, ref = load_checkpoint(old, backend="torch")(x), load_checkpoint(detector_ckpt, backend="torch")(x)
+    assert isinstance(load_checkpoint(old, backend="torch"), ex.SpikingDetector)
+    for a, b in zip(got, ref):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    metrics = [run(compose_cfg(tmp_path / name, [*DETECT, "train=false", f"ckpt_path={path}"]))
+               for name, path in (("old", old), ("new", detector_ckpt))]
+    assert metrics[0] == metrics[1]
+    card = ex.export_checkpoint(old, tmp_path / "export", formats=["safetensors"], backend="torch")
+    assert card["task"] == "detect" and isinstance(load_exported(tmp_path / "export"), ex.SpikingDetector)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_CLASSIFY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32",
                  "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
                  "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none",
-                 "precise_bn.num_batches=2"]
+                 "callbacks.precise_bn.num_batches=2"]
 
 
 def compose_cfg(out: Path, overrides: list[str]):
@@ -197,7 +197,7 @@ def test_gpu_export_default_models_load_in_a_fresh_process(task, tmp_path):
     folder on the Triton backend, and ONNX matches it on the PyTorch backend."""
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
                  "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none",
-                 "precise_bn.num_batches=2"]
+                 "callbacks.precise_bn.num_batches=2"]
     run(compose_cfg(tmp_path / "run", overrides))
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     folder = tmp_path / "export"

@@ -104,7 +104,7 @@ def test_one_epoch_run_validates_above_chance(tmp_path):
 
     overrides = ["backend=torch", "T=2", "model.width=16", "data.image_size=8", "task.optimizer.lr=0.005",
                  "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                 "trainer.enable_progress_bar=false", "logger=csv", "checkpoint.every_n_minutes=null",
+                 "trainer.enable_progress_bar=false", "logger=csv", "callbacks.checkpoint.every_n_minutes=null",
                  f"paths.output_dir={tmp_path}"]
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from ..models import is_detector
 from .base import SpikingTask
 
 
@@ -21,6 +22,8 @@ class ClassificationTask(SpikingTask):
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
+        if is_detector(config["model"]):
+            raise ValueError(f"model={config['model']['name']} is a detector: train it with task=detect")
         super().__init__(config, backend)
         num_classes = int(config["model"]["num_classes"])
         self.label_smoothing = float(config["task"].get("label_smoothing", 0.0))
