@@ -5,7 +5,8 @@ must be set before any kernel module is imported, so it is set here, first. On a
 machine the same tests run the compiled kernels on CUDA tensors.
 
 Run configs come from the ``compose_run`` fixture: the config that ``python -m snntrain <overrides>``
-would run, through Hydra's compose API.
+would run, through Hydra's compose API. Tests start from ``debug=tiny`` (conf/debug/tiny.yaml: a run of
+seconds on the CPU) and add only what they check.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The config groups: the callbacks and trainer groups (and the old keys that moved there), the detector's
-own model config, the event datasets' shared base."""
+"""The config groups: the tiny debug run over every task and dataset, the callbacks and trainer groups
+(and the old keys that moved there), the detector's own model config, the event datasets' shared base."""
 
 from __future__ import annotations
 
@@ -11,15 +11,57 @@ from omegaconf.errors import MissingMandatoryValue
 
 from snntrain.cli import train
 from snntrain.config_keys import MOVED, check_moved, upgrade_overrides
-from snntrain.data import build_datamodule
+from snntrain.data import DATAMODULES, build_datamodule
 from snntrain.models import SEWResNet, SpikingFCOS, build_model, is_detector
 from snntrain.tasks import TASKS
 
+DATASETS = sorted(DATAMODULES)
 EVENTS = ["digits_dvs", "nmnist", "dvs_gesture", "cifar10_dvs", "ncaltech101"]
 
 
 def resolved(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+# ------------------------------------------------------------------------------------------ debug=tiny
+
+
+@pytest.mark.parametrize("task", ["classify", "detect"])
+@pytest.mark.parametrize("data", DATASETS)
+def test_tiny_debug_run_applies_to_every_task_and_dataset(task, data, compose_run, tmp_path):
+    for name in ("a", "b"):  # data=image_folder: two class folders (the one dataset without a default place)
+        (tmp_path / name).mkdir()
+    root = [f"data.root={tmp_path}"] if data == "image_folder" else []
+    cfg = resolved(compose_run("out", "debug=tiny", f"task={task}", f"data={data}", *root))
+    assert cfg["T"] == 2 and cfg["model"]["T"] == 2 and cfg["data"].get("T", 2) == 2
+    assert cfg["backend"]["name"] == "torch" and cfg["logger"]["name"] == "none"
+    trainer = cfg["trainer"]
+    assert (trainer["accelerator"], trainer["max_epochs"], trainer["limit_train_batches"],
+            trainer["limit_val_batches"], trainer["enable_progress_bar"]) == ("cpu", 1, 2, 1, False)
+    assert cfg["data"]["num_workers"] == 0 and cfg["model"]["width"] == 4
+    assert cfg["callbacks"]["precise_bn"]["num_batches"] == 2
+    assert cfg["model"]["name"] == ("sew_fcos" if task == "detect" else "sew_resnet")
+    if task == "detect":
+        assert cfg["model"]["head"]["fpn_channels"] == 8 and cfg["model"]["head"]["num_convs"] == 1
+    build_datamodule(cfg["data"])  # every key the tiny run sets is a setting of the dataset
+
+
+def test_tiny_debug_run_shrinks_the_data_it_knows(compose_run):
+    digits = resolved(compose_run("out", "debug=tiny"))["data"]
+    assert (digits["image_size"], digits["batch_size"]) == (8, 32)
+    faces = resolved(compose_run("out", "debug=tiny", "task=detect"))["data"]
+    assert (faces["num_train"], faces["num_val"], faces["image_size"], faces["face_size"]) == (16, 8, 32, [8, 14])
+    # the tiny run wins over an experiment, and a command-line override over the tiny run
+    wider = resolved(compose_run("out", "debug=tiny", "experiment=widerface_sew", "trainer.max_epochs=3"))
+    assert wider["data"]["image_size"] == 32 and wider["model"]["head"]["fpn_channels"] == 8
+    assert wider["trainer"]["precision"] == "32-true" and wider["trainer"]["check_val_every_n_epoch"] == 1
+    assert wider["trainer"]["max_epochs"] == 3 and wider["task"]["monitor"] == "val/map_50"
+
+
+def test_runs_without_debug_are_untouched(compose_run):
+    cfg = resolved(compose_run("out"))
+    assert cfg["T"] == 4 and cfg["model"]["width"] == 64 and cfg["data"]["image_size"] == 16
+    assert cfg["trainer"]["limit_train_batches"] is None and cfg["logger"]["name"] == "tensorboard"
 
 
 # ------------------------------------------------------------------------- callbacks, trainer.ddp, moves
@@ -61,12 +103,12 @@ def test_old_keys_on_the_command_line_give_the_config_of_the_new_ones(compose_ru
 
 def test_a_config_that_still_sets_a_moved_section_is_refused_naming_the_new_key(compose_run, tmp_path):
     # what a config file of one's own written for the old layout gives (here through +key=value)
-    cfg = compose_run(tmp_path, "+precise_bn.num_batches=4", "+ema.enabled=true")
+    cfg = compose_run(tmp_path, "debug=tiny", "+precise_bn.num_batches=4", "+ema.enabled=true")
     with pytest.raises(ValueError, match=r"precise_bn.num_batches -> callbacks.precise_bn.num_batches, "
                                          r"ema.enabled -> callbacks.ema.enabled"):
         train(cfg)
     assert not (tmp_path / "checkpoints").exists()
-    check_moved(resolved(compose_run(tmp_path)))  # today's layout passes
+    check_moved(resolved(compose_run(tmp_path, "debug=tiny")))  # today's layout passes
 
 
 # ------------------------------------------------------------------------------------- model=sew_fcos
@@ -101,9 +143,9 @@ def test_old_detector_configs_named_sew_resnet_build_the_same_detector():
 
 def test_task_and_model_mismatch_is_named(compose_run):
     with pytest.raises(ValueError, match="task=detect trains a detector: model=sew_fcos .* not model=sew_resnet"):
-        TASKS["detect"](resolved(compose_run("out", "task=detect", "model=sew_resnet")), backend="torch")
+        TASKS["detect"](resolved(compose_run("out", "debug=tiny", "task=detect", "model=sew_resnet")), backend="torch")
     with pytest.raises(ValueError, match="model=sew_fcos is a detector: train it with task=detect"):
-        TASKS["classify"](resolved(compose_run("out", "model=sew_fcos")), backend="torch")
+        TASKS["classify"](resolved(compose_run("out", "debug=tiny", "model=sew_fcos")), backend="torch")
 
 
 # ------------------------------------------------------------------------------ event datasets' base
@@ -123,4 +165,4 @@ def test_event_datasets_share_one_base(name, compose_run):
 
 def test_the_event_base_is_not_a_dataset(compose_run, tmp_path):
     with pytest.raises(MissingMandatoryValue, match="data.name"):
-        train(compose_run(tmp_path, "data=base/events"))
+        train(compose_run(tmp_path, "debug=tiny", "data=base/events"))

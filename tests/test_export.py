@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from PIL import Image
 
 from snntrain import export as ex
@@ -21,32 +20,17 @@ from snntrain.cli import run
 # other. On the small inputs below that never happens; the tolerance covers the rounding.
 ONNX_ATOL = 1e-4
 
-CLASSIFY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32",
-            "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-            "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none"]
-DETECT = ["task=detect", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8",
-          "model.head.num_convs=1", "data.num_train=16", "data.num_val=8", "data.num_test=4", "data.image_size=32",
-          "data.face_size=[8,14]", "data.batch_size=8", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-          "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
-          "logger=none"]
-
-
-def compose_cfg(out: Path, overrides: list[str]):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*overrides, f"paths.output_dir={out}"])
-
-
 @pytest.fixture(scope="module")
-def classifier_ckpt(tmp_path_factory) -> Path:
+def classifier_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("cls")
-    run(compose_cfg(out, CLASSIFY))
+    run(compose_run(out, "debug=tiny"))
     return out / "checkpoints" / "last.ckpt"
 
 
 @pytest.fixture(scope="module")
-def detector_ckpt(tmp_path_factory) -> Path:
+def detector_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("det")
-    run(compose_cfg(out, DETECT))
+    run(compose_run(out, "debug=tiny", "task=detect"))
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -193,10 +177,10 @@ def test_mismatched_weights_are_named(classifier_export, tmp_path):
         load_exported(bad)
 
 
-def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
+def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path, compose_run):
     out = tmp_path / "exported"
-    card = run(compose_cfg(tmp_path / "run", ["task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
-                                              "export.formats=[safetensors]", "backend=torch"]))
+    card = run(compose_run(tmp_path / "run", "task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
+                           "export.formats=[safetensors]", "backend=torch"))
     assert (out / "model.safetensors").exists() and not (out / "model.onnx").exists()
     assert list(card["files"]) == ["config.yaml", "model.safetensors"]
 
@@ -207,17 +191,16 @@ def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
         Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images / f"img{i}.png")
     (images / "notes.txt").write_text("not an image")
 
-    records = run(compose_cfg(tmp_path / "run2", ["task=predict", f"ckpt_path={out}", f"input={images}",
-                                                  "backend=torch"]))
+    records = run(compose_run(tmp_path / "run2", "task=predict", f"ckpt_path={out}", f"input={images}",
+                              "backend=torch"))
     saved = json.loads((tmp_path / "run2" / "predictions" / "predictions.json").read_text())
     assert saved == records and len(saved) == 3
     assert all(0 <= r["label"] < 10 and abs(sum(r["probabilities"]) - 1) < 1e-4 for r in saved)
 
     det_dir, _ = detector_export
     pred_out = tmp_path / "det_pred"
-    records = run(compose_cfg(tmp_path / "run3", ["task=predict", f"ckpt_path={det_dir}", f"input={images / 'img0.png'}",
-                                                  f"predict.output_dir={pred_out}", "predict.score_thresh=0.0",
-                                                  "backend=torch"]))
+    records = run(compose_run(tmp_path / "run3", "task=predict", f"ckpt_path={det_dir}", f"input={images / 'img0.png'}",
+                              f"predict.output_dir={pred_out}", "predict.score_thresh=0.0", "backend=torch"))
     saved = json.loads((pred_out / "predictions.json").read_text())
     assert saved == records and saved[0]["width"] == 50 and saved[0]["height"] == 40
     for det in saved[0]["detections"]:
@@ -226,7 +209,7 @@ def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
     assert (pred_out / "images" / "img0.png").exists()
 
 
-def test_predict_input_errors(classifier_ckpt, tmp_path):
+def test_predict_input_errors(tmp_path, compose_run):
     from snntrain.predict import list_images
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -234,7 +217,7 @@ def test_predict_input_errors(classifier_ckpt, tmp_path):
     with pytest.raises(ValueError, match="holds no images"):
         list_images(tmp_path)
     with pytest.raises(ValueError, match="task=predict needs ckpt_path"):
-        run(compose_cfg(tmp_path / "r", ["task=predict", f"input={tmp_path}"]))
+        run(compose_run(tmp_path / "r", "task=predict", f"input={tmp_path}"))
 
 
 def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
@@ -252,7 +235,7 @@ def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
 
 
 @pytest.mark.slow
-def test_detector_checkpoint_of_the_old_layout_loads_validates_and_exports(detector_ckpt, tmp_path):
+def test_detector_checkpoint_of_the_old_layout_loads_validates_and_exports(detector_ckpt, tmp_path, compose_run):
     """Checkpoints written before the detector had a model name of its own describe it as ``sew_resnet``
     with a ``head`` section, with the callbacks' and DDP settings at the top of the config: they load,
     validate and export as the same checkpoint in today's layout."""
@@ -271,7 +254,7 @@ def test_detector_checkpoint_of_the_old_layout_loads_validates_and_exports(detec
     assert isinstance(load_checkpoint(old, backend="torch"), ex.SpikingDetector)
     for a, b in zip(got, ref):
         assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
-    metrics = [run(compose_cfg(tmp_path / name, [*DETECT, "train=false", f"ckpt_path={path}"]))
+    metrics = [run(compose_run(tmp_path / name, "debug=tiny", "task=detect", "train=false", f"ckpt_path={path}"))
                for name, path in (("old", old), ("new", detector_ckpt))]
     assert metrics[0] == metrics[1]
     card = ex.export_checkpoint(old, tmp_path / "export", formats=["safetensors"], backend="torch")

@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_step.py"
-TINY = ["backend=torch", "T=2", "model.width=4", "data.batch_size=16", "trainer.limit_train_batches=4",
-        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none",
-        "callbacks.precise_bn.enabled=false"]
+TINY = ["debug=tiny", "data.batch_size=16", "trainer.limit_train_batches=4", "callbacks.precise_bn.enabled=false"]
 
 
 def profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

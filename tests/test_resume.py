@@ -38,12 +38,9 @@ run(cfg)
 """
 
 RUN = [
-    "backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32", "logger=none",
-    "trainer.accelerator=cpu", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
-    "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
-    "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.every_n_minutes=null",
-    "callbacks.precise_bn.num_batches=3", "task.optimizer.lr=0.01", "callbacks.ema.enabled=true",
-    "callbacks.ema.decay=0.9",
+    "debug=tiny", "trainer.max_epochs=2", "trainer.limit_train_batches=6", "trainer.limit_val_batches=2",
+    "trainer.deterministic=true", "callbacks.checkpoint.every_n_steps=2", "callbacks.precise_bn.num_batches=3",
+    "task.optimizer.lr=0.01", "callbacks.ema.enabled=true", "callbacks.ema.decay=0.9",
 ]
 
 

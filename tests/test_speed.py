@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from snntrain.cli import run
 from snntrain.models import SEWResNet
@@ -120,19 +119,16 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
-def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog, compose_run):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
 
     monkeypatch.setattr(speed, "compile_model", partial(compile_model, backend="aot_eager"))
     torch._dynamo.reset()
-    overrides = ["backend=torch", "T=2", "model.width=4", "model.depth=18", "data.image_size=8",
-                 "data.batch_size=48", "data.val_fraction=0.9", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                 "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=csv",
-                 "compile=default", f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    # the whole (small) epoch: 180 training images in batches of 48, the last one partial
+    cfg = compose_run(tmp_path, "debug=tiny", "data.batch_size=48", "data.val_fraction=0.9",
+                      "trainer.limit_train_batches=null", "logger=csv", "compile=default")
     with caplog.at_level("INFO", logger="snntrain"):
         run(cfg)
     assert "first training step with compile=default took" in caplog.text
@@ -144,11 +140,10 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     assert sorted(ckpt["state_dict"]) == sorted(expected)
 
 
-def test_partial_batch_skipped_only_when_compiled():
+def test_partial_batch_skipped_only_when_compiled(compose_run):
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model.width=4", "paths.output_dir=unused"])
+    cfg = compose_run("unused", "model.width=4")
     config = OmegaConf.to_container(cfg, resolve=False)
     config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
     batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
@@ -159,10 +154,8 @@ def test_partial_batch_skipped_only_when_compiled():
     assert compiled.training_step(batch(5), 2) is None
 
 
-def test_bad_compile_setting_through_cli(tmp_path: Path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["compile=fastest", "trainer.accelerator=cpu",
-                                                       f"paths.output_dir={tmp_path}"])
+def test_bad_compile_setting_through_cli(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "compile=fastest")
     with pytest.raises(ValueError, match="compile='fastest' is not valid"):
         run(cfg)
 
