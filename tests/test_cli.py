@@ -46,6 +46,7 @@ def trained(tmp_path_factory, make_cfg) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_run_writes_config_logs_and_checkpoints(trained):
     out = trained
     saved = OmegaConf.load(out / "config.yaml")
@@ -62,6 +63,7 @@ def test_run_writes_config_logs_and_checkpoints(trained):
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")], "temporary file left behind"
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_weights_only_with_config(trained):
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     config = ckpt["hyper_parameters"]["config"]
@@ -70,6 +72,7 @@ def test_checkpoint_loads_weights_only_with_config(trained):
     assert any(k.startswith("model.layer1.0.conv1") for k in ckpt["state_dict"])
 
 
+@pytest.mark.slow
 def test_resume_continues_from_checkpoint(trained, tmp_path, make_cfg):
     last = trained / "checkpoints" / "last.ckpt"
     first = torch.load(last, map_location="cpu", weights_only=True)
@@ -79,11 +82,13 @@ def test_resume_continues_from_checkpoint(trained, tmp_path, make_cfg):
     assert resumed["global_step"] == 2 * first["global_step"]
 
 
+@pytest.mark.slow
 def test_validate_only(trained, tmp_path, make_cfg):
     metrics = run(make_cfg(tmp_path, "train=false", f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}"))
     assert metrics is not None and 0.0 <= metrics <= 1.0
 
 
+@pytest.mark.slow
 def test_seed_makes_runs_repeatable(tmp_path, make_cfg):
     a, b = tmp_path / "a", tmp_path / "b"
     run(make_cfg(a, "seed=7", "logger=none"))
@@ -94,6 +99,7 @@ def test_seed_makes_runs_repeatable(tmp_path, make_cfg):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_plif_and_csv_logger(tmp_path, make_cfg):
     run(make_cfg(tmp_path, "model.neuron.type=PLIF", "~model.neuron.tau", "+model.neuron.init_tau=2.0",
                  "logger=csv", "task.optimizer.name=sgd", "task.optimizer.lr=0.05"))
@@ -138,6 +144,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_help_lists_config_groups(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -147,6 +154,7 @@ def test_help_lists_config_groups(tmp_path):
     assert "data: " in res.stdout and "digits" in res.stdout and "trainer: default" in res.stdout
 
 
+@pytest.mark.slow
 def test_cli_typo_fails_with_options(tmp_path):
     res = cli("backend=trition", cwd=tmp_path)
     assert res.returncode != 0

@@ -200,6 +200,7 @@ def test_sync_batchnorm_conversion_and_revert():
     assert not reverted[3].synced
 
 
+@pytest.mark.slow
 def test_training_speed_is_logged_on_synthetic_data(tmp_path, compose_run):
     cfg = compose_run(tmp_path, "debug=tiny", "data=synthetic", "data.num_classes=3", "trainer.limit_train_batches=null")
     metrics = train(cfg)

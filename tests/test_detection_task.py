@@ -81,6 +81,7 @@ def test_iou_quality_learns_the_predicted_boxes_iou():
         fcos_loss(out, tgt, quality="giou", backend="torch")
 
 
+@pytest.mark.slow
 def test_detect_cli_one_batch_logs_map_and_images(tmp_path, compose_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -110,6 +111,7 @@ def test_draw_detections_enlarges_and_filters():
     assert out[0, 20:80, 80].max() < 0.1  # the low-score box (x from 20 to 80 at scale 4) is not drawn
 
 
+@pytest.mark.slow
 def test_widerface_easy_medium_hard(tmp_path, compose_run):
     root = make_widerface(tmp_path / "wider", with_eval=True)
     out = tmp_path / "run"

@@ -201,6 +201,7 @@ def test_tonic_datasets_build_from_config():
     assert a.cache_dir("train") != b.cache_dir("train")
 
 
+@pytest.mark.slow
 def test_cli_trains_on_offline_events_and_exports_nir(tmp_path, compose_run):
     """A short run through the CLI on data=digits_dvs, then task=export to NIR from its checkpoint."""
     import nir

@@ -52,6 +52,7 @@ def sample(card: dict, seed: int = 1) -> torch.Tensor:
     return torch.randn(card["input_shape"], generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 def test_classifier_export_folder_and_card(classifier_export):
     out, card = classifier_export
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "model.onnx", "model.pt2",
@@ -65,6 +66,7 @@ def test_classifier_export_folder_and_card(classifier_export):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "temporary folder left behind"
 
 
+@pytest.mark.slow
 def test_classifier_safetensors_reload_is_identical(classifier_ckpt, classifier_export):
     out, card = classifier_export
     from_ckpt = load_checkpoint(classifier_ckpt, backend="torch")
@@ -77,6 +79,7 @@ def test_classifier_safetensors_reload_is_identical(classifier_ckpt, classifier_
     assert probs.shape == (3, 10) and torch.allclose(probs.sum(-1), torch.ones(3))
 
 
+@pytest.mark.slow
 def test_classifier_onnx_matches_pytorch_backend(classifier_export):
     import onnxruntime as ort
 
@@ -91,6 +94,7 @@ def test_classifier_onnx_matches_pytorch_backend(classifier_export):
     np.testing.assert_allclose(got, ref, atol=ONNX_ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_classifier_program_loads_and_matches(classifier_export):
     out, card = classifier_export
     program = torch.export.load(str(out / "model.pt2"))
@@ -101,6 +105,7 @@ def test_classifier_program_loads_and_matches(classifier_export):
     assert card["torch_export_backend"] == "torch"
 
 
+@pytest.mark.slow
 def test_detector_round_trips(detector_ckpt, detector_export):
     import onnxruntime as ort
 
@@ -126,6 +131,7 @@ def test_detector_round_trips(detector_ckpt, detector_export):
     assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatch):
     out = tmp_path / "export"
 
@@ -145,6 +151,7 @@ def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
     with pytest.raises(CheckpointError, match="nope.ckpt does not exist"):
         ex.export_checkpoint(tmp_path / "nope.ckpt", tmp_path / "out")
@@ -162,6 +169,7 @@ def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
         load_exported(tmp_path)
 
 
+@pytest.mark.slow
 def test_mismatched_weights_are_named(classifier_export, tmp_path):
     import shutil
 
@@ -177,6 +185,7 @@ def test_mismatched_weights_are_named(classifier_export, tmp_path):
         load_exported(bad)
 
 
+@pytest.mark.slow
 def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path, compose_run):
     out = tmp_path / "exported"
     card = run(compose_run(tmp_path / "run", "task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
@@ -220,6 +229,7 @@ def test_predict_input_errors(tmp_path, compose_run):
         run(compose_run(tmp_path / "r", "task=predict", f"input={tmp_path}"))
 
 
+@pytest.mark.slow
 def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
     """A detector exports its backbone to NIR: one spike-map output per built stage (the default
     pyramid reads stages 1-3, so stage 4 is not built), matching the model's stages."""

@@ -66,6 +66,7 @@ def test_importing_kernels_registers_every_op():
             "layer_norm_fwd", "layer_norm_bwd", "giou_loss", "giou_loss_backward"} <= ops
 
 
+@pytest.mark.slow
 def test_program_ops_are_read_from_the_archive(triton_program, tmp_path):
     assert ex.program_ops(triton_program / "model.pt2") == ["bn_neuron_fwd"]
     bad = tmp_path / "model.pt2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -94,6 +95,7 @@ def test_any_module_with_running_statistics_is_recomputed():
     assert recompute_batchnorm(model, []) == 0
 
 
+@pytest.mark.slow
 def test_one_epoch_run_validates_above_chance(tmp_path, compose_run):
     """The reported failure: a one-epoch run validated at chance (val/acc 0.100) with stale statistics."""
     import csv

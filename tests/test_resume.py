@@ -55,6 +55,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
     # 6 steps per epoch; interval checkpoints at steps 2, 4, 8, 10 and epoch-end ones at 6 and 12.

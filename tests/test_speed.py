@@ -119,6 +119,7 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
+@pytest.mark.slow
 def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog, compose_run):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""

@@ -155,6 +155,7 @@ def wider_run(tmp_path_factory, compose_run):
     return root, out, metrics
 
 
+@pytest.mark.slow
 def test_wider_metrics_of_a_run_follow_the_official_protocol(wider_run, tmp_path, compose_run):
     from snntrain.export import load_checkpoint
 
@@ -179,6 +180,7 @@ def test_wider_metrics_of_a_run_follow_the_official_protocol(wider_run, tmp_path
         assert again[f"val/wider_{level}"] == pytest.approx(expected[level].ap, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_thresholds_geometry_and_drawing(wider_run, tmp_path, compose_run):
     root, out, _ = wider_run
     ckpt = out / "checkpoints" / "last.ckpt"
