@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from kernel_resources import compile_kernel, programs_per_sm, resource_usage  # noqa: E402
 
+from kernel_resources import compile_kernel, programs_per_sm, resource_usage  # noqa: E402
 from snntrain.kernels import layer_norm as K  # noqa: E402
 
 SHAPES = ["4096x512", "4096x4096", "4096x16384", "401408x32", "401408x64", "401408x256", "401408x512",

@@ -55,8 +55,15 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from .backend import resolve_backend
-    from .callbacks import (AtomicCheckpointIO, ExactResume, ExponentialMovingAverage, FiringRateMonitor,
-                            IntervalCheckpoint, PreciseBatchNorm, TrainingSpeedMonitor)
+    from .callbacks import (
+        AtomicCheckpointIO,
+        ExactResume,
+        ExponentialMovingAverage,
+        FiringRateMonitor,
+        IntervalCheckpoint,
+        PreciseBatchNorm,
+        TrainingSpeedMonitor,
+    )
     from .checkpoint import read_checkpoint
     from .config_keys import check_moved
     from .data import build_datamodule

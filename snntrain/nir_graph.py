@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .nn.layers import MultiStep
-from .nn.neurons import IF, LIF, BaseNeuron, PLIF
+from .nn.neurons import IF, LIF, BaseNeuron
 from .nn.norm_neuron import NormNeuron
 
 #: Seconds per time step written into exported graphs (snnTorch's convention; Norse uses 1e-3).

@@ -29,8 +29,15 @@ import torch
 from torch import nn
 
 from snntrain.cli import train
-from snntrain.distributed import (JOB_ENV, EvalShardSampler, SyncBatchNorm, command_line, convert_sync_batchnorm,
-                                  ddp_strategy, rank_name)
+from snntrain.distributed import (
+    JOB_ENV,
+    EvalShardSampler,
+    SyncBatchNorm,
+    command_line,
+    convert_sync_batchnorm,
+    ddp_strategy,
+    rank_name,
+)
 
 GPUS = torch.cuda.device_count() >= 2
 ON = ["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS else []
@@ -222,7 +229,7 @@ def test_synthetic_data_is_a_fixed_pool():
     assert sorted(len(b[0]) for b in batches) == [2] * 5
     firsts = sorted(float(b[0][0].sum()) for b in batches)
     assert firsts == sorted(float(dm.train_set[2 * k][0].sum()) for k in range(5))
-    for x, y in batches:
+    for x, _ in batches:
         assert x.untyped_storage().data_ptr() == dm.train_batches.images.untyped_storage().data_ptr()
     dm = build_datamodule({"name": "synthetic", "num_train": 7, "pool_size": 4, "batch_size": 3, "image_size": 2},
                           seed=3)

@@ -117,6 +117,7 @@ def test_widerface_easy_medium_hard(tmp_path, compose_run):
     out = tmp_path / "run"
     run(compose_run(out, *TINY, "data=widerface", f"data.root={root}", "trainer.limit_val_batches=null"))
     import csv  # noqa: F401  (the tensorboard logger holds the metrics)
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(glob.glob(str(out / "tensorboard" / "events.*"))[0], size_guidance={"scalars": 0})

@@ -26,7 +26,6 @@ from ..models import is_detector
 from ..validation import one_of
 from .base import SpikingTask
 
-
 #: Losses logged per stage (``fcos_loss``'s outputs).
 LOGGED_LOSSES = ("loss", "loss_cls", "loss_box", "loss_ctr", "num_pos")
 
