@@ -18,6 +18,7 @@ from test_detection_data import make_widerface  # noqa: E402  (tests folder on s
 TINY = ["debug=tiny", "task=detect", "logger=tensorboard"]
 
 
+@pytest.mark.slow  # a training loop of 25 steps
 def test_loss_is_finite_and_decreases_on_a_batch():
     from snntrain.data import build_datamodule
 

@@ -54,6 +54,7 @@ def triton_program(tiny_ckpt, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_kernels_registers_every_op():
     """``import snntrain.kernels`` alone registers every op family, the fused norm-neuron ones included."""
     res = fresh_python("""

@@ -56,7 +56,10 @@ def test_settings_are_checked():
     assert use_channels_last(True, "cpu") is True
 
 
-@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"), ("triton", "batchnorm"), ("triton", "layernorm")])
+# the Triton cases run a whole network through the kernel interpreter on a CPU: with the slow tests
+@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"),
+                                          pytest.param("triton", "batchnorm", marks=pytest.mark.slow),
+                                          pytest.param("triton", "layernorm", marks=pytest.mark.slow)])
 def test_channels_last_same_results_row_major_state(backend, norm):
     """NHWC weights give the same outputs and gradients; the state-dict stays row-major.
 
@@ -92,6 +95,7 @@ def _channels_last_same_results(backend, norm):
     torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
 
 
+@pytest.mark.slow  # torch.compile of a whole network
 def test_compiled_model_same_step_and_keys():
     """A compiled model (AOTAutograd, no code generation on CPU) computes the eager step and saves the same keys."""
     torch._dynamo.reset()
