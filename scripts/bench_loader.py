@@ -270,8 +270,8 @@ def train_runs(args, root: Path, folder: dict, out: Path, device: torch.device) 
               f"trainer.max_epochs={args.epochs}", "trainer.enable_progress_bar=false",
               "trainer.accelerator=" + ("gpu" if device.type == "cuda" else "cpu"),
               "trainer.precision=" + ("bf16-mixed" if args.precision == "bf16" else "32-true"),
-              "backend=" + ("triton" if device.type == "cuda" else "torch"), "precise_bn.num_batches=10",
-              "checkpoint.every_n_minutes=null", "task.optimizer.name=sgd", "task.optimizer.lr=0.1",
+              "backend=" + ("triton" if device.type == "cuda" else "torch"), "callbacks.precise_bn.num_batches=10",
+              "callbacks.checkpoint.every_n_minutes=null", "task.optimizer.name=sgd", "task.optimizer.lr=0.1",
               "task.optimizer.weight_decay=0.0"]
     runs = [("synthetic", ["data=synthetic", f"data.image_size={args.size}", f"data.batch_size={args.batch}",
                            f"data.num_train={steps * args.batch}", f"data.num_val={folder['val']}",

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import copy
 import json
 import os
 import subprocess
@@ -325,10 +324,12 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
     run = Path(args.out).resolve() / "runs" / f"{case}-{provider}-{precision}-{tag}"
     cmd = [sys.executable, "-m", "snntrain", *cli_overrides(case, precision, args.cli_steps), f"compile={mode}",
            "backend=triton", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=csv",
-           "precise_bn.num_batches=2", f"hydra.run.dir={run}"]
+           "callbacks.precise_bn.num_batches=2", f"hydra.run.dir={run}"]
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
+        # a checkout from before the callbacks config group, and before data.frames
+        cmd = [a.replace("callbacks.", "", 1) if a.startswith("callbacks.") else a for a in cmd]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=pythonpath or None)
     wall = time.perf_counter() - t0

@@ -54,14 +54,24 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     import torch
 
     from .backend import resolve_backend
-    from .callbacks import (AtomicCheckpointIO, ExactResume, ExponentialMovingAverage, FiringRateMonitor,
-                            IntervalCheckpoint, PreciseBatchNorm, ProgressBar, RunCheckpoint,
-                            TrainingSpeedMonitor)
+    from .callbacks import (
+        AtomicCheckpointIO,
+        ExactResume,
+        ExponentialMovingAverage,
+        FiringRateMonitor,
+        IntervalCheckpoint,
+        PreciseBatchNorm,
+        ProgressBar,
+        RunCheckpoint,
+        TrainingSpeedMonitor,
+    )
     from .checkpoint import read_checkpoint
+    from .config_keys import check_moved
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
     from .tasks import TASKS
 
+    check_moved(cfg)
     out = Path(cfg.paths.output_dir)
     task_name = cfg.task.name
     if task_name not in TASKS:
@@ -102,18 +112,19 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     run_callbacks = [checkpoint, FiringRateMonitor(), TrainingSpeedMonitor(), ExactResume()]
     # The average first: it takes in a step before IntervalCheckpoint saves that step, and it is swapped
     # in before PreciseBatchNorm re-estimates the statistics (for the averaged weights).
-    if cfg.ema.enabled:
-        run_callbacks.append(ExponentialMovingAverage(decay=cfg.ema.decay))
-    run_callbacks.append(IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
-                                            every_n_minutes=cfg.checkpoint.every_n_minutes))
-    if cfg.precise_bn.enabled:
-        run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
+    settings = cfg.callbacks
+    if settings.ema.enabled:
+        run_callbacks.append(ExponentialMovingAverage(decay=settings.ema.decay))
+    run_callbacks.append(IntervalCheckpoint(out / "checkpoints", every_n_steps=settings.checkpoint.every_n_steps,
+                                            every_n_minutes=settings.checkpoint.every_n_minutes))
+    if settings.precise_bn.enabled:
+        run_callbacks.append(PreciseBatchNorm(num_batches=settings.precise_bn.num_batches))
     if cfg.trainer.get("enable_progress_bar", True):
         run_callbacks.append(ProgressBar())  # redrawn twice a second, not every step (each redraw waits)
     run_callbacks += list(callbacks or [])
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, OmegaConf.to_container(cfg.get("ddp") or {}))
+    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, trainer_kwargs.pop("ddp", None))
     plugins = [AtomicCheckpointIO()]
     if trainer_kwargs.get("sync_batchnorm"):
         plugins.append(SyncBatchNorm())
@@ -199,7 +210,11 @@ def main() -> Any:
     job (same overrides, same run directory); see :func:`snntrain.distributed.command_line`."""
     import sys
 
+    from .config_keys import upgrade_overrides
     from .distributed import command_line
 
-    sys.argv = command_line(sys.argv)
+    args, notes = upgrade_overrides(sys.argv[1:])  # keys that moved keep working on the command line
+    for note in notes:
+        print(f"snntrain: {note}", file=sys.stderr)
+    sys.argv = command_line([sys.argv[0], *args])
     return _hydra_main()

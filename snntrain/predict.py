@@ -48,8 +48,8 @@ def classification_input(path: Path, data: dict[str, Any], in_channels: int) -> 
     from torchvision.transforms import v2
 
     from .data.cifar10 import MEAN as CIFAR_MEAN
-    from .data.common import open_image
     from .data.cifar10 import STD as CIFAR_STD
+    from .data.common import open_image
     from .data.image_folder import IMAGENET_MEAN, IMAGENET_STD
 
     size = int(data.get("image_size") or 32)

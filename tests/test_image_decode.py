@@ -403,7 +403,7 @@ def test_training_from_jpegs_on_both_paths(tmp_path, caplog):
                 "data=image_folder", f"data.root={root}", f"data.decode={decode}", "data.image_size=12",
                 "data.batch_size=8", "data.num_workers=0", "backend=torch", "T=2", "model.width=4",
                 "trainer.accelerator=cpu", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=none",
-                "precise_bn.num_batches=2", "checkpoint.every_n_minutes=null", f"paths.output_dir={tmp_path / decode}"])
+                "callbacks.precise_bn.num_batches=2", "callbacks.checkpoint.every_n_minutes=null", f"paths.output_dir={tmp_path / decode}"])
         acc[decode] = train(cfg)["val/acc"]
     assert abs(acc["cpu"] - acc["gpu"]) <= 0.34, acc  # 6 validation images: within two of them
     assert "of them decoded on the CPU instead of by nvjpeg (progressive JPEG: " in caplog.text

@@ -95,7 +95,7 @@ def test_search_trains_variants_and_scores_both_yardsticks(tmp_path):
     tiny = ["backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8", "model.head.num_convs=1",
             "data.num_train=16", "data.num_val=8", "data.image_size=32", "data.face_size=[8,14]",
             "data.batch_size=8", "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-            "trainer.limit_val_batches=1", "precise_bn.num_batches=1"]
+            "trainer.limit_val_batches=1", "callbacks.precise_bn.num_batches=1"]
     out = tmp_path / "out"
     cmd = [sys.executable, str(script), "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--jobs", "2",
            "--only", "default,clutter13", "--", *tiny]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from snntrain.cli import run
 from snntrain.models import SEWResNet
@@ -56,7 +55,10 @@ def test_settings_are_checked():
     assert use_channels_last(True, "cpu") is True
 
 
-@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"), ("triton", "batchnorm"), ("triton", "layernorm")])
+# the Triton cases run a whole network through the kernel interpreter on a CPU: with the slow tests
+@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"),
+                                          pytest.param("triton", "batchnorm", marks=pytest.mark.slow),
+                                          pytest.param("triton", "layernorm", marks=pytest.mark.slow)])
 def test_channels_last_same_results_row_major_state(backend, norm):
     """NHWC weights give the same outputs and gradients; the state-dict stays row-major.
 
@@ -92,6 +94,7 @@ def _channels_last_same_results(backend, norm):
     torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
 
 
+@pytest.mark.slow  # torch.compile of a whole network
 def test_compiled_model_same_step_and_keys():
     """A compiled model (AOTAutograd, no code generation on CPU) computes the eager step and saves the same keys."""
     torch._dynamo.reset()
@@ -119,19 +122,17 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
-def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
+@pytest.mark.slow
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog, compose_run):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
 
     monkeypatch.setattr(speed, "BACKEND", "aot_eager")
     torch._dynamo.reset()
-    overrides = ["backend=torch", "T=2", "model.width=4", "model.depth=18", "data.image_size=8",
-                 "data.batch_size=48", "data.val_fraction=0.9", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                 "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=csv",
-                 "compile=default", f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    # the whole (small) epoch: 180 training images in batches of 48, the last one partial
+    cfg = compose_run(tmp_path, "debug=tiny", "data.batch_size=48", "data.val_fraction=0.9",
+                      "trainer.limit_train_batches=null", "logger=csv", "compile=default")
     with caplog.at_level("INFO", logger="snntrain"):
         run(cfg)
     assert "first training step with compile=default took" in caplog.text
@@ -143,11 +144,10 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     assert sorted(ckpt["state_dict"]) == sorted(expected)
 
 
-def test_partial_batch_skipped_only_when_compiled():
+def test_partial_batch_skipped_only_when_compiled(compose_run):
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model.width=4", "paths.output_dir=unused"])
+    cfg = compose_run("unused", "model.width=4")
     config = OmegaConf.to_container(cfg, resolve=False)
     config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
     batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
@@ -158,10 +158,8 @@ def test_partial_batch_skipped_only_when_compiled():
     assert compiled.training_step(batch(5), 2) is None
 
 
-def test_bad_compile_setting_through_cli(tmp_path: Path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["compile=fastest", "trainer.accelerator=cpu",
-                                                       f"paths.output_dir={tmp_path}"])
+def test_bad_compile_setting_through_cli(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "compile=fastest")
     with pytest.raises(ValueError, match="compile='fastest' is not valid"):
         run(cfg)
 
@@ -249,7 +247,7 @@ def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, c
     overrides = ["backend=torch", "T=2", "model.width=4", "model.stem=imagenet", "data=synthetic",
                  "data.image_size=32", "data.num_train=16", "data.num_val=4", "data.batch_size=4",
                  "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-                 "logger=none", "compile=default", "channels_last=true", "precise_bn.num_batches=2",
+                 "logger=none", "compile=default", "channels_last=true", "callbacks.precise_bn.num_batches=2",
                  f"paths.output_dir={tmp_path}"]
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -347,7 +345,7 @@ def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
 
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
                  "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
-                 "precise_bn.num_batches=2", "ema.enabled=true",
+                 "callbacks.precise_bn.num_batches=2", "callbacks.ema.enabled=true",
                  "trainer.precision=bf16-mixed", "logger=none", f"paths.output_dir={tmp_path}"]
     if task == "classify":
         overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ..models import is_detector
 from .base import SpikingTask
 from .metrics import TopOneAccuracy, WeightedMean
 
@@ -19,6 +21,8 @@ class ClassificationTask(SpikingTask):
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
+        if is_detector(config["model"]):
+            raise ValueError(f"model={config['model']['name']} is a detector: train it with task=detect")
         super().__init__(config, backend)
         self.label_smoothing = float(config["task"].get("label_smoothing", 0.0))
         # sums kept on the device: a training step never waits for the host (snntrain.tasks.metrics)

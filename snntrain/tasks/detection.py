@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from ..losses import QUALITIES, fcos_loss
+from ..models import is_detector
 from ..validation import one_of
 from .base import SpikingTask
 from .metrics import WeightedMean
-
 
 #: Losses logged per stage (``fcos_loss``'s outputs).
 LOGGED_LOSSES = ("loss", "loss_cls", "loss_box", "loss_ctr", "num_pos")
@@ -87,9 +87,9 @@ class DetectionTask(SpikingTask):
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
         super().__init__(config, backend)
-        if "head" not in config["model"]:
-            raise ValueError("task=detect needs a detector model config (model.head); "
-                             "it is set by task=detect's defaults")
+        if not is_detector(config["model"]):
+            raise ValueError(f"task=detect trains a detector: model=sew_fcos (task=detect's default), not "
+                             f"model={config['model'].get('name')}")
         from torchmetrics.detection import MeanAveragePrecision
 
         task = config["task"]
