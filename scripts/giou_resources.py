@@ -29,7 +29,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernel_resources import access_widths, compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
-
 from snntrain.kernels import giou as K  # noqa: E402
 from snntrain.kernels import giou_tuning as GT  # noqa: E402
 

@@ -25,9 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 
-from kernel_resources import compile_kernel, programs_per_sm, resource_usage  # noqa: E402
+from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 from snntrain.kernels import layer_norm as K  # noqa: E402
 from snntrain.kernels import layer_norm_tuning as LT  # noqa: E402
 

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 
+from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 from snntrain.kernels import lif as L  # noqa: E402
 from snntrain.kernels import norm_neuron as NN  # noqa: E402
 

@@ -107,8 +107,8 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import torch
-    from real_faces import evaluate_photos, load_photos
 
+    from real_faces import evaluate_photos, load_photos
     from snntrain.predict import load_model
 
     photos, missing = load_photos(folder=args.photos_dir)

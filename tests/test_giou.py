@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _testing import SUMMED, assert_close, capture_cuda_graph
 from torchvision.ops import generalized_box_iou_loss as tv_giou
 
+from _testing import SUMMED, assert_close, capture_cuda_graph
 from snntrain.kernels import giou as K
 from snntrain.kernels import giou_tuning as GT
 from snntrain.losses import GIoULoss, giou_loss, giou_loss_reference

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
 
+from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
 from snntrain.kernels import layer_norm as K
 from snntrain.kernels import layer_norm_tuning as LT
 from snntrain.models.sew_resnet import SEWResNet

@@ -19,8 +19,8 @@ import itertools
 
 import pytest
 import torch
-from _testing import SUMMED, assert_close, capture_cuda_graph
 
+from _testing import SUMMED, assert_close, capture_cuda_graph
 from snntrain import backend as backend_mod
 from snntrain.kernels import lif as K
 from snntrain.nn import IF, LIF, PLIF, set_backend

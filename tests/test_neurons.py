@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from _testing import assert_close
 
+from _testing import assert_close
 from snntrain.nn import IF, LIF, PLIF, build_neuron, set_backend
 from snntrain.nn import functional as SF
 from snntrain.nn.surrogate import SURROGATES, spike

@@ -20,9 +20,9 @@ import copy
 
 import pytest
 import torch
-from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
 from torch import nn
 
+from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
 from snntrain.kernels import norm_neuron as K
 from snntrain.models import SEWResNet
 from snntrain.nn import LayerNorm2d, NormNeuron, build_neuron, set_backend

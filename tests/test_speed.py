@@ -208,11 +208,8 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
 # ----------------------------------------------------------------------------------- the run around the step
 
 
-def test_inductor_compile_refused_on_cpu_up_front(tmp_path: Path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["compile=default", "trainer.accelerator=cpu", "backend=torch",
-                                                       "model.width=4", "T=2", "data.image_size=8",
-                                                       f"paths.output_dir={tmp_path}"])
+def test_inductor_compile_refused_on_cpu_up_front(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "compile=default")
     with pytest.raises(ValueError, match="compile=default compiles the training step with inductor for CUDA GPUs.*"
                                          "compile=null"):
         run(cfg)
@@ -233,7 +230,7 @@ def test_compile_layout_falls_back_to_nchw_where_maps_reach_1x1():
 
 
 @pytest.mark.slow
-def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, caplog):
+def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, caplog, compose_run):
     """channels_last with compile on the ImageNet stem at 32x32 (last maps 1x1): the task compiles an NCHW
     model instead of failing, logs why, and batch-norm re-estimation (no gradients) never uses the compiled
     graph."""
@@ -244,13 +241,9 @@ def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, c
     calls = []
     original = speed.compile_model
     monkeypatch.setattr(speed, "compile_model", lambda *a, **k: calls.append(a) or original(*a, **k))
-    overrides = ["backend=torch", "T=2", "model.width=4", "model.stem=imagenet", "data=synthetic",
-                 "data.image_size=32", "data.num_train=16", "data.num_val=4", "data.batch_size=4",
-                 "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-                 "logger=none", "compile=default", "channels_last=true", "callbacks.precise_bn.num_batches=2",
-                 f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_run(tmp_path, "debug=tiny", "model.stem=imagenet", "data=synthetic", "data.image_size=32",
+                      "data.num_train=16", "data.num_val=4", "data.batch_size=4", "trainer.limit_train_batches=null",
+                      "compile=default", "channels_last=true")
     with caplog.at_level("INFO", logger="snntrain"):
         run(cfg)
     assert "feature maps reach 1x1" in caplog.text and "trains in NCHW" in caplog.text
@@ -323,7 +316,7 @@ def test_gpu_prefetch_hands_out_each_batch_ready_on_the_device():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["classify", "detect"])
-def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
+def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path, compose_run):
     """Between the start and the end of each training step after the first few (data transfer, forward,
     loss, backward, optimizer, metric updates, EMA, the callbacks), nothing synchronises with the host:
     ``torch.cuda.set_sync_debug_mode("error")`` raises on any synchronising call."""
@@ -346,11 +339,10 @@ def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
                  "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
                  "callbacks.precise_bn.num_batches=2", "callbacks.ema.enabled=true",
-                 "trainer.precision=bf16-mixed", "logger=none", f"paths.output_dir={tmp_path}"]
+                 "trainer.precision=bf16-mixed", "logger=none"]
     if task == "classify":
         overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_run(tmp_path, *overrides)
     try:
         train(cfg, callbacks=[NoSync()])
     finally:
