@@ -457,7 +457,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="GPU-time breakdown by kind for every row")
     p.add_argument("--cli-steps", type=int, default=60, help="training steps per epoch of the cli-* runs")
     p.add_argument("--cli-pythonpath", nargs="*", default=[],
-                   help="other checkouts whose command line to run as well (cli-*@<folder> rows)")
+                   help="other checkouts whose eager command line to run as well (cli-eager@<folder> rows)")
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -481,7 +481,8 @@ def main() -> None:
                     elif prov.startswith("resnet18"):
                         new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
                     elif prov.startswith("cli-"):
-                        new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
+                        others = args.cli_pythonpath if prov == "cli-eager" else []  # compiled: this checkout only
+                        new = [command_line(case, prov, prec, args, path) for path in [None, *others]]
                     else:
                         new = [ours(case, prov, prec, args)]
                 except Exception as err:  # noqa: BLE001 - report and go on with the other rows
