@@ -24,10 +24,15 @@ from snntrain.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
+def _pythonpath() -> str:
+    """This checkout first, then whatever the environment already adds (packages installed elsewhere)."""
+    return os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+
 def fresh_python(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter (this checkout importable, the given environment changes)."""
     full = dict(os.environ)
-    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    full["PYTHONPATH"] = _pythonpath()
     for key, value in (env or {}).items():
         if value is None:
             full.pop(key, None)
@@ -145,7 +150,7 @@ def test_checkpoint_and_export_folder_in_a_fresh_process(tiny_ckpt, triton_progr
                           f"input={images}", f"predict.output_dir={out}", f"hydra.run.dir={tmp_path / 'run'}",
                           "backend=triton"],
                          capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT),
+                         env={**os.environ, "PYTHONPATH": _pythonpath(),
                               **({} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"})})
     assert res.returncode == 0, res.stderr[-3000:]
     saved = json.loads((out / "predictions.json").read_text())
@@ -196,7 +201,7 @@ def test_gpu_export_default_models_load_in_a_fresh_process(task, tmp_path, compo
     assert card["torch_export_backend"] == "triton"
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(GPU_COMPARE), str(folder),
                           json.dumps(card["input_shape"])], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": _pythonpath()})
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["program_vs_triton"] < 1e-4, got

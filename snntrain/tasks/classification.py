@@ -37,7 +37,9 @@ class ClassificationTask(SpikingTask):
         loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         self.train_acc.update(logits.detach(), y)
         self.train_loss.update(loss.detach(), len(y))
-        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(y))
+        # not prog_bar=True: Lightning turns progress-bar values into numbers after every step, which waits for
+        # the device; snntrain's ProgressBar shows train/loss_step when it redraws
+        self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/acc", self.train_acc, prog_bar=True, on_step=False, on_epoch=True)
         return loss

@@ -121,8 +121,9 @@ class DetectionTask(SpikingTask):
             mean = (self.train_means if train else self.val_means)[name]
             mean.update(value.detach(), weight)
             if train:
-                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss",
-                         batch_size=batch_size)
+                # never prog_bar=True on a step value: Lightning turns progress-bar values into numbers after
+                # every step, which waits for the device; snntrain's ProgressBar shows train/loss_step instead
+                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, batch_size=batch_size)
             self.log(f"{stage}/{name}_epoch" if train else f"{stage}/{name}", mean, on_step=False, on_epoch=True,
                      prog_bar=not train and name == "loss")
 
