@@ -39,7 +39,6 @@ host's cost), for ours and for two floors: an autograd.Function that launches no
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
 from pathlib import Path
@@ -53,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_utils as bu  # noqa: E402
-
 from snntrain.kernels import giou as K  # noqa: E402
+from snntrain.kernels import giou_tuning as GT  # noqa: E402
 from snntrain.losses import giou_loss  # noqa: E402
 
 SHAPES = [(32, 256), (256, 4096), (4096, 4096)]
@@ -157,7 +156,7 @@ def agreement(pred, target, with_seed: bool) -> str:
     for name, fn in providers:
         try:
             diffs.append(f"{name} {((fn(pred, target).float() - ref).abs() / ref.abs()).item():.1e}")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             diffs.append(f"{name} FAILED ({type(e).__name__}: {str(e)[:200]})")
     return "loss vs torchvision (rel): " + ", ".join(diffs)
 
@@ -170,7 +169,7 @@ def grad_agreement(pred, target) -> str:
         try:
             fn(p, target).backward()
             grads[name] = p.grad.float()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             return f"gradient check FAILED in {name} ({type(e).__name__}: {str(e)[:200]})"
     ref = grads["separate"]
     scale = ref.abs().max().clamp(min=1e-30)
@@ -304,7 +303,7 @@ def host_times(dev, other: str) -> list[tuple[str, float, float]]:
         try:
             h, w = host_us(fn)
             out.append((name, h, w))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             log(f"host time of {name} FAILED: {type(e).__name__}: {str(e)[:200]}")
     return out
 
@@ -453,7 +452,7 @@ def summary(rows: list[bu.Row], copy_gbps: float, defaults: dict, fractions: dic
         out.append("\nChecks\n  " + "\n  ".join(checks))
 
     tuned = []
-    for k, (kw, blk, n) in K._BEST.items():
+    for k, (kw, blk, n) in GT.BEST.items():
         name = "fwd (reducing, persistent)" if k[0] is K._fwd_tuned else "bwd"
         dts = "/".join(str(d).replace("torch.", "").replace("float", "f") for d in k[2])
         tuned.append(f"{name} bucket {k[1]} {dts}: BLOCK={blk} warps={kw.get('num_warps')} programs/SM={n}")
@@ -552,7 +551,7 @@ def main() -> None:
             def record(name, mode, measure, note=""):
                 try:
                     ms = measure()
-                except Exception as e:  # keep going: one failing provider must not lose the others' rows
+                except Exception as e:  # noqa: BLE001 (keep going: a failing provider must not lose the others' rows)
                     failed.append(f"{name} {mode} {label} {dname}: {type(e).__name__}: {str(e)[:200]}")
                     log(f"FAILED {failed[-1]}")
                     return
@@ -577,7 +576,7 @@ def main() -> None:
                 for mode in MODES:
                     record(name, mode, lambda: timed(cfn, pred, target, mode, args.quick))
             log(f"done {label} {dtype}")
-            del pred, target
+            pred = target = None  # (not del: the closures above refer to them)
             torch.cuda.empty_cache()
     small_other = "separate" if K.default_grad_mode(SHAPES[0][0] * SHAPES[0][1], torch.float32) == "fused" \
         else "fused"

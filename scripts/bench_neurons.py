@@ -130,7 +130,7 @@ def time_module(module, shape, dtype, expanded, quick, reset=None):
     del y
     out["fwd"] = (bu.bench_ms(fwd, quick), count)
     out["fwd+bwd"] = (bu.bench_ms(fwd_bwd, quick, grad_to_none=[leaf]), count)
-    del leaf, x
+    leaf = x = None  # (not del: the closures above refer to them)
     torch.cuda.empty_cache()
     return out
 
@@ -195,7 +195,7 @@ def graph_ms(module, shape, dtype, quick) -> float:
     with torch.cuda.graph(graph):
         step()
     ms = bu.bench_ms(graph.replay, quick)
-    del graph, leaf, x
+    graph = leaf = x = None  # (not del: step() refers to them)
     torch.cuda.empty_cache()
     return ms
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import copy
 import json
 import os
 import subprocess
@@ -325,10 +324,12 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
     run = Path(args.out).resolve() / "runs" / f"{case}-{provider}-{precision}-{tag}"
     cmd = [sys.executable, "-m", "snntrain", *cli_overrides(case, precision, args.cli_steps), f"compile={mode}",
            "backend=triton", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=csv",
-           "precise_bn.num_batches=2", f"hydra.run.dir={run}"]
+           "callbacks.precise_bn.num_batches=2", f"hydra.run.dir={run}"]
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([pythonpath, env.get("PYTHONPATH", "")])
+        # a checkout from before the callbacks config group, and before data.frames
+        cmd = [a.replace("callbacks.", "", 1) if a.startswith("callbacks.") else a for a in cmd]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=pythonpath or None)
     wall = time.perf_counter() - t0
@@ -456,7 +457,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="GPU-time breakdown by kind for every row")
     p.add_argument("--cli-steps", type=int, default=60, help="training steps per epoch of the cli-* runs")
     p.add_argument("--cli-pythonpath", nargs="*", default=[],
-                   help="other checkouts whose command line to run as well (cli-*@<folder> rows)")
+                   help="other checkouts whose eager command line to run as well (cli-eager@<folder> rows)")
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -480,7 +481,8 @@ def main() -> None:
                     elif prov.startswith("resnet18"):
                         new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
                     elif prov.startswith("cli-"):
-                        new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
+                        others = args.cli_pythonpath if prov == "cli-eager" else []  # compiled: this checkout only
+                        new = [command_line(case, prov, prec, args, path) for path in [None, *others]]
                     else:
                         new = [ours(case, prov, prec, args)]
                 except Exception as err:  # noqa: BLE001 - report and go on with the other rows

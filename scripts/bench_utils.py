@@ -87,7 +87,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """GB/s of ``x.clone()`` on a ``nbytes`` tensor, counting bytes read plus written."""
     x = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     ms = bench_ms(lambda: x.clone())
-    del x
+    x = None  # (not del: the lambda refers to it)
     torch.cuda.empty_cache()
     return 2 * nbytes / ms / 1e6
 

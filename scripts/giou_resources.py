@@ -11,7 +11,8 @@ from the sm_90 build: registers per thread (and so programs per SM), local memor
 memory; ``loop bar.sync`` counts those inside the forward's grid-stride loop, which stall
 every iteration) and the global loads and stores by width (``v4.b32`` = 16 bytes per
 thread, ``b16`` = one 16-bit value). Last, the fp64 forward: its divisions (``div.rn.f64``
-is IEEE division) and whether eps is the exact double. ``--runtime-stride`` builds the
+is IEEE division) and whether eps is the exact double. ``sass`` is a digest of each build's
+machine code (equal digests: the same code). ``--runtime-stride`` builds the
 loads with a runtime row stride instead, as for a non-contiguous input. It uses Triton's
 compiler API (``ASTSource``), which is not a stable interface.
 """
@@ -27,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel_resources import access_widths, compile_kernel, programs_per_sm, resource_usage  # noqa: E402
-
+from kernel_resources import access_widths, compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 from snntrain.kernels import giou as K  # noqa: E402
+from snntrain.kernels import giou_tuning as GT  # noqa: E402
 
 
 def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
@@ -54,6 +55,7 @@ def compile_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
         "programs/SM": programs_per_sm(usage["regs"], num_warps),
         "loads": access_widths(ptx, "ld.global"),
         "stores": access_widths(ptx, "st.global"),
+        "sass": sass_digest(kernel),
     }
 
 
@@ -86,8 +88,8 @@ def main() -> None:
     arch = args.arch
     row4 = not args.runtime_stride
     single_block, single_warps = 4096, 16
-    fwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in K._FWD_CONFIGS]
-    bwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in K._BWD_CONFIGS]
+    fwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in GT.FWD_CONFIGS]
+    bwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in GT.BWD_CONFIGS]
     for dt in ("fp32", "bf16"):
         cases = []
         for b, w in fwd_cfgs:
@@ -104,7 +106,7 @@ def main() -> None:
         cases.append((f"scale (fused backward), {K.SCALE_GROUPS} x {K.FLAG_ROWS} rows", K._giou_scale_kernel,
                       dict(g_ptr=dt, flags_ptr="i8", grad_out_ptr="fp32", denom_ptr="fp32", n_elem=1 << 26,
                            n_flags=(1 << 24) // K.FLAG_ROWS, MEAN=True, FP64=False, INT64=False,
-                           GROUPS=K.SCALE_GROUPS, FLAG_ROWS=K.FLAG_ROWS), K._SCALE_WARPS))
+                           GROUPS=K.SCALE_GROUPS, FLAG_ROWS=K.FLAG_ROWS), GT.SCALE_WARPS))
         for label, fn, a, warps in cases:
             if "ROW4_P" in a and not row4:
                 a.update(ROW4_P=False, ROW4_T=False)

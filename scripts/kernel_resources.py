@@ -9,6 +9,7 @@ with Triton's compiler API (``ASTSource``, not a stable interface) and measured 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -39,12 +40,14 @@ def compile_kernel(fn, values: dict, options: dict, arch: int):
     sig, const, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         v = values[name]
-        if fn.params[i].is_constexpr:
+        if fn.params[i].is_constexpr or v is None:  # None arguments (absent pointers) are specialised away
             sig[name], const[name] = "constexpr", v
         elif (ptr := _pointer_type(v)) is not None:  # allocations are 16-byte aligned
             sig[name], attrs[(i,)] = "*" + ptr, [["tt.divisibility", 16]]
         elif isinstance(v, bool):
             sig[name] = "i1"
+        elif isinstance(v, int) and fn.params[i].do_not_specialize:
+            sig[name] = "i64" if abs(v) >= 2**31 else "i32"
         elif isinstance(v, int):
             if v == 1:  # Triton specialises integer arguments equal to 1
                 sig[name], const[name] = "constexpr", 1
@@ -73,6 +76,19 @@ def resource_usage(kernel) -> dict:
 
     return {"regs": field("REG"), "local": field("LOCAL"), "stack": field("STACK"),
             "shared": max(field("SHARED"), getattr(kernel.metadata, "shared", 0) or 0)}
+
+
+def sass_digest(kernel) -> str:
+    """A short hash of the kernel's SASS instructions: equal digests mean the same machine code."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
+    try:
+        sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    code = [line.split(";")[0].strip() for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
+    return hashlib.sha1("\n".join(code).encode()).hexdigest()[:12]
 
 
 def programs_per_sm(regs: int, num_warps: int, shared: int = 0) -> int:

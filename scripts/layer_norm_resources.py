@@ -8,7 +8,8 @@ launches intercepted, so every kernel is built with exactly the launch plan, con
 argument specialisations the host would use (forward, then backward with dW and dB), and
 reads the cubin's resource usage with the ``cuobjdump`` shipped in Triton's NVIDIA backend:
 registers per thread, spill stack (STACK, bytes per thread; > 0 means spills), shared
-memory, resident programs per SM, and how many global loads are vectorised. ``--set``
+memory, resident programs per SM, how many global loads are vectorised, and a digest of the
+machine code (``sass``; equal digests: the same code). ``--set``
 overrides fields of ``TUNING`` (for example ``--set bwd_stages=3``) to check a variant
 before timing it. It uses Triton's compiler API (``ASTSource``), which is not a stable
 interface.
@@ -24,9 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from kernel_resources import compile_kernel, programs_per_sm, resource_usage  # noqa: E402
 
+from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
 from snntrain.kernels import layer_norm as K  # noqa: E402
+from snntrain.kernels import layer_norm_tuning as LT  # noqa: E402
 
 SHAPES = ["4096x512", "4096x4096", "4096x16384", "401408x32", "401408x64", "401408x256", "401408x512",
           "4x32x32x56x56:-3", "4x32x64x56x56:-3", "4x32x128x28x28:-3", "4x32x256x14x14:-3", "4x32x512x7x7:-3"]
@@ -53,6 +55,7 @@ def compile_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
         "smem": usage["shared"],
         "programs/SM": programs_per_sm(usage["regs"], options["num_warps"], usage["shared"]),
         "vector loads": f"{n_vec}/{n_all}" + (f" +{n_async} cp.async" if n_async else ""),
+        "sass": sass_digest(kernel),
     }
 
 
@@ -73,8 +76,8 @@ def main() -> None:
         name, _, value = item.partition("=")
         old = getattr(K.TUNING, name)
         setattr(K.TUNING, name, type(old)(eval(value)) if not isinstance(old, bool) else value in ("1", "True"))
-    K._num_sms = lambda _device: args.sms
-    K._direct_launch = lambda: True  # as in an eager call of the op (launch options such as maxnreg apply)
+    LT.sm_count = lambda _device: args.sms
+    LT.direct_launch = lambda: True  # as in an eager call (launch options such as maxnreg apply)
     dtype = getattr(torch, args.dtype)
     launches = []
 
@@ -85,14 +88,13 @@ def main() -> None:
         def __getitem__(self, grid):
             return lambda *a, **kw: launches.append((self.fn, grid, a, kw))
 
-    K.wrap_triton = Capture
     for text in args.shape or SHAPES:
         shape, dim = parse_shape(text)
         x = torch.empty(shape, device="meta", dtype=dtype)
         w = torch.empty(shape[dim], device="meta", dtype=dtype)
         launches.clear()
-        _y, mean, rstd = K._layer_norm_fwd(x, w, w, dim, 1e-5)
-        K._layer_norm_bwd(x, x, w, w, mean, rstd, dim, True, True)
+        _y, mean, rstd = K._fwd_host(x, w, w, dim, 1e-5, wrap=Capture)
+        K._bwd_host(x, x, w, w, mean, rstd, dim, True, True, wrap=Capture)
         print(f"{text} {args.dtype}:")
         for fn, grid, a, kw in launches:
             consts = {k: v for k, v in kw.items() if k.isupper() and k not in ("HAS_W", "HAS_B")}

@@ -23,6 +23,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 from pathlib import Path
 
@@ -104,10 +105,14 @@ def main() -> None:
     from hydra import compose, initialize_config_module
 
     from snntrain.cli import train
+    from snntrain.config_keys import upgrade_overrides
 
     out = args.out.resolve()
-    overrides = [*args.overrides, f"paths.output_dir={out / 'run'}"]
-    if not any(o.startswith("trainer.max_epochs=") for o in args.overrides):
+    given, notes = upgrade_overrides(args.overrides)  # keys that moved keep working, as with python -m snntrain
+    for note in notes:
+        print(f"snntrain: {note}", file=sys.stderr)
+    overrides = [*given, f"paths.output_dir={out / 'run'}"]
+    if not any(o.startswith("trainer.max_epochs=") for o in given):
         overrides.append(f"trainer.max_epochs={args.epoch + 1}")
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)

@@ -110,8 +110,13 @@ class ProgressBar(TQDMProgressBar):
 
     Every redraw reads the logged values (``train/loss_step``, ...) back from the device, which waits for
     all the work queued on it; redrawn every step, as Lightning's bar is by default, that wait stops the
-    host from running ahead of the device once per step.
+    host from running ahead of the device once per step. For the same reason the tasks log no step value
+    with ``prog_bar=True`` (Lightning converts those to numbers after every step, bar or no bar): the
+    :data:`STEP_VALUES` are read from the logged values here, at a redraw.
     """
+
+    #: Step values shown in the bar (their latest logged value), read only when the bar is redrawn.
+    STEP_VALUES = ("train/loss_step",)
 
     def __init__(self, interval: float = 0.5) -> None:
         from .validation import number
@@ -122,6 +127,14 @@ class ProgressBar(TQDMProgressBar):
         super().__init__(refresh_rate=1)
         self.interval = interval
         self._last_draw = float("-inf")
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        for key in self.STEP_VALUES:
+            value = trainer.callback_metrics.get(key)
+            if value is not None and key not in items:
+                items[key.split("/")[-1].removesuffix("_step")] = float(value)
+        return items
 
     def _should_update(self, current: int, total: int | float) -> bool:
         import time
@@ -333,7 +346,8 @@ class PreciseBatchNorm(L.Callback):
         device = pl_module.device
 
         def forward(batch) -> None:
-            batch = pl_module.transfer_batch_to_device(batch, device, 0)
+            # the trainer's own transfer: the datamodule's hooks too (data=image_folder decodes there)
+            batch = trainer.strategy.batch_to_device(batch, device)
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
             with trainer.precision_plugin.forward_context():
                 pl_module(x)

@@ -54,14 +54,24 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     import torch
 
     from .backend import resolve_backend
-    from .callbacks import (AtomicCheckpointIO, ExactResume, ExponentialMovingAverage, FiringRateMonitor,
-                            IntervalCheckpoint, PreciseBatchNorm, ProgressBar, RunCheckpoint,
-                            TrainingSpeedMonitor)
+    from .callbacks import (
+        AtomicCheckpointIO,
+        ExactResume,
+        ExponentialMovingAverage,
+        FiringRateMonitor,
+        IntervalCheckpoint,
+        PreciseBatchNorm,
+        ProgressBar,
+        RunCheckpoint,
+        TrainingSpeedMonitor,
+    )
     from .checkpoint import read_checkpoint
+    from .config_keys import check_moved
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
     from .tasks import TASKS
 
+    check_moved(cfg)
     out = Path(cfg.paths.output_dir)
     task_name = cfg.task.name
     if task_name not in TASKS:
@@ -99,22 +109,23 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         save_last=True,
         enable_version_counter=False,  # last.ckpt is shared with IntervalCheckpoint: overwrite, never last-v1
     )
-    run_callbacks = [checkpoint, FiringRateMonitor(efficiency=bool(cfg.get("efficiency", True))),
+    run_callbacks = [checkpoint, FiringRateMonitor(efficiency=bool(cfg.callbacks.get("efficiency", True))),
                      TrainingSpeedMonitor(), ExactResume()]
     # The average first: it takes in a step before IntervalCheckpoint saves that step, and it is swapped
     # in before PreciseBatchNorm re-estimates the statistics (for the averaged weights).
-    if cfg.ema.enabled:
-        run_callbacks.append(ExponentialMovingAverage(decay=cfg.ema.decay))
-    run_callbacks.append(IntervalCheckpoint(out / "checkpoints", every_n_steps=cfg.checkpoint.every_n_steps,
-                                            every_n_minutes=cfg.checkpoint.every_n_minutes))
-    if cfg.precise_bn.enabled:
-        run_callbacks.append(PreciseBatchNorm(num_batches=cfg.precise_bn.num_batches))
+    settings = cfg.callbacks
+    if settings.ema.enabled:
+        run_callbacks.append(ExponentialMovingAverage(decay=settings.ema.decay))
+    run_callbacks.append(IntervalCheckpoint(out / "checkpoints", every_n_steps=settings.checkpoint.every_n_steps,
+                                            every_n_minutes=settings.checkpoint.every_n_minutes))
+    if settings.precise_bn.enabled:
+        run_callbacks.append(PreciseBatchNorm(num_batches=settings.precise_bn.num_batches))
     if cfg.trainer.get("enable_progress_bar", True):
         run_callbacks.append(ProgressBar())  # redrawn twice a second, not every step (each redraw waits)
     run_callbacks += list(callbacks or [])
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, OmegaConf.to_container(cfg.get("ddp") or {}))
+    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, trainer_kwargs.pop("ddp", None))
     plugins = [AtomicCheckpointIO()]
     if trainer_kwargs.get("sync_batchnorm"):
         plugins.append(SyncBatchNorm())
@@ -148,7 +159,8 @@ def export(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.export.dir) if cfg.export.dir else Path(cfg.paths.output_dir) / "export"
     _announce(f"snntrain: exporting {cfg.ckpt_path} to {out.resolve()}")
     card = export_checkpoint(cfg.ckpt_path, out, formats=list(cfg.export.formats), backend=cfg.backend.name,
-                             opset=int(cfg.export.opset), nir_dt=cfg.export.get("nir_dt"))
+                             opset=int(cfg.export.opset), nir_dt=cfg.export.get("nir_dt"),
+                             nir_target=cfg.export.get("nir_target", "spec"))
     _announce(f"snntrain: export written to {out.resolve()}: {', '.join(card['files'])}")
     return card
 
@@ -163,7 +175,9 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
     _announce(f"snntrain: predicting {cfg.input} with {cfg.ckpt_path} into {out.resolve()}")
     records = run_predict(cfg.ckpt_path, cfg.input, out, backend=cfg.backend.name,
                           batch_size=int(cfg.predict.batch_size), score_thresh=cfg.predict.score_thresh,
-                          draw=bool(cfg.predict.draw), max_side=cfg.predict.get("max_side"))
+                          draw=bool(cfg.predict.draw), max_side=cfg.predict.get("max_side"),
+                          scales=OmegaConf.to_object(cfg.predict).get("scales", "auto"),
+                          tile_size=cfg.predict.get("tile_size"))
     _announce(f"snntrain: {len(records)} prediction(s) in {(out / 'predictions.json').resolve()}")
     return records
 
@@ -261,7 +275,11 @@ def main() -> Any:
     job (same overrides, same run directory); see :func:`snntrain.distributed.command_line`."""
     import sys
 
+    from .config_keys import upgrade_overrides
     from .distributed import command_line
 
-    sys.argv = command_line(sys.argv)
+    args, notes = upgrade_overrides(sys.argv[1:])  # keys that moved keep working on the command line
+    for note in notes:
+        print(f"snntrain: {note}", file=sys.stderr)
+    sys.argv = command_line([sys.argv[0], *args])
     return _hydra_main()

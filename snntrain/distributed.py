@@ -202,15 +202,15 @@ def _process_count(trainer_cfg: Mapping[str, Any]) -> int:
 
 
 def ddp_strategy(trainer_cfg: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> Any:
-    """The ``strategy`` argument of the Trainer: a ``DDPStrategy`` carrying ``settings`` (the ``ddp``
-    config section: :data:`DDP_SETTINGS`, each a bool) for ``trainer.strategy=ddp``, and for ``auto``
+    """The ``strategy`` argument of the Trainer: a ``DDPStrategy`` carrying ``settings`` (the config
+    section ``trainer.ddp``: :data:`DDP_SETTINGS`, each a bool) for ``trainer.strategy=ddp``, and for ``auto``
     when the run has several processes; any other ``trainer.strategy`` unchanged."""
     settings = dict(settings or {})
     unknown = sorted(set(settings) - set(DDP_SETTINGS))
     if unknown:
-        raise ValueError(f"unknown ddp setting(s) {unknown}; valid: {', '.join(DDP_SETTINGS)}")
+        raise ValueError(f"unknown trainer.ddp setting(s) {unknown}; valid: {', '.join(DDP_SETTINGS)}")
     for name, value in settings.items():
-        flag(f"ddp.{name}", value)
+        flag(f"trainer.ddp.{name}", value)
     strategy = trainer_cfg.get("strategy", "auto")
     if strategy not in ("auto", "ddp") or (strategy == "auto" and _process_count(trainer_cfg) < 2):
         return strategy

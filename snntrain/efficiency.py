@@ -224,7 +224,7 @@ class _Connection:
                     key[0], key[1], tuple(self._m[1].shape[1:]), channel_dim=geo.channel_dim,
                     spatial_dims=geo.spatial_dims or None, stride=geo.stride or (1, 1),
                     padding=geo.padding or (0, 0), dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1),
-                    cuda_index=(x.device.index or 0) if x.is_cuda else None)
+                    device=x.device)
             synops.launch(p, x, self._m[1], row)
         else:
             fan = self._fan.get(key)

@@ -9,12 +9,15 @@ An export folder holds:
 ``model.onnx``          the network with the T loop unrolled (PyTorch backend), opset 18
 ``model.pt2``           a ``torch.export`` program (Triton ops when exported on a GPU)
 ``model.nir``           the NIR graph (neuromorphic hardware and other SNN libraries; see docs/nir.md):
-                        a classifier, or a detector's backbone, with BatchNorm folded into the convolutions
+                        a classifier, or a detector's backbone, with BatchNorm folded into the convolutions,
+                        written for one reader (``nir_target``: spec, snntorch, norse or spikingjelly)
 
-The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``.
-A classifier returns logits ``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]``
-(xyxy pixels of the input) and ``scores`` ``[B, L, K]`` for all L locations, before
-thresholding and NMS (see :meth:`snntrain.models.SpikingFCOS.decode`).
+The ONNX graph and the .pt2 program take a normalised image batch ``[B, C, S, S]``; a detector's
+also any height and width that are multiples of its coarsest stride (one pass at one scale: run an
+image pyramid around it as README "Export and inference" shows). A classifier returns logits
+``[B, K]``; a detector returns ``boxes`` ``[B, L, 4]`` (xyxy pixels of the input) and ``scores``
+``[B, L, K]`` for all L locations, before thresholding and NMS (see
+:meth:`snntrain.models.SpikingFCOS.decode`).
 
 Every export is written into a temporary folder that is renamed only when complete.
 """
@@ -69,7 +72,11 @@ class SpikingClassifier(nn.Module):
 
 class SpikingDetector(nn.Module):
     """A trained detector: ``forward(images)`` gives one dict per image with ``boxes`` ``[n, 4]``
-    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS."""
+    (xyxy pixels of the input), ``scores`` ``[n]`` and ``labels`` ``[n]``, after NMS.
+
+    ``images`` are normalised as in training (:func:`snntrain.data.detection.normalize_image`), at any size:
+    ``scales`` (None: the model's ``test_scales``, ``auto``) runs a photo larger than the training square
+    as an image pyramid (:meth:`snntrain.models.SpikingFCOS.detect`); ``[1.0]`` is a single pass."""
 
     def __init__(self, model: SpikingFCOS, config: dict[str, Any]) -> None:
         super().__init__()
@@ -77,8 +84,9 @@ class SpikingDetector(nn.Module):
         self.config = config
         self.classes = list(config.get("data", {}).get("classes") or ["face"])
 
-    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        return self.model.detect(images)
+    def forward(self, images: torch.Tensor, scales: str | Sequence[float] | None = None
+                ) -> list[dict[str, torch.Tensor]]:
+        return self.model.detect(images, scales=scales)
 
 
 class ExportGraph(nn.Module):
@@ -104,8 +112,20 @@ def _wrap(model: nn.Module, config: dict[str, Any]) -> nn.Module:
     return wrapped.eval()
 
 
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a run config. A detector trained on ``data=faces`` before its head recorded the
+    face sizes it was trained on (``object_sizes``, ``train_size``: multi-scale inference) takes them from
+    the run's data section."""
+    model = dict(config["model"])
+    data = config.get("data", {})
+    head = model.get("head")
+    if head is not None and "object_sizes" not in head and data.get("name") == "faces":
+        model["head"] = {**head, "object_sizes": list(data["face_size"]), "train_size": int(data["image_size"])}
+    return model
+
+
 def _model_from(config: dict[str, Any], state_dict: dict[str, torch.Tensor], backend: str, source: Path) -> nn.Module:
-    model = build_model(config["model"], backend=backend)
+    model = build_model(model_config(config), backend=backend)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise CheckpointError(
@@ -282,17 +302,41 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "global_step": ckpt.get("global_step"),
         "checkpoint": str(source),
         "outputs": ("logits [B, K]" if task != "detect"
-                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS)"),
+                    else "boxes [B, L, 4] xyxy pixels, scores [B, L, K] (before threshold and NMS); one pass at "
+                         "one scale (run the image pyramid of multi_scale around it)"),
+        **({"multi_scale": multi_scale_card(model_config(config)["head"])} if task == "detect" else {}),
         "efficiency": _efficiency(ckpt, model),
         "files": {},
+    }
+
+
+def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
+    """What a detector's model card records for multi-scale inference (:meth:`SpikingFCOS.detect`): the
+    object sizes it was trained on and how its image pyramid is chosen."""
+    return {
+        "object_sizes": head.get("object_sizes"),
+        "train_size": head.get("train_size"),
+        "test_scales": head.get("test_scales", "auto"),
+        "scale_step": head.get("scale_step", 1.41),
+        "min_object": head.get("min_object", 0.03),
+        "merge": head.get("merge", "vote"),
+        "tile_size": head.get("tile_size", 1024),
+        "how": ("object_sizes: the sizes (px of the network input) of the faces in training. Pyramid (auto): the "
+                "photo at scales from min(1, object_sizes[0] / (min_object x its shorter side)) down to train_size / "
+                "its longer side, adjacent scales at most scale_step apart; per scale keep boxes sized within "
+                "object_sizes (x0.75-1.25; the finest scale also smaller, the coarsest also larger ones), map them "
+                "back (divide by the scale) and merge them (merge: nms, or vote: score-weighted mean boxes scored by "
+                "the mean of their three best scales, over as many as should see them)"
+                if head.get("object_sizes") else "one pass at the evaluation geometry (no object sizes recorded)"),
     }
 
 
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
     for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
-                "checkpoint", "outputs"):
-        lines.append(f"- {key}: {card[key]}")
+                "checkpoint", "outputs", "multi_scale"):
+        if key in card:
+            lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
         lines += ["", "## Metrics at the checkpoint", ""]
         lines += [f"- {k}: {v:.4f}" for k, v in sorted(card["metrics"].items())]
@@ -331,14 +375,20 @@ def export_checkpoint(
     opset: int = ONNX_OPSET,
     seed: int = 0,
     nir_dt: float | None = None,
+    nir_target: str = "spec",
 ) -> dict[str, Any]:
     """Export a checkpoint into ``out_dir`` (replaced atomically); returns the model card.
 
     ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
-    otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_dt`` is the NIR
-    graph's seconds per time step (None: :data:`snntrain.nir_graph.DEFAULT_DT`).
+    otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_target`` is the
+    reader the NIR graph is written for (:data:`snntrain.nir_graph.NIR_TARGETS`); ``nir_dt`` its
+    seconds per time step (None: the target's). A graph that the target cannot read is refused
+    (naming every node and why) before anything is written.
     """
+    from .nir_graph import check_target
+
     formats = check_formats(formats)
+    check_target(nir_target)
     source = Path(ckpt_path)
     ckpt = read_checkpoint(source)
     config = checkpoint_config(ckpt)
@@ -350,6 +400,11 @@ def export_checkpoint(
     # a batch of 2 for tracing: a traced size of 1 would be specialised and not stay dynamic
     sample = torch.randn([2, *shape[1:]], generator=torch.Generator().manual_seed(seed))
     card = _card(config, ckpt, shape, source, model)
+    nir_graph = None
+    if "nir" in formats:  # checked first: a model the target cannot read stops the export before any writing
+        from .nir_graph import to_nir
+
+        nir_graph = to_nir(set_backend(model, "torch"), tuple(shape[1:]), nir_dt, nir_target)
     with torch.no_grad():
         reference = ExportGraph(model)(sample)
     with atomic_path(out_dir, is_dir=True) as tmp:
@@ -365,22 +420,38 @@ def export_checkpoint(
             card["files"]["model.safetensors"] = f"{len(state)} tensors"
         if "onnx" in formats:
             card["onnx_max_abs_diff"] = _export_onnx(model, sample, reference, tmp / "model.onnx", opset)
-            card["files"]["model.onnx"] = f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+            card["files"]["model.onnx"] = (f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+                                           + (", any height and width (multiples of the coarsest stride)"
+                                              if isinstance(model, SpikingFCOS) else ""))
         if "torch_export" in formats:
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, tmp / "model.pt2")
             where = ("batch 1 (fixed), needs a CUDA GPU (snntrain's Triton kernels; export with backend=torch "
-                     "for any device)" if prog_backend == "triton" else "any batch, any device")
+                     "for any device)" if prog_backend == "triton" else
+                     "any batch, height and width (multiples of the coarsest stride), any device"
+                     if isinstance(model, SpikingFCOS) else "any batch, any device")
             card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
-        if "nir" in formats:
-            card["nir_dt"], card["nir_max_abs_diff"] = _export_nir(model, sample, tmp / "model.nir", nir_dt)
+        if nir_graph is not None:
+            card.update(_export_nir(model, sample, nir_graph, tmp / "model.nir"))
             what = "backbone stage spikes" if isinstance(model, SpikingFCOS) else "per-step logits (mean over T)"
-            card["files"]["model.nir"] = f"NIR graph, BatchNorm folded, dt={card['nir_dt']:g} s, {what}"
+            card["files"]["model.nir"] = (f"NIR graph for {card['nir_target']}, BatchNorm folded, "
+                                          f"dt={card['nir_dt']:g} s, {what}")
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
         (tmp / "README.md").write_text(_readme(card))
     log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
     return card
+
+
+def dynamic_dims(model: nn.Module) -> dict[int, Any]:
+    """The input dimensions an exported graph keeps dynamic: the batch, and for a detector the height and
+    width too, as multiples of its coarsest stride (so that one graph runs every scale of a pyramid)."""
+    dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1)}
+    if isinstance(model, SpikingFCOS):
+        stride = max(model.strides)
+        dims[2] = stride * torch.export.Dim("height_blocks", min=1, max=65536 // stride)
+        dims[3] = stride * torch.export.Dim("width_blocks", min=1, max=65536 // stride)
+    return dims
 
 
 def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, opset: int) -> float:
@@ -390,7 +461,7 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     detector = graph.detector
     names = ["boxes", "scores"] if detector else ["logits"]
     torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
-                      output_names=names, dynamic_shapes={"images": {0: torch.export.Dim("batch", min=1)}},
+                      output_names=names, dynamic_shapes={"images": dynamic_dims(model)},
                       external_data=False, verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
@@ -400,27 +471,34 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     return diff
 
 
-def _export_nir(model: nn.Module, sample: torch.Tensor, path: Path, dt: float | None) -> tuple[float, float]:
-    """Write the NIR graph, read it back with the NIR package, run it with snntrain layers and compare with
-    the model on the PyTorch backend."""
-    from .nir_graph import DEFAULT_DT, load_nir, write_nir
+def _export_nir(model: nn.Module, sample: torch.Tensor, graph, path: Path) -> dict[str, Any]:
+    """Write the NIR graph, read it back with the NIR package, run it with snntrain layers and compare with the
+    model on the PyTorch backend with BatchNorm folded into the convolutions (the network the graph describes:
+    the same spikes, logits to float32 rounding), and with the model itself (folding changes the rounding of
+    every convolution, so a membrane within rounding of the threshold can fire in one and not in the other)."""
+    from .nir_graph import NIR_TARGETS, NIRNetwork, fold_batchnorm, load_nir, save_nir
 
-    dt = DEFAULT_DT if dt is None else dt
-    set_backend(model, "torch")
-    write_nir(model, path, tuple(sample.shape[1:]), dt)
+    target = NIR_TARGETS[graph.metadata["target"]]
+    save_nir(graph, path)
     net = load_nir(path, backend="torch")
     x = sample.unsqueeze(0).expand(net.T, *sample.shape)  # [T, B, C, H, W]: the same input at every step
-    with torch.no_grad():
-        if isinstance(model, SpikingFCOS):
-            ref = model.backbone.forward_features(x)
-            got = net(x)
-            got = [got[f"stage{i}"] for i in range(1, len(ref) + 1)]
-        else:
-            ref, got = model(x), net(x)
-    diff = _max_diff(tuple(got) if isinstance(got, list) else got, tuple(ref) if isinstance(ref, list) else ref)
-    print(f"NIR graph (read back, snntrain layers) vs PyTorch backend: largest absolute difference {diff:.3g}",
+
+    def run(m: nn.Module) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            if isinstance(m, NIRNetwork):
+                out = m(x)
+                return tuple(out[f"stage{i}"] for i in range(1, len(out) + 1)) if isinstance(out, dict) else (out,)
+            return tuple(m.backbone.forward_features(x)) if isinstance(m, SpikingFCOS) else (m(x),)
+
+    got = run(net)
+    diffs = {name: _max_diff(got, run(m)) for name, m in (("folded", fold_batchnorm(model)), ("model", model))}
+    print(f"NIR graph for {target.name} (read back, snntrain layers): largest absolute difference "
+          f"{diffs['folded']:.3g} from the model with BatchNorm folded, {diffs['model']:.3g} from the model",
           flush=True)
-    return float(dt), diff
+    if target.name != "spec":
+        print(f"NIR graph: import it with {target.reader}", flush=True)
+    return {"nir_target": target.name, "nir_dt": float(graph.metadata["dt"]), "nir_max_abs_diff": diffs["folded"],
+            "nir_unfolded_max_abs_diff": diffs["model"]}
 
 
 def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: Path):
@@ -435,7 +513,7 @@ def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: 
         dynamic = None
     else:
         x = sample.to(device)
-        dynamic = ({0: torch.export.Dim("batch", min=1)},)
+        dynamic = (dynamic_dims(model),)
     with torch.no_grad():
         reference = net(x)  # the model is on the PyTorch backend here
     set_backend(model, backend)

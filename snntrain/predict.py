@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,8 @@ def classification_input(path: Path, data: dict[str, Any], in_channels: int) -> 
     from torchvision.transforms import v2
 
     from .data.cifar10 import MEAN as CIFAR_MEAN
-    from .data.common import open_image
     from .data.cifar10 import STD as CIFAR_STD
+    from .data.common import open_image
     from .data.image_folder import IMAGENET_MEAN, IMAGENET_STD
 
     size = int(data.get("image_size") or 32)
@@ -77,22 +77,31 @@ def predict(
     score_thresh: float | None = 0.5,
     draw: bool = True,
     max_side: int | None = None,
+    scales: str | Sequence[float] | None = "auto",
+    tile_size: int | None = None,
 ) -> list[dict[str, Any]]:
     """Predict every image of ``inputs`` with the model in ``source``; writes ``predictions.json``
     (and, for a detector with ``draw``, ``images/<name>.png``) into ``out_dir``.
 
     Detectors: only boxes scoring at least ``score_thresh`` are written and drawn (``None``: the
-    model's own evaluation threshold, which is low on purpose and keeps many weak boxes). Images are
-    fed the way the model was evaluated: letterboxed to the training square for detectors trained on
-    fixed squares (data=faces), at the original resolution (or the data's ``eval_max_side``) for
-    full-resolution detectors (data=widerface). ``max_side`` overrides both: the image keeps its aspect
-    ratio and its longer side is shrunk to at most ``max_side``.
+    model's own evaluation threshold, which is low on purpose and keeps many weak boxes). With ``scales``
+    (``auto``, the default, or a list of factors) each photo is read at its original resolution (its longer
+    side shrunk to at most ``max_side`` when given) and run as an image pyramid
+    (:meth:`~snntrain.models.SpikingFCOS.detect`): ``auto`` maps faces of any size into the sizes the
+    detector was trained on, in tiles of at most ``tile_size`` pixels a side (None: the model's). With
+    ``scales=None`` each photo gets the single pass of evaluation: letterboxed to the training square for
+    detectors trained on fixed squares (data=faces), at the original resolution (or the data's
+    ``eval_max_side``) for full-resolution detectors (data=widerface); ``max_side`` overrides both.
     """
     files = list_images(inputs)
     if score_thresh is not None and (isinstance(score_thresh, bool) or not 0.0 <= float(score_thresh) <= 1.0):
         raise ValueError(f"predict.score_thresh={score_thresh!r} must be a number in [0, 1] or null")
     if max_side is not None:
         max_side = positive_int("predict.max_side", max_side)
+    if scales is not None:
+        from .models.detector import check_scales
+
+        scales = check_scales("predict.scales", scales)
     model = load_model(source, backend)
     device = torch.device("cuda" if torch.cuda.is_available() and backend != "torch" else "cpu")
     model = model.to(device)
@@ -107,7 +116,12 @@ def predict(
                         "pasted on backgrounds); expect it to miss or misplace faces in photographs")
         if score_thresh is not None:
             model.model.score_thresh = float(score_thresh)
-        records = _detect(model, files, out_dir, batch_size, draw, device, max_side)
+        if tile_size is not None:
+            tile_size = positive_int("predict.tile_size", tile_size)
+            if tile_size < 64:
+                raise ValueError(f"predict.tile_size={tile_size!r} must be at least 64 pixels")
+            model.model.tile_size = tile_size
+        records = _detect(model, files, out_dir, batch_size, draw, device, max_side, scales)
     else:
         for i in range(0, len(files), batch_size):
             chunk = files[i:i + batch_size]
@@ -124,11 +138,15 @@ def predict(
     return records
 
 
-def detection_geometry(data: dict[str, Any], max_side: int | None = None) -> tuple[int | None, int | None]:
+def detection_geometry(data: dict[str, Any], max_side: int | None = None, pyramid: bool = False
+                       ) -> tuple[int | None, int | None]:
     """``(image_size, max_side)`` for :func:`~snntrain.data.detection.load_image_for_detection`: how a
-    detector trained with the data config ``data`` sees a photograph (see :func:`predict`)."""
+    detector trained with the data config ``data`` sees a photograph (see :func:`predict`): with
+    ``pyramid`` (multi-scale inference) at its original resolution, else as the model was evaluated."""
     if max_side is not None:
         return None, max_side
+    if pyramid:  # the photo's own pixels, or what a full-resolution detector's evaluation caps them at
+        return None, data.get("eval_max_side")
     if "eval_max_side" in data:
         return None, data["eval_max_side"]
     return int(data["image_size"]), None
@@ -162,35 +180,53 @@ def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float 
     return torch.from_numpy(np.asarray(pil).copy()).permute(2, 0, 1).contiguous()
 
 
-def _detect(model: SpikingDetector, files: list[Path], out_dir: Path, batch_size: int, draw: bool,
-            device: torch.device, max_side: int | None = None) -> list[dict[str, Any]]:
-    from torchvision.io import write_png
+def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int = 16,
+                 device: torch.device | None = None, max_side: int | None = None,
+                 scales: str | Sequence[float] | None = "auto"
+                 ) -> Iterator[tuple[Path, dict[str, Any], dict[str, torch.Tensor]]]:
+    """Run a detector on image files as :func:`predict` does (see there for ``max_side`` and ``scales``); yields
+    ``(file, meta, detections)`` per file, the boxes in the file's own pixels (``meta["orig_size"]`` is its
+    ``(h, w)``), on the CPU."""
+    from .data.detection import boxes_to_original, load_image_for_detection, pad_images
 
-    from .data.detection import boxes_to_original, load_image_for_detection, pad_images, read_rgb
-
+    device = torch.device("cpu") if device is None else device
     data = model.config["data"]
-    size, side = detection_geometry(data, max_side)
+    size, side = detection_geometry(data, max_side, pyramid=scales is not None)
     divisor = int(data.get("size_divisor") or 32)
-    records = []
+    if scales is not None:  # a pyramid is chosen from each photo's own size: one photo at a time, unpadded
+        batch_size, divisor = 1, 1
     for i in range(0, len(files), batch_size):
         chunk = files[i:i + batch_size]
         loaded = [load_image_for_detection(f, size, side) for f in chunk]
         x = pad_images([img for img, _ in loaded], 1 if size is not None else divisor).to(device)
         with torch.no_grad():
-            dets = model(x)
+            dets = model(x, scales=[1.0] if scales is None else scales)
         for f, (_, meta), det in zip(chunk, loaded, dets):
             boxes = boxes_to_original(det["boxes"].cpu(), meta["scale"], meta["pad"], meta["orig_size"])
-            h, w = meta["orig_size"]
-            rec = {"file": str(f), "width": int(w), "height": int(h), "detections": [
-                {"box": [round(float(v), 2) for v in b], "score": round(float(s), 5),
-                 "label": str(model.classes[int(c)]) if int(c) < len(model.classes) else int(c)}
-                for b, s, c in zip(boxes, det["scores"].cpu(), det["labels"].cpu())]}
-            records.append(rec)
-            if draw:
-                image, _ = read_rgb(f)
-                if len(boxes):
-                    image = draw_boxes(image, boxes, [d["score"] for d in rec["detections"]])
-                (out_dir / "images").mkdir(exist_ok=True)
-                with atomic_path(out_dir / "images" / f"{f.stem}.png") as tmp:
-                    write_png(image, str(tmp))
+            yield f, meta, {"boxes": boxes, "scores": det["scores"].cpu(), "labels": det["labels"].cpu()}
+
+
+def _detect(model: SpikingDetector, files: list[Path], out_dir: Path, batch_size: int, draw: bool,
+            device: torch.device, max_side: int | None = None, scales: str | Sequence[float] | None = None
+            ) -> list[dict[str, Any]]:
+    from torchvision.io import write_png
+
+    from .data.detection import read_rgb
+
+    records = []
+    for f, meta, det in detect_files(model, files, batch_size, device, max_side, scales):
+        boxes = det["boxes"]
+        h, w = meta["orig_size"]
+        rec = {"file": str(f), "width": int(w), "height": int(h), "detections": [
+            {"box": [round(float(v), 2) for v in b], "score": round(float(s), 5),
+             "label": str(model.classes[int(c)]) if int(c) < len(model.classes) else int(c)}
+            for b, s, c in zip(boxes, det["scores"], det["labels"])]}
+        records.append(rec)
+        if draw:
+            image, _ = read_rgb(f)
+            if len(boxes):
+                image = draw_boxes(image, boxes, [d["score"] for d in rec["detections"]])
+            (out_dir / "images").mkdir(exist_ok=True)
+            with atomic_path(out_dir / "images" / f"{f.stem}.png") as tmp:
+                write_png(image, str(tmp))
     return records

@@ -3,11 +3,17 @@
 Without a CUDA GPU the Triton kernels run in Triton's CPU interpreter: TRITON_INTERPRET
 must be set before any kernel module is imported, so it is set here, first. On a GPU
 machine the same tests run the compiled kernels on CUDA tensors.
+
+Run configs come from the ``compose_run`` fixture: the config that ``python -m snntrain <overrides>``
+would run, through Hydra's compose API. Tests start from ``debug=tiny`` (conf/debug/tiny.yaml: a run of
+seconds on the CPU) and add only what they check.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -17,6 +23,21 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _compose_run(out: str | os.PathLike | None, *overrides: str):
+    from hydra import compose, initialize_config_module
+
+    paths = [] if out is None else [f"paths.output_dir={Path(out)}"]
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[*overrides, *paths])
+
+
+@pytest.fixture(scope="session")
+def compose_run() -> Callable:
+    """``compose_run(out, *overrides)``: the run config of ``python -m snntrain <overrides>`` writing into
+    the run directory ``out`` (None: left to Hydra, for configs that are not run)."""
+    return _compose_run
 
 
 @pytest.fixture

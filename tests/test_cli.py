@@ -10,31 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from snntrain.backend import resolve_backend
 from snntrain.cli import run
 
-TINY = [
-    "backend=torch",
-    "T=2",
-    "model.width=4",
-    "data.image_size=8",
-    "data.batch_size=32",
-    "trainer.accelerator=cpu",
-    "trainer.max_epochs=1",
-    "trainer.limit_train_batches=2",
-    "trainer.limit_val_batches=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false",
-]
+# debug=tiny, logged to TensorBoard over two validation batches
+TINY = ["debug=tiny", "logger=tensorboard", "trainer.limit_val_batches=2"]
 
 
-def make_cfg(out: Path, *overrides: str):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*TINY, f"paths.output_dir={out}", *overrides])
+@pytest.fixture(scope="session")
+def make_cfg(compose_run):
+    return lambda out, *overrides: compose_run(out, *TINY, *overrides)
 
 
 def tb_tags(out: Path) -> tuple[set[str], set[str]]:
@@ -52,12 +40,13 @@ def tb_tags(out: Path) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, make_cfg) -> Path:
     out = tmp_path_factory.mktemp("run")
     run(make_cfg(out))
     return out
 
 
+@pytest.mark.slow
 def test_run_writes_config_logs_and_checkpoints(trained):
     out = trained
     saved = OmegaConf.load(out / "config.yaml")
@@ -74,6 +63,7 @@ def test_run_writes_config_logs_and_checkpoints(trained):
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")], "temporary file left behind"
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_weights_only_with_config(trained):
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     config = ckpt["hyper_parameters"]["config"]
@@ -82,7 +72,8 @@ def test_checkpoint_loads_weights_only_with_config(trained):
     assert any(k.startswith("model.layer1.0.conv1") for k in ckpt["state_dict"])
 
 
-def test_resume_continues_from_checkpoint(trained, tmp_path):
+@pytest.mark.slow
+def test_resume_continues_from_checkpoint(trained, tmp_path, make_cfg):
     last = trained / "checkpoints" / "last.ckpt"
     first = torch.load(last, map_location="cpu", weights_only=True)
     run(make_cfg(tmp_path, f"ckpt_path={last}", "trainer.max_epochs=2"))
@@ -91,12 +82,14 @@ def test_resume_continues_from_checkpoint(trained, tmp_path):
     assert resumed["global_step"] == 2 * first["global_step"]
 
 
-def test_validate_only(trained, tmp_path):
+@pytest.mark.slow
+def test_validate_only(trained, tmp_path, make_cfg):
     metrics = run(make_cfg(tmp_path, "train=false", f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}"))
     assert metrics is not None and 0.0 <= metrics <= 1.0
 
 
-def test_seed_makes_runs_repeatable(tmp_path):
+@pytest.mark.slow
+def test_seed_makes_runs_repeatable(tmp_path, make_cfg):
     a, b = tmp_path / "a", tmp_path / "b"
     run(make_cfg(a, "seed=7", "logger=none"))
     run(make_cfg(b, "seed=7", "logger=none"))
@@ -106,13 +99,14 @@ def test_seed_makes_runs_repeatable(tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_plif_and_csv_logger(tmp_path):
+@pytest.mark.slow
+def test_plif_and_csv_logger(tmp_path, make_cfg):
     run(make_cfg(tmp_path, "model.neuron.type=PLIF", "~model.neuron.tau", "+model.neuron.init_tau=2.0",
                  "logger=csv", "task.optimizer.name=sgd", "task.optimizer.lr=0.05"))
     assert (tmp_path / "csv" / "metrics.csv").read_text().count("val/acc") == 1
 
 
-def test_typo_in_group_override_lists_valid_options(tmp_path):
+def test_typo_in_group_override_lists_valid_options(tmp_path, make_cfg):
     with pytest.raises(MissingConfigException) as err:
         make_cfg(tmp_path, "model=sew_resnt")
     assert "sew_resnet" in str(err.value) and "Available options" in str(err.value)
@@ -120,12 +114,12 @@ def test_typo_in_group_override_lists_valid_options(tmp_path):
         make_cfg(tmp_path, "model.depht=18")
 
 
-def test_bad_neuron_parameter_is_named(tmp_path):
+def test_bad_neuron_parameter_is_named(tmp_path, make_cfg):
     with pytest.raises(ValueError, match="tau=0.5 must be > 1"):
         run(make_cfg(tmp_path, "model.neuron.tau=0.5"))
 
 
-def test_bad_checkpoint_is_named(tmp_path):
+def test_bad_checkpoint_is_named(tmp_path, make_cfg):
     bad = tmp_path / "broken.ckpt"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="broken.ckpt cannot be read"):
@@ -150,14 +144,17 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_help_lists_config_groups(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_resnet", "logger: csv, none, tensorboard"):
+    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_fcos, sew_resnet", "debug: tiny",
+                 "logger: csv, none, tensorboard", "callbacks: default"):
         assert line in res.stdout
     assert "data: " in res.stdout and "digits" in res.stdout and "trainer: default" in res.stdout
 
 
+@pytest.mark.slow
 def test_cli_typo_fails_with_options(tmp_path):
     res = cli("backend=trition", cwd=tmp_path)
     assert res.returncode != 0
@@ -166,11 +163,25 @@ def test_cli_typo_fails_with_options(tmp_path):
 
 @pytest.mark.slow
 def test_cli_multirun_over_T(tmp_path):
-    res = cli("-m", "T=1,2", *[o for o in TINY if not o.startswith("T=")], "logger=none", "paths.log_dir=logs",
-              cwd=tmp_path)
+    res = cli("-m", "T=1,2", "debug=tiny", "paths.log_dir=logs", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sorted((tmp_path / "logs" / "classify" / "multirun").glob("*/*/config.yaml"))
     assert [OmegaConf.load(p).T for p in runs] == [1, 2]
     for p in runs:
         assert (p.parent / "checkpoints" / "last.ckpt").exists()
     assert "run directory" in res.stdout + res.stderr
+
+
+@pytest.mark.slow
+def test_cli_reads_moved_keys_as_their_new_ones(tmp_path):
+    """Keys that moved into the callbacks and trainer groups keep working on the command line, and the
+    run says what they are called now."""
+    res = cli("precise_bn.num_batches=4", "ema.enabled=true", "checkpoint.every_n_steps=3", "ddp.static_graph=true",
+              "--cfg", "job", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = OmegaConf.create(res.stdout)
+    assert cfg.callbacks.precise_bn.num_batches == 4 and cfg.callbacks.ema.enabled is True
+    assert cfg.callbacks.checkpoint.every_n_steps == 3 and cfg.trainer.ddp.static_graph is True
+    assert "precise_bn" not in cfg and "ddp" not in cfg
+    assert "precise_bn.num_batches is now callbacks.precise_bn.num_batches" in res.stderr
+    assert "ddp.static_graph is now trainer.ddp.static_graph" in res.stderr

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import math
 import os
 import subprocess
 import sys
@@ -26,21 +27,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from torch import nn
 
 from snntrain.cli import train
-from snntrain.distributed import (JOB_ENV, EvalShardSampler, SyncBatchNorm, command_line, convert_sync_batchnorm,
-                                  ddp_strategy, rank_name)
+from snntrain.distributed import (
+    JOB_ENV,
+    EvalShardSampler,
+    SyncBatchNorm,
+    command_line,
+    convert_sync_batchnorm,
+    ddp_strategy,
+    rank_name,
+)
 
 GPUS = torch.cuda.device_count() >= 2
-ON = (["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS
-      else ["trainer.accelerator=cpu", "backend=torch"])
-COMMON = [*ON, "T=2", "model.width=4", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-          "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false"]
-CLASSIFY = [*COMMON, "data.image_size=8", "data.batch_size=60"]
-DETECT = [*COMMON, "task=detect", "model.head.fpn_channels=8", "model.head.num_convs=1", "data.num_train=16",
-          "data.num_val=7", "data.num_test=4", "data.image_size=32", "data.face_size=[8,14]", "data.batch_size=1"]
+ON = ["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS else []
+# debug=tiny with the whole validation set, logged to TensorBoard
+COMMON = ["debug=tiny", *ON, "trainer.limit_val_batches=null", "logger=tensorboard"]
+CLASSIFY = [*COMMON, "data.batch_size=60"]
+DETECT = [*COMMON, "task=detect", "data.num_val=7", "data.batch_size=1"]
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -53,12 +58,9 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return res
 
 
-def single_process_validation(overrides: list[str], ckpt: Path, out: Path) -> dict[str, float]:
+def single_process_validation(compose_run, overrides: list[str], ckpt: Path, out: Path) -> dict[str, float]:
     device = ["trainer.devices=1", "trainer.sync_batchnorm=false"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, *device, "train=false", f"ckpt_path={ckpt}",
-                                                       "logger=none", f"paths.output_dir={out}"])
-    return train(cfg)
+    return train(compose_run(out, *overrides, *device, "train=false", f"ckpt_path={ckpt}", "logger=none"))
 
 
 def logged_epoch_metrics(run: Path) -> dict[str, float]:
@@ -107,7 +109,7 @@ def assert_close(logged: dict[str, float], single: dict[str, float], keys: list[
 
 
 @pytest.mark.slow
-def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_path):
+def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_path, compose_run):
     res = cli("-m", "seed=1,2", *CLASSIFY, "trainer.devices=2", "logger=csv", "paths.log_dir=logs", cwd=tmp_path)
     sweeps = list((tmp_path / "logs" / "classify" / "multirun").iterdir())
     assert len(sweeps) == 1, sweeps  # the processes of each job ran that job, not the sweep again
@@ -117,7 +119,7 @@ def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_
         check_run_dir(run)
         logged = logged_epoch_metrics(run)
         seed = f"seed={int(run.name) + 1}"  # job n of the sweep ran seed=n+1 (the seed also picks the split)
-        single = single_process_validation([*CLASSIFY, seed], run / "checkpoints" / "last.ckpt",
+        single = single_process_validation(compose_run, [*CLASSIFY, seed], run / "checkpoints" / "last.ckpt",
                                            tmp_path / f"val{run.name}")
         rates = [k for k in single if k.startswith("firing_rate/")]
         assert len(rates) > 10
@@ -128,23 +130,17 @@ def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_
     # a two-process checkpoint resumes on one process (next epoch, same step count per epoch there)
     last = runs[0] / "checkpoints" / "last.ckpt"
     first = torch.load(last, map_location="cpu", weights_only=True)
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*CLASSIFY, "trainer.sync_batchnorm=false", f"ckpt_path={last}",
-                                                       "trainer.max_epochs=2", "logger=none",
-                                                       f"paths.output_dir={tmp_path / 'resumed'}"])
-    train(cfg)
+    train(compose_run(tmp_path / "resumed", *CLASSIFY, "trainer.sync_batchnorm=false", f"ckpt_path={last}",
+                      "trainer.max_epochs=2", "logger=none"))
     resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert first["epoch"] == 0 and resumed["epoch"] == 1
     assert first["global_step"] == 2 and resumed["global_step"] == 4
 
 
 @pytest.mark.slow
-def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp_path):
+def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp_path, compose_run):
     # one epoch on one process, then a second on two: resuming on a different number of devices
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*DETECT, "trainer.sync_batchnorm=false", "trainer.devices=1",
-                                                       "logger=none", f"paths.output_dir={tmp_path / 'one'}"])
-    train(cfg)
+    train(compose_run(tmp_path / "one", *DETECT, "trainer.sync_batchnorm=false", "trainer.devices=1", "logger=none"))
     run = tmp_path / "two"
     first = tmp_path / "one" / "checkpoints" / "last.ckpt"
     cli(*DETECT, "trainer.devices=2", "trainer.max_epochs=2", f"ckpt_path={first}", f"hydra.run.dir={run}",
@@ -155,7 +151,7 @@ def test_ddp_detection_resumes_single_process_run_and_matches_single_process(tmp
     logged, others, images = tb_scalars(run)
     # histograms and images written once, by rank 0 (images after the sanity check only)
     assert "firing_rate_per_channel/backbone.sn1" in others and "efficiency/per_layer" in others and images == 1
-    single = single_process_validation(DETECT, run / "checkpoints" / "last.ckpt", tmp_path / "val")
+    single = single_process_validation(compose_run, DETECT, run / "checkpoints" / "last.ckpt", tmp_path / "val")
     assert_close(logged, single, ["val/loss", "val/loss_box", "val/loss_cls", "val/loss_ctr", "val/num_pos", "val/map",
                                   "val/map_50", "val/mar_100", "firing_rate/mean", "firing_rate/backbone.sn1",
                                   "efficiency/Effective_ACs", "efficiency/Effective_MACs", "efficiency/Dense"])
@@ -216,12 +212,9 @@ def test_sync_batchnorm_conversion_and_revert():
     assert not reverted[3].synced
 
 
-def test_training_speed_is_logged_on_synthetic_data(tmp_path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "backend=torch", "trainer.accelerator=cpu", "T=2", "model.width=4", "data=synthetic", "data.image_size=8",
-            "data.num_train=64", "data.num_val=16", "data.batch_size=8", "data.num_classes=3", "trainer.max_epochs=1",
-            "trainer.enable_progress_bar=false", "logger=none", f"paths.output_dir={tmp_path}"])
+@pytest.mark.slow
+def test_training_speed_is_logged_on_synthetic_data(tmp_path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "data=synthetic", "data.num_classes=3", "trainer.limit_train_batches=null")
     metrics = train(cfg)
     assert metrics["perf/train_images_per_s"] > 0  # 8 steps: 3 timed after 5 warm-up steps
     assert 0.0 <= metrics["val/acc"] <= 1.0
@@ -241,7 +234,7 @@ def test_synthetic_data_is_a_fixed_pool():
     assert sorted(len(b[0]) for b in batches) == [2] * 5
     firsts = sorted(float(b[0][0].sum()) for b in batches)
     assert firsts == sorted(float(dm.train_set[2 * k][0].sum()) for k in range(5))
-    for x, y in batches:
+    for x, _ in batches:
         assert x.untyped_storage().data_ptr() == dm.train_batches.images.untyped_storage().data_ptr()
     dm = build_datamodule({"name": "synthetic", "num_train": 7, "pool_size": 4, "batch_size": 3, "image_size": 2},
                           seed=3)
@@ -290,11 +283,10 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
     from snntrain.data import build_datamodule
 
     run = tmp_path / "run"
-    args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
     # each process keeps its own batch-norm buffers (no broadcast from rank 0): only precise BN's average
     # over the processes makes them agree before validation
-    cli(*args, "trainer.devices=2", "trainer.limit_val_batches=1", "ddp.broadcast_buffers=false",
-        "ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    cli(*CLASSIFY, "trainer.limit_train_batches=null", "trainer.devices=2", "trainer.limit_val_batches=1", "trainer.ddp.broadcast_buffers=false",
+        "trainer.ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
     lines = final_metrics_lines(run)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # the averaged precise-BN statistics agree
     dm = build_datamodule({"name": "digits"}, seed=42)
@@ -317,9 +309,9 @@ def test_ddp_settings_reach_the_strategy():
     assert ddp_strategy({**two, "devices": 1}, {"static_graph": True}) == "auto"  # one process: no DDP
     assert ddp_strategy({**two, "devices": "auto"}, {}) == "auto"  # CPU "auto": one process
     assert ddp_strategy({**two, "strategy": "ddp_spawn"}, {}) == "ddp_spawn"  # other strategies as given
-    with pytest.raises(ValueError, match=r"unknown ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
+    with pytest.raises(ValueError, match=r"unknown trainer.ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
         ddp_strategy(two, {"bucket_mb": 25})
-    with pytest.raises(ValueError, match=r"ddp.static_graph='yes' must be true or false"):
+    with pytest.raises(ValueError, match=r"trainer.ddp.static_graph='yes' must be true or false"):
         ddp_strategy(two, {"static_graph": "yes"})
 
 
@@ -354,4 +346,5 @@ def test_two_nodes_of_one_process_each_through_the_command_line(tmp_path):
     dm = build_datamodule({"name": "digits"}, seed=42)
     dm.setup("fit")
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert last["global_step"] == -(-(-(-len(dm.train_set) // 2)) // 60)  # each node read half of the epoch
+    per_node = math.ceil(len(dm.train_set) / 2)
+    assert last["global_step"] == math.ceil(per_node / 60)  # each node read half of the epoch

@@ -83,7 +83,7 @@ def test_synthetic_boxes_match_rendered_pixels(occlusion):
     non_faces = rng0.uniform(0, 1, (10, 25, 25)).astype(np.float32)
     args = dict(photos=background_photos(), image_size=64, faces_per_image=(0, 4), face_size=(6, 40),
                 backgrounds=("tiles", "photos", "textures", "flat"), skin_tones=0.5, context=1.0, lighting=1.0,
-                occlusion=occlusion, blur=0.0)
+                occlusion=occlusion, blur=0.0, clutter_per_image=(0, 3))
     white = FaceComposer(np.ones((5, 25, 25), np.float32), non_faces, **args)
     black = FaceComposer(np.zeros((5, 25, 25), np.float32), non_faces, **args)
     counts, hidden = set(), 0
@@ -143,6 +143,29 @@ def test_synthetic_faces_are_coloured_like_distractors():
     assert not {"astronaut", "camera", "chelsea", "coins"} & set(PHOTOS)
     photos = background_photos()
     assert len(photos) == len(PHOTOS) and all(p.dtype == np.uint8 and p.ndim == 3 and p.shape[2] == 3 for p in photos)
+
+
+def test_clutter_is_painted_without_boxes():
+    """Hands, arms and objects change the picture but never add a box; with skin_tones=1 much of the clutter
+    is skin-coloured (hands and arms), the rest of any colour (objects)."""
+    faces, non_faces = lfw_crops()
+    args = dict(image_size=64, faces_per_image=(0, 0), distractors_per_image=(0, 0), backgrounds="flat",
+                skin_tones=1.0, context=0.0, lighting=0.0, occlusion=0.0, blur=0.0)
+    plain = FaceComposer(faces, non_faces, **args)
+    cluttered = FaceComposer(faces, non_faces, clutter_per_image=(2, 2), **args)
+    skin = painted = 0
+    for i in range(30):
+        a, b = plain.render(split_rng(0, "train", i)), cluttered.render(split_rng(0, "train", i))
+        assert len(a.boxes) == len(b.boxes) == 0 and not b.label_map.any()
+        background = a.image[0, 0].astype(int)
+        changed = np.abs(b.image.astype(int) - background).max(2) > 40
+        painted += int(changed.any())
+        if changed.any():
+            r, g, bl = b.image[changed].astype(float).mean(0)
+            skin += int(r > g > bl)
+    assert painted >= 25 and skin >= 8
+    with pytest.raises(ValueError, match="clutter_per_image"):
+        FacesDataModule(clutter_per_image=[3, 1])
 
 
 def test_synthetic_label_map_extent_equals_box():

@@ -4,11 +4,9 @@ WIDER FACE easy/medium/hard evaluation on a fixture in the official format."""
 from __future__ import annotations
 
 import glob
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from snntrain.cli import run
 from snntrain.losses import fcos_loss
@@ -16,18 +14,11 @@ from snntrain.models import SpikingFCOS
 from snntrain.tasks.detection import draw_detections, padded_to_list
 from test_detection_data import make_widerface  # noqa: E402  (tests folder on sys.path)
 
-TINY = ["task=detect", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8", "model.head.num_convs=1",
-        "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
-FACES = ["data.num_train=16", "data.num_val=8", "data.num_test=4", "data.image_size=32", "data.face_size=[8,14]",
-         "data.batch_size=8"]
+# debug=tiny detection, logged to TensorBoard
+TINY = ["debug=tiny", "task=detect", "logger=tensorboard"]
 
 
-def compose_cfg(out: Path, *overrides: str):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*TINY, *overrides, f"paths.output_dir={out}"])
-
-
+@pytest.mark.slow  # a training loop of 25 steps
 def test_loss_is_finite_and_decreases_on_a_batch():
     from snntrain.data import build_datamodule
 
@@ -91,10 +82,11 @@ def test_iou_quality_learns_the_predicted_boxes_iou():
         fcos_loss(out, tgt, quality="giou", backend="torch")
 
 
-def test_detect_cli_one_batch_logs_map_and_images(tmp_path):
+@pytest.mark.slow
+def test_detect_cli_one_batch_logs_map_and_images(tmp_path, compose_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    metrics_value = run(compose_cfg(tmp_path, *FACES))
+    metrics_value = run(compose_run(tmp_path, *TINY))
     assert metrics_value is not None and 0.0 <= metrics_value <= 1.0
     ea = EventAccumulator(glob.glob(str(tmp_path / "tensorboard" / "events.*"))[0],
                           size_guidance={"images": 0, "scalars": 0})
@@ -120,12 +112,13 @@ def test_draw_detections_enlarges_and_filters():
     assert out[0, 20:80, 80].max() < 0.1  # the low-score box (x from 20 to 80 at scale 4) is not drawn
 
 
-def test_widerface_easy_medium_hard(tmp_path):
+@pytest.mark.slow
+def test_widerface_easy_medium_hard(tmp_path, compose_run):
     root = make_widerface(tmp_path / "wider", with_eval=True)
     out = tmp_path / "run"
-    run(compose_cfg(out, "data=widerface", f"data.root={root}", "data.image_size=32", "data.batch_size=2",
-                    "data.num_workers=0", "trainer.limit_val_batches=null"))
+    run(compose_run(out, *TINY, "data=widerface", f"data.root={root}", "trainer.limit_val_batches=null"))
     import csv  # noqa: F401  (the tensorboard logger holds the metrics)
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(glob.glob(str(out / "tensorboard" / "events.*"))[0], size_guidance={"scalars": 0})

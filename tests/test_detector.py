@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from snntrain.models import SpikingFCOS, build_model
-from snntrain.models.detector import default_scale_ranges, fcos_targets
+from snntrain.models.detector import (
+    VALID_RANGE_SLACK,
+    default_scale_ranges,
+    fcos_targets,
+    finest_scale,
+    pyramid_scales,
+    tile_starts,
+)
 
 
 def tiny_detector(**head) -> SpikingFCOS:
@@ -55,6 +62,14 @@ def test_rate_readout_runs():
         ({"scale_ranges": [[0, 10]]}, "scale_ranges has 1 entries; fpn_levels has 3"),
         ({"anchors": 3}, "unknown detector head setting"),
         ({"flip_test": "yes"}, "flip_test"),
+        ({"object_sizes": [48, 10]}, "object_sizes=\\[48, 10\\] must be \\[lo, hi\\]"),
+        ({"object_sizes": 10}, "object_sizes=10 must be"),
+        ({"test_scales": "all"}, "test_scales='all' is not valid; give auto or a non-empty list"),
+        ({"test_scales": [1.0, 0]}, "test_scales=\\[1.0, 0\\] is not valid"),
+        ({"test_scales": []}, "test_scales=\\[\\] is not valid"),
+        ({"tile_size": 32}, "tile_size=32 must be at least 64"),
+        ({"scale_step": 1.0}, "scale_step=1.0 must be larger than 1"),
+        ({"train_size": 0}, "train_size=0 must be a positive integer"),
     ],
 )
 def test_bad_head_settings(head, message):
@@ -213,3 +228,164 @@ def test_flip_test_detects_from_both_views_and_pads_odd_widths():
     # a width that is not a multiple of the coarsest stride (16) is padded on the right; boxes stay inside
     odd = m.detect(torch.randn(1, 3, 32, 42))[0]["boxes"]
     assert len(odd) and float(odd[:, 2].max()) <= 42.0
+
+
+# ---------------------------------------------------------------------------------------- multi-scale inference
+
+
+def test_pyramid_runs_from_the_photo_down_to_the_training_square():
+    scales = pyramid_scales(886, 1280, 64)
+    assert scales[0] == 1.0 and scales[-1] == pytest.approx(64 / 1280)
+    ratios = [a / b for a, b in zip(scales, scales[1:])]
+    assert all(r <= 2.0 + 1e-9 for r in ratios) and max(ratios) == pytest.approx(min(ratios))
+    assert len(pyramid_scales(886, 1280, 64, step=4.0)) < len(scales)
+    assert pyramid_scales(64, 64, 64) == [1.0]  # the training square: one pass, as validation runs
+    assert pyramid_scales(40, 50, 64) == [64 / 50]  # smaller than the training square: enlarged to it
+
+
+def test_min_object_sets_the_finest_scale():
+    # faces of 3 % of a 886 px shorter side (26.6 px) reach the smallest trained size (10 px) at scale 0.376
+    assert finest_scale(886, 1280, 10, 0.03) == pytest.approx(10 / (0.03 * 886))
+    assert finest_scale(886, 1280, 10, 0.0) == 1.0 and finest_scale(200, 300, 10, 0.03) == 1.0  # never enlarged
+    m = tiny_detector(object_sizes=[10, 48], train_size=64, min_object=0.03)
+    plan = m.scale_plan(886, 1280)
+    assert plan[0] == pytest.approx(10 / (0.03 * 886)) and plan[-1] == pytest.approx(64 / 1280)
+    with pytest.raises(ValueError, match="min_object=1.5 must be in"):
+        tiny_detector(min_object=1.5)
+    with pytest.raises(ValueError, match="merge='wbf' is not valid; choose one of nms, vote"):
+        tiny_detector(merge="wbf")
+
+
+def test_tiles_cover_the_image_and_overlap():
+    for length, tile, overlap in [(1280, 1024, 92), (4000, 1024, 92), (300, 64, 30), (65, 64, 8)]:
+        starts = tile_starts(length, tile, overlap)
+        assert starts[0] == 0 and starts[-1] + tile == length
+        assert all(b - a <= tile - overlap for a, b in zip(starts, starts[1:]))
+    assert tile_starts(500, 1024, 92) == [0]
+
+
+def test_scale_plan_auto_needs_the_training_sizes():
+    m = tiny_detector()
+    assert m.scale_plan(500, 800) == [1.0]  # sizes unknown (an older checkpoint): one pass
+    m = tiny_detector(object_sizes=[10, 48], train_size=64)
+    assert m.scale_plan(500, 800) == pyramid_scales(500, 800, 64, 1.41, finest_scale(500, 800, 10, 0.03))
+    assert m.scale_plan(500, 800, [0.5, 1, 0.5]) == [1.0, 0.5]
+    with pytest.raises(ValueError, match="scales=\\[-1\\] is not valid"):
+        m.scale_plan(500, 800, [-1])
+
+
+def _noisy(m: SpikingFCOS) -> SpikingFCOS:
+    # batch statistics (training mode) and strong prediction weights: a fresh network predicts the same
+    # everywhere otherwise
+    m.train()
+    for conv in (m.head.cls_logits[0], m.head.box_ltrb[0], m.head.centerness[0]):
+        torch.nn.init.normal_(conv.weight, std=0.3)
+    return m
+
+
+def test_one_scale_is_the_resized_image_mapped_back():
+    torch.manual_seed(0)
+    m = _noisy(tiny_detector(score_thresh=0.0, merge="nms"))
+    x = torch.randn(2, 3, 64, 96)
+    half = torch.nn.functional.interpolate(x, size=(32, 48), mode="bilinear", align_corners=False, antialias=True)
+    with torch.no_grad():
+        want = m.decode(m(half), image_size=(32, 48))
+    got = m.detect(x, scales=[0.5])
+    for a, b in zip(got, want):  # both in decreasing score order
+        assert torch.allclose(a["boxes"], b["boxes"] * 2, atol=1e-4) and torch.equal(a["scores"], b["scores"])
+    # scale 1 on an image no larger than a tile is the single pass of validation
+    for a, b in zip(m.detect(x, scales=[1.0]), m.decode(m(x), image_size=(64, 96))):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    # outputs computed by the caller (validation) are decoded as they are, even for an image larger than a tile
+    m.tile_size = 64
+    with torch.no_grad():
+        outputs = m(x)
+    for a, b in zip(m.detect(x, outputs, scales=[1.0]), m.decode(outputs, image_size=(64, 96))):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+
+
+def test_large_images_run_in_tiles_each_box_decoded_once(monkeypatch):
+    """An image larger than tile_size runs tile by tile: no pass sees more than a tile, the tiles cover the
+    image with overlaps larger than the largest trained object, and a box is kept by the one tile whose own
+    part holds its centre, mapped back to the image's pixels."""
+    m = tiny_detector(object_sizes=[8, 16], train_size=32, tile_size=64)
+    seen = []
+    objects = torch.tensor([[30.0, 40.0, 46.0, 56.0], [100.0, 50.0, 120.0, 70.0], [150.0, 90.0, 166.0, 106.0]])
+
+    def fake_pass(images, outputs=None):  # "detects" every object wholly inside the crop, in crop pixels
+        y0, x0 = seen_offsets.pop(0)
+        h, w = images.shape[-2:]
+        seen.append((y0, x0, h, w))
+        inside = ((objects[:, 0] >= x0) & (objects[:, 2] <= x0 + w) & (objects[:, 1] >= y0) & (objects[:, 3] <= y0 + h))
+        boxes = objects[inside] - torch.tensor([x0, y0, x0, y0], dtype=torch.float32)
+        return [{"boxes": boxes, "scores": torch.ones(len(boxes)), "labels": torch.zeros(len(boxes), dtype=torch.long)}]
+
+    H, W = 120, 200
+    overlap = min(32, math.ceil(16 * VALID_RANGE_SLACK[1]) + 2 * 16)
+    ys, xs = tile_starts(H, 64, overlap), tile_starts(W, 64, overlap)
+    seen_offsets = [(y, x) for y in ys for x in xs]
+    monkeypatch.setattr(m, "_detect_pass", fake_pass)
+    got = m.detect_scaled(torch.zeros(1, 3, H, W), 1.0)[0]
+    assert len(seen) == len(ys) * len(xs) > 4 and all(h <= 64 and w <= 64 for _, _, h, w in seen)
+    assert sorted(got["boxes"].tolist()) == sorted(objects.tolist())  # each object once, in image pixels
+
+
+def test_pyramid_keeps_trained_sizes_per_scale_and_merges(monkeypatch):
+    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, scale_step=2.0, min_object=0.0,
+                      merge="nms")
+    plan = m.scale_plan(256, 256)
+    assert plan == [1.0, 0.5, 0.25]
+
+    def fake_scaled(images, scale):
+        # per scale: a face of 100 px (image pixels) seen well at 0.25 (25 px), with a score that depends on
+        # the scale, and a box of 12 px in the image that is only plausible at the finest scale
+        face = torch.tensor([[50.0, 50.0, 150.0, 150.0]])
+        small = torch.tensor([[200.0, 200.0, 212.0, 212.0]])
+        boxes = torch.cat([face, small])
+        scores = torch.tensor([{1.0: 0.9, 0.5: 0.6, 0.25: 0.7}[scale], 0.8])
+        return [{"boxes": boxes, "scores": scores, "labels": torch.zeros(2, dtype=torch.long)}]
+
+    monkeypatch.setattr(m, "detect_scaled", fake_scaled)
+    det = m.detect(torch.zeros(1, 3, 256, 256))[0]
+    # the 100 px face is 100 px at scale 1 (above 40 x 1.25: dropped there), 50 px at 0.5 (kept, 0.6) and
+    # 25 px at 0.25 (kept, 0.7): NMS keeps the better one; the 12 px box survives only at the finest scale
+    assert det["scores"].tolist() == pytest.approx([0.8, 0.7])
+    assert det["boxes"].tolist() == [[200.0, 200.0, 212.0, 212.0], [50.0, 50.0, 150.0, 150.0]]
+
+
+def test_pyramid_detects_a_photo_end_to_end_within_its_pixels():
+    torch.manual_seed(0)
+    m = _noisy(tiny_detector(object_sizes=[8, 16], train_size=32, tile_size=64, score_thresh=0.0, flip_test=True,
+                             scale_step=2.0))
+    x = torch.randn(1, 3, 90, 150)
+    assert len(m.scale_plan(90, 150)) == 4
+    det = m.detect(x)[0]
+    assert 0 < len(det["boxes"]) <= m.max_detections
+    assert float(det["boxes"][:, 2].max()) <= 150 and float(det["boxes"][:, 3].max()) <= 90
+    assert (det["scores"][:-1] >= det["scores"][1:]).all()
+
+
+def test_vote_averages_boxes_and_asks_two_scales_to_agree(monkeypatch):
+    m = tiny_detector(object_sizes=[10, 40], train_size=64, nms_thresh=0.5, scale_step=2.0, min_object=0.0)
+    assert m.scale_plan(256, 256) == [1.0, 0.5, 0.25]
+
+    def fake_scaled(images, scale):
+        # a 60 px face (valid at 0.5: 30 px and 0.25: 15 px; too large at 1: 60 > 50) found at 0.5 and 0.25 with
+        # slightly different boxes; a 60 px box elsewhere found only at 0.5
+        face = {0.5: [40.0, 40.0, 100.0, 100.0], 0.25: [44.0, 44.0, 104.0, 104.0], 1.0: [40.0, 40.0, 100.0, 100.0]}
+        score = {0.5: 0.8, 0.25: 0.6, 1.0: 0.9}
+        boxes, scores = [face[scale]], [score[scale]]
+        if scale == 0.5:
+            boxes.append([150.0, 150.0, 210.0, 210.0])
+            scores.append(0.9)
+        return [{"boxes": torch.tensor(boxes), "scores": torch.tensor(scores), "labels": torch.zeros(len(boxes),
+                                                                                                     dtype=torch.long)}]
+
+    monkeypatch.setattr(m, "detect_scaled", fake_scaled)
+    det = m.detect(torch.zeros(1, 3, 256, 256))[0]
+    # the face: (0.8 + 0.6) / 2, its box the score-weighted mean (the scale-1 box is out of range there);
+    # the other box: one of the two scales that should have seen it, (0.9 + 0) / 2
+    assert det["scores"].tolist() == pytest.approx([0.7, 0.45])
+    want = (torch.tensor([40.0, 40.0, 100.0, 100.0]) * 0.8 + torch.tensor([44.0, 44.0, 104.0, 104.0]) * 0.6) / 1.4
+    torch.testing.assert_close(det["boxes"][0], want)
+    torch.testing.assert_close(det["boxes"][1], torch.tensor([150.0, 150.0, 210.0, 210.0]))

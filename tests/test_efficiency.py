@@ -5,7 +5,6 @@ the Triton counting kernel against the PyTorch reference, energy arithmetic, and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -241,7 +240,7 @@ def test_kernel_64_bit_offsets(device):
     x = ((torch.rand(2, 3, 5, 6) < 0.5).float() * 2).to(device)
     geo, m = E.geometry(layer, x.shape), E.weight_fanin(layer)
     p = synops.plan(tuple(x.shape), x.stride(), (3, 3), channel_dim=1, spatial_dims=(2, 3), padding=(1, 1),
-                    out_size=geo.out_size, cuda_index=0 if x.is_cuda else None)
+                    out_size=geo.out_size, device=x.device)
     assert p.meta == (3, 3, False)  # 64-bit offsets only past 2**31 elements: forced here
     out = torch.zeros(3, dtype=torch.int64, device=device)
     synops.launch(synops.Plan(p.copy, p.grid, p.args, (3, 3, True)), x, m, out)
@@ -411,20 +410,8 @@ def test_detector_counts_equal_neurobench(readout):
 # ----------------------------------------------------------------------------- end to end
 
 
-TINY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32", "trainer.accelerator=cpu",
-        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2",
-        "trainer.enable_progress_bar=false", "precise_bn.num_batches=2"]
-
-
-def compose_cfg(out: Path, *overrides: str):
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*overrides, f"paths.output_dir={out}"])
-
-
 @pytest.mark.slow
-def test_validation_logs_report_and_task_report_and_card(tmp_path):
+def test_validation_logs_report_and_task_report_and_card(tmp_path, compose_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from snntrain import export as ex
@@ -432,7 +419,7 @@ def test_validation_logs_report_and_task_report_and_card(tmp_path):
     from snntrain.data import build_datamodule
     from snntrain.export import load_checkpoint
 
-    run(compose_cfg(tmp_path / "run", *TINY))
+    run(compose_run(tmp_path / "run", "debug=tiny", "logger=tensorboard", "trainer.limit_val_batches=2"))
     ea = EventAccumulator(str(next((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))),
                           size_guidance={"scalars": 0, "images": 0})
     ea.Reload()
@@ -447,8 +434,7 @@ def test_validation_logs_report_and_task_report_and_card(tmp_path):
     assert not [k for k in ckpt["snntrain"]["metrics"] if k.startswith("efficiency")]
 
     # task=report over the whole validation split, recounted here with the loaded model
-    result = run(compose_cfg(tmp_path / "rep", "task=report", "backend=torch", "trainer.accelerator=cpu",
-                             "trainer.enable_progress_bar=false", f"ckpt_path={ckpt_path}"))
+    result = run(compose_run(tmp_path / "rep", "debug=tiny", "task=report", f"ckpt_path={ckpt_path}"))
     saved = json.loads((tmp_path / "rep" / "report" / "report.json").read_text())
     assert saved == json.loads(json.dumps(result)) and saved["task"] == "classify" and "val/acc" in saved["metrics"]
     assert "## Efficiency report: classify, last.ckpt" in (tmp_path / "rep" / "report" / "report.md").read_text()
@@ -469,25 +455,19 @@ def test_validation_logs_report_and_task_report_and_card(tmp_path):
 
 
 @pytest.mark.slow
-def test_detector_report_task(tmp_path):
+def test_detector_report_task(tmp_path, compose_run):
     from snntrain.cli import run
 
-    detect = ["task=detect", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8",
-              "model.head.num_convs=1", "data.num_train=8", "data.num_val=4", "data.num_test=4",
-              "data.image_size=32", "data.face_size=[8,14]", "data.batch_size=4", "trainer.accelerator=cpu",
-              "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.enable_progress_bar=false",
-              "logger=none", "precise_bn.num_batches=1"]
-    run(compose_cfg(tmp_path / "run", *detect))
-    result = run(compose_cfg(tmp_path / "rep", "task=report", "backend=torch", "trainer.accelerator=cpu",
-                             "trainer.enable_progress_bar=false", "report.limit_batches=1",
+    run(compose_run(tmp_path / "run", "debug=tiny", "task=detect", "trainer.limit_train_batches=1"))
+    result = run(compose_run(tmp_path / "rep", "debug=tiny", "task=report", "report.limit_batches=1",
                              f"report.dir={tmp_path / 'out'}", f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}"))
     assert (tmp_path / "out" / "report.md").exists() and result["model"]["detector_head"] is True
-    assert result["samples"] == 2 * 4  # flip test: every image passes twice
+    assert result["samples"] == 2 * 8  # one batch of 8 images, each passed twice (flip test)
     assert {"head.cls_logits.0", "fpn.lateral.0.0"} <= {lay["name"] for lay in result["layers"]}
 
 
-def test_report_task_errors(tmp_path):
+def test_report_task_errors(tmp_path, compose_run):
     from snntrain.cli import run
 
     with pytest.raises(ValueError, match="task=report needs ckpt_path"):
-        run(compose_cfg(tmp_path, "task=report"))
+        run(compose_run(tmp_path, "debug=tiny", "task=report"))

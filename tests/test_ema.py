@@ -82,6 +82,7 @@ class Toy(L.LightningModule):
         return torch.utils.data.DataLoader(self.data, batch_size=8)
 
 
+@pytest.mark.slow
 def test_validation_runs_on_the_average_with_statistics_for_it(tmp_path):
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(32, 2, generator=g) * 2 + 1, torch.randn(32, 3, generator=g))

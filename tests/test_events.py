@@ -201,28 +201,22 @@ def test_tonic_datasets_build_from_config():
     assert a.cache_dir("train") != b.cache_dir("train")
 
 
-def test_cli_trains_on_offline_events_and_exports_nir(tmp_path):
+@pytest.mark.slow
+def test_cli_trains_on_offline_events_and_exports_nir(tmp_path, compose_run):
     """A short run through the CLI on data=digits_dvs, then task=export to NIR from its checkpoint."""
     import nir
-    from hydra import compose, initialize_config_module
 
     from snntrain import load_nir
     from snntrain.cli import run
 
-    def cfg(overrides):
-        with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-            return compose(config_name="config", overrides=overrides)
-
-    common = ["backend=torch", "T=2", f"paths.data_dir={tmp_path / 'data'}", "logger=none"]
+    common = ["debug=tiny", f"paths.data_dir={tmp_path / 'data'}"]
     out = tmp_path / "run"
-    run(cfg([*common, "data=digits_dvs", "data.max_recordings=200", "model.width=4", "data.batch_size=32", "trainer.accelerator=cpu",
-             "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-             "trainer.enable_progress_bar=false", f"paths.output_dir={out}"]))
+    run(compose_run(out, *common, "data=digits_dvs"))
     ckpt = out / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
     export_dir = tmp_path / "export"
-    run(cfg([*common, "task=export", f"ckpt_path={ckpt}", f"export.dir={export_dir}", "export.formats=[nir]",
-             f"paths.output_dir={tmp_path / 'exp'}"]))
+    run(compose_run(tmp_path / "exp", *common, "task=export", f"ckpt_path={ckpt}", f"export.dir={export_dir}",
+                    "export.formats=[nir]"))
     graph = nir.read(str(export_dir / "model.nir"))
     assert graph.metadata["T"] == 2 and list(graph.nodes["input"].input_type["input"]) == [2, 16, 16]
     import json

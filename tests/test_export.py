@@ -8,45 +8,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from PIL import Image
 
 from snntrain import export as ex
 from snntrain import load_checkpoint, load_exported
 from snntrain.checkpoint import CheckpointError
 from snntrain.cli import run
+from snntrain.models.detector import pyramid_scales
 
 # ONNX runs the same float32 graph through other kernels: conv results differ in the last
 # bits, so a membrane that lands within ~1e-6 of the threshold may fire in one and not the
 # other. On the small inputs below that never happens; the tolerance covers the rounding.
 ONNX_ATOL = 1e-4
 
-CLASSIFY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32",
-            "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-            "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none"]
-DETECT = ["task=detect", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8",
-          "model.head.num_convs=1", "data.num_train=16", "data.num_val=8", "data.num_test=4", "data.image_size=32",
-          "data.face_size=[8,14]", "data.batch_size=8", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-          "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false",
-          "logger=none"]
-
-
-def compose_cfg(out: Path, overrides: list[str]):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*overrides, f"paths.output_dir={out}"])
-
 
 @pytest.fixture(scope="module")
-def classifier_ckpt(tmp_path_factory) -> Path:
+def classifier_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("cls")
-    run(compose_cfg(out, CLASSIFY))
+    run(compose_run(out, "debug=tiny"))
     return out / "checkpoints" / "last.ckpt"
 
 
 @pytest.fixture(scope="module")
-def detector_ckpt(tmp_path_factory) -> Path:
+def detector_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("det")
-    run(compose_cfg(out, DETECT))
+    run(compose_run(out, "debug=tiny", "task=detect"))
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -68,6 +54,7 @@ def sample(card: dict, seed: int = 1) -> torch.Tensor:
     return torch.randn(card["input_shape"], generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 def test_classifier_export_folder_and_card(classifier_export):
     out, card = classifier_export
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.yaml", "model.onnx", "model.pt2",
@@ -81,6 +68,7 @@ def test_classifier_export_folder_and_card(classifier_export):
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "temporary folder left behind"
 
 
+@pytest.mark.slow
 def test_classifier_safetensors_reload_is_identical(classifier_ckpt, classifier_export):
     out, card = classifier_export
     from_ckpt = load_checkpoint(classifier_ckpt, backend="torch")
@@ -93,6 +81,7 @@ def test_classifier_safetensors_reload_is_identical(classifier_ckpt, classifier_
     assert probs.shape == (3, 10) and torch.allclose(probs.sum(-1), torch.ones(3))
 
 
+@pytest.mark.slow
 def test_classifier_onnx_matches_pytorch_backend(classifier_export):
     import onnxruntime as ort
 
@@ -107,6 +96,7 @@ def test_classifier_onnx_matches_pytorch_backend(classifier_export):
     np.testing.assert_allclose(got, ref, atol=ONNX_ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_classifier_program_loads_and_matches(classifier_export):
     out, card = classifier_export
     program = torch.export.load(str(out / "model.pt2"))
@@ -117,6 +107,7 @@ def test_classifier_program_loads_and_matches(classifier_export):
     assert card["torch_export_backend"] == "torch"
 
 
+@pytest.mark.slow
 def test_detector_round_trips(detector_ckpt, detector_export):
     import onnxruntime as ort
 
@@ -140,8 +131,18 @@ def test_detector_round_trips(detector_ckpt, detector_export):
     with torch.no_grad():
         p_boxes, p_scores = program.module()(x)
     assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
+    # one pass at any scale: both graphs take other heights and widths (multiples of the coarsest stride)
+    other = torch.randn(1, 3, 48, 80, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref_boxes, ref_scores = ex.ExportGraph(model.model)(other)
+        p_boxes, p_scores = program.module()(other)
+    boxes, scores = session.run(None, {"images": other.numpy()})
+    assert scores.shape == (1, 12 * 20 + 6 * 10 + 3 * 5, 1)
+    np.testing.assert_allclose(scores, ref_scores.numpy(), atol=ONNX_ATOL, rtol=0)
+    assert torch.allclose(p_boxes, ref_boxes, atol=1e-4) and torch.allclose(p_scores, ref_scores, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatch):
     out = tmp_path / "export"
 
@@ -161,6 +162,7 @@ def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
     with pytest.raises(CheckpointError, match="nope.ckpt does not exist"):
         ex.export_checkpoint(tmp_path / "nope.ckpt", tmp_path / "out")
@@ -178,6 +180,7 @@ def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
         load_exported(tmp_path)
 
 
+@pytest.mark.slow
 def test_mismatched_weights_are_named(classifier_export, tmp_path):
     import shutil
 
@@ -193,10 +196,11 @@ def test_mismatched_weights_are_named(classifier_export, tmp_path):
         load_exported(bad)
 
 
-def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
+@pytest.mark.slow
+def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path, compose_run):
     out = tmp_path / "exported"
-    card = run(compose_cfg(tmp_path / "run", ["task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
-                                              "export.formats=[safetensors]", "backend=torch"]))
+    card = run(compose_run(tmp_path / "run", "task=export", f"ckpt_path={classifier_ckpt}", f"export.dir={out}",
+                           "export.formats=[safetensors]", "backend=torch"))
     assert (out / "model.safetensors").exists() and not (out / "model.onnx").exists()
     assert list(card["files"]) == ["config.yaml", "model.safetensors"]
 
@@ -207,17 +211,16 @@ def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
         Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images / f"img{i}.png")
     (images / "notes.txt").write_text("not an image")
 
-    records = run(compose_cfg(tmp_path / "run2", ["task=predict", f"ckpt_path={out}", f"input={images}",
-                                                  "backend=torch"]))
+    records = run(compose_run(tmp_path / "run2", "task=predict", f"ckpt_path={out}", f"input={images}",
+                              "backend=torch"))
     saved = json.loads((tmp_path / "run2" / "predictions" / "predictions.json").read_text())
     assert saved == records and len(saved) == 3
     assert all(0 <= r["label"] < 10 and abs(sum(r["probabilities"]) - 1) < 1e-4 for r in saved)
 
     det_dir, _ = detector_export
     pred_out = tmp_path / "det_pred"
-    records = run(compose_cfg(tmp_path / "run3", ["task=predict", f"ckpt_path={det_dir}", f"input={images / 'img0.png'}",
-                                                  f"predict.output_dir={pred_out}", "predict.score_thresh=0.0",
-                                                  "backend=torch"]))
+    records = run(compose_run(tmp_path / "run3", "task=predict", f"ckpt_path={det_dir}", f"input={images / 'img0.png'}",
+                              f"predict.output_dir={pred_out}", "predict.score_thresh=0.0", "backend=torch"))
     saved = json.loads((pred_out / "predictions.json").read_text())
     assert saved == records and saved[0]["width"] == 50 and saved[0]["height"] == 40
     for det in saved[0]["detections"]:
@@ -226,7 +229,44 @@ def test_cli_export_and_predict(classifier_ckpt, detector_export, tmp_path):
     assert (pred_out / "images" / "img0.png").exists()
 
 
-def test_predict_input_errors(classifier_ckpt, tmp_path):
+@pytest.mark.slow
+def test_predict_runs_the_pyramid_in_tiles_or_one_pass(detector_export, tmp_path, compose_run):
+    """task=predict reads a photo at its own resolution and runs the model's image pyramid (here in tiles of
+    64 px), or with predict.scales=null the single pass of evaluation; boxes are in the photo's pixels."""
+    det_dir, card = detector_export
+    assert card["multi_scale"]["object_sizes"] == [8, 14] and card["multi_scale"]["train_size"] == 32
+    assert "one pass at one scale" in card["outputs"] and "object_sizes" in (det_dir / "README.md").read_text()
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (150, 230, 3), dtype=np.uint8)).save(photo)
+    model = load_exported(det_dir, backend="torch")
+    assert model.model.scale_plan(150, 230) == pyramid_scales(150, 230, 32, 1.41)  # faces of 3 %: from scale 1
+    for overrides in (["predict.tile_size=64"], ["predict.scales=null"], ["predict.scales=[1.0,0.5]"]):
+        out = tmp_path / overrides[0].split("=")[0]
+        records = run(compose_run(tmp_path / "run", *["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                                     f"predict.output_dir={out}", "predict.score_thresh=0.0",
+                                                     "backend=torch", *overrides]))
+        assert records[0]["width"] == 230 and records[0]["height"] == 150 and records[0]["detections"]
+        for det in records[0]["detections"]:
+            x1, y1, x2, y2 = det["box"]
+            assert 0 <= x1 <= x2 <= 230 and 0 <= y1 <= y2 <= 150
+    with pytest.raises(ValueError, match="predict.scales='big' is not valid"):
+        run(compose_run(tmp_path / "run", *["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                           "predict.scales=big", "backend=torch"]))
+    with pytest.raises(ValueError, match="predict.tile_size=16 must be at least 64"):
+        run(compose_run(tmp_path / "run", *["task=predict", f"ckpt_path={det_dir}", f"input={photo}",
+                                           "predict.tile_size=16", "backend=torch"]))
+
+
+def test_old_face_detector_checkpoints_take_their_sizes_from_the_data_section():
+    config = {"data": {"name": "faces", "face_size": [10, 48], "image_size": 64},
+              "model": {"name": "sew_resnet", "head": {"fpn_levels": [1, 2, 3]}}}
+    assert ex.model_config(config)["head"]["object_sizes"] == [10, 48]
+    assert ex.model_config(config)["head"]["train_size"] == 64
+    config["data"] = {"name": "widerface", "image_size": 640}
+    assert "object_sizes" not in ex.model_config(config)["head"]
+
+
+def test_predict_input_errors(tmp_path, compose_run):
     from snntrain.predict import list_images
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -234,9 +274,10 @@ def test_predict_input_errors(classifier_ckpt, tmp_path):
     with pytest.raises(ValueError, match="holds no images"):
         list_images(tmp_path)
     with pytest.raises(ValueError, match="task=predict needs ckpt_path"):
-        run(compose_cfg(tmp_path / "r", ["task=predict", f"input={tmp_path}"]))
+        run(compose_run(tmp_path / "r", "task=predict", f"input={tmp_path}"))
 
 
+@pytest.mark.slow
 def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
     """A detector exports its backbone to NIR: one spike-map output per built stage (the default
     pyramid reads stages 1-3, so stage 4 is not built), matching the model's stages."""
@@ -249,3 +290,30 @@ def test_nir_export_of_detector_backbone(detector_ckpt, tmp_path):
     graph = nir.read(str(tmp_path / "e" / "model.nir"))
     outputs = sorted(n for n, node in graph.nodes.items() if isinstance(node, nir.Output))
     assert outputs == ["stage1", "stage2", "stage3"] and graph.metadata["dt"] == 1e-3
+
+
+@pytest.mark.slow
+def test_detector_checkpoint_of_the_old_layout_loads_validates_and_exports(detector_ckpt, tmp_path, compose_run):
+    """Checkpoints written before the detector had a model name of its own describe it as ``sew_resnet``
+    with a ``head`` section, with the callbacks' and DDP settings at the top of the config: they load,
+    validate and export as the same checkpoint in today's layout."""
+    ckpt = torch.load(detector_ckpt, map_location="cpu", weights_only=True)
+    config = ckpt["hyper_parameters"]["config"]
+    assert config["model"]["name"] == "sew_fcos"
+    config["model"]["name"] = "sew_resnet"
+    config.update(config.pop("callbacks"))
+    config["ddp"] = config["trainer"].pop("ddp")
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, ref = load_checkpoint(old, backend="torch")(x), load_checkpoint(detector_ckpt, backend="torch")(x)
+    assert isinstance(load_checkpoint(old, backend="torch"), ex.SpikingDetector)
+    for a, b in zip(got, ref):
+        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["scores"], b["scores"])
+    metrics = [run(compose_run(tmp_path / name, "debug=tiny", "task=detect", "train=false", f"ckpt_path={path}"))
+               for name, path in (("old", old), ("new", detector_ckpt))]
+    assert metrics[0] == metrics[1]
+    card = ex.export_checkpoint(old, tmp_path / "export", formats=["safetensors"], backend="torch")
+    assert card["task"] == "detect" and isinstance(load_exported(tmp_path / "export"), ex.SpikingDetector)

@@ -18,28 +18,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from snntrain import export as ex
 from snntrain.cli import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY_CLASSIFY = ["backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32",
-                 "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-                 "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none",
-                 "precise_bn.num_batches=2"]
-
-
-def compose_cfg(out: Path, overrides: list[str]):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*overrides, f"paths.output_dir={out}"])
+def _pythonpath() -> str:
+    """This checkout first, then whatever the environment already adds (packages installed elsewhere)."""
+    return os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 
 
 def fresh_python(code: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a new interpreter (this checkout importable, the given environment changes)."""
     full = dict(os.environ)
-    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    full["PYTHONPATH"] = _pythonpath()
     for key, value in (env or {}).items():
         if value is None:
             full.pop(key, None)
@@ -50,9 +43,9 @@ def fresh_python(code: str, env: dict[str, str] | None = None, timeout: int = 60
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory) -> Path:
+def tiny_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("cls")
-    run(compose_cfg(out, TINY_CLASSIFY))
+    run(compose_run(out, "debug=tiny"))
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -66,6 +59,7 @@ def triton_program(tiny_ckpt, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_kernels_registers_every_op():
     """``import snntrain.kernels`` alone registers every op family, the fused norm-neuron ones included."""
     res = fresh_python("""
@@ -78,6 +72,7 @@ def test_importing_kernels_registers_every_op():
             "layer_norm_fwd", "layer_norm_bwd", "giou_loss", "giou_loss_backward"} <= ops
 
 
+@pytest.mark.slow
 def test_program_ops_are_read_from_the_archive(triton_program, tmp_path):
     assert ex.program_ops(triton_program / "model.pt2") == ["bn_neuron_fwd"]
     bad = tmp_path / "model.pt2"
@@ -155,7 +150,7 @@ def test_checkpoint_and_export_folder_in_a_fresh_process(tiny_ckpt, triton_progr
                           f"input={images}", f"predict.output_dir={out}", f"hydra.run.dir={tmp_path / 'run'}",
                           "backend=triton"],
                          capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT),
+                         env={**os.environ, "PYTHONPATH": _pythonpath(),
                               **({} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"})})
     assert res.returncode == 0, res.stderr[-3000:]
     saved = json.loads((out / "predictions.json").read_text())
@@ -191,14 +186,14 @@ GPU_COMPARE = """
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["classify", "detect"])
-def test_gpu_export_default_models_load_in_a_fresh_process(task, tmp_path):
+def test_gpu_export_default_models_load_in_a_fresh_process(task, tmp_path, compose_run):
     """The default classifier and detector, trained briefly and exported on the GPU with the Triton backend
     (safetensors, ONNX, torch.export, NIR), load and run in a new process; the program matches the export
     folder on the Triton backend, and ONNX matches it on the PyTorch backend."""
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
                  "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none",
-                 "precise_bn.num_batches=2"]
-    run(compose_cfg(tmp_path / "run", overrides))
+                 "callbacks.precise_bn.num_batches=2"]
+    run(compose_run(tmp_path / "run", *overrides))
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     folder = tmp_path / "export"
     card = ex.export_checkpoint(ckpt, folder, formats=["safetensors", "onnx", "torch_export", "nir"],
@@ -206,7 +201,7 @@ def test_gpu_export_default_models_load_in_a_fresh_process(task, tmp_path):
     assert card["torch_export_backend"] == "triton"
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(GPU_COMPARE), str(folder),
                           json.dumps(card["input_shape"])], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": _pythonpath()})
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["program_vs_triton"] < 1e-4, got

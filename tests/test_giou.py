@@ -11,19 +11,18 @@ import pytest
 import torch
 from torchvision.ops import generalized_box_iou_loss as tv_giou
 
+from _testing import SUMMED, assert_close, capture_cuda_graph
 from snntrain.kernels import giou as K
+from snntrain.kernels import giou_tuning as GT
 from snntrain.losses import GIoULoss, giou_loss, giou_loss_reference
 
-# (rtol, atol) for the loss and for the gradients, against the float64 oracle on the same
-# input values. Low-precision inputs are exact in float64, and the kernels compute in fp32,
-# so the loss is fp32-accurate for every input dtype; gradients are rounded to the input's
-# dtype on the way out.
-TOL = {
-    torch.float32: {"loss": (2e-5, 1e-6), "grad": (1e-4, 1e-5)},
-    torch.float16: {"loss": (2e-5, 1e-6), "grad": (2e-3, 1e-4)},
-    torch.bfloat16: {"loss": (2e-5, 1e-6), "grad": (1.6e-2, 1e-3)},
-    torch.float64: {"loss": (1e-10, 1e-12), "grad": (1e-8, 1e-10)},
-}
+# Tolerances against the float64 oracle on the same input values: the shared table's row of
+# the compared tensor's dtype. Low-precision inputs are exact in float64 and the kernels
+# compute in fp32, so the loss (fp32, or fp64 for fp64 boxes) gets its own dtype's row whatever
+# the input dtype; gradients are rounded to the input's dtype on the way out, and fp32 ones
+# (fast divisions on the GPU, cancelling terms) get ``SUMMED`` (:func:`grad_tolerance`).
+# Against PyTorch's fp32 reference (another operation order): ``REFERENCE``.
+REFERENCE = dict(rtol=2e-5, atol=1e-6)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -94,9 +93,9 @@ def ours(pred, target, weight=None, reduction="mean", box_format="xyxy", grad_ou
     return loss.detach(), grads, (p, t, w)
 
 
-def assert_close(a, b, dtype, kind, what=""):
-    rtol, atol = TOL[dtype][kind]
-    torch.testing.assert_close(a.double().cpu(), b.double().cpu(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+def grad_tolerance(grad: torch.Tensor) -> dict:
+    """The tolerance overrides for a gradient: none (the table's row), ``SUMMED`` for fp32."""
+    return SUMMED if grad.dtype == torch.float32 else {}
 
 
 def compare(pred, target, weight=None, reduction="mean", box_format="xyxy", wrt=("pred",), seed=1, **kw):
@@ -112,11 +111,11 @@ def compare(pred, target, weight=None, reduction="mean", box_format="xyxy", wrt=
     expect = torch.float64 if dtype == torch.float64 else torch.float32
     assert lo.dtype == expect, lo.dtype
     assert lo.shape == lr.shape
-    assert_close(lo, lr, dtype, "loss", "loss")
+    assert_close(lo, lr, what="loss")
     for name, a, b, x in zip(wrt, go, gr, [{"pred": p, "target": t, "weight": w}[n] for n in wrt]):
         assert a.dtype == x.dtype and a.shape == x.shape, (name, a.dtype, x.dtype, a.shape, x.shape)
         assert torch.isfinite(a).all(), name
-        assert_close(a, b, x.dtype, "grad", name)
+        assert_close(a, b, **grad_tolerance(a), what=name)
     return lo, go
 
 
@@ -138,7 +137,7 @@ def test_canonical_cases(device, dtype):
     target = torch.tensor([c[1] for c in CANONICAL], device=device, dtype=dtype)
     want = torch.tensor([c[2] for c in CANONICAL], dtype=torch.float64)
     lo, _ = compare(pred, target, reduction="none", wrt=("pred", "target"))
-    torch.testing.assert_close(lo.double().cpu(), want, rtol=0, atol=1e-6)
+    assert_close(lo, want, rtol=0, atol=1e-6, what="canonical losses")
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
@@ -171,13 +170,13 @@ def test_broadcast_weight(device):
     weight = torch.rand(4, 1, generator=torch.Generator().manual_seed(9)).to(device) + 0.5
     lo, go, _ = ours(pred, target, weight, "mean", wrt=("pred", "weight"))
     lr, gr = oracle(pred, target, weight.expand(4, 9), "mean", wrt=("pred",))
-    assert_close(lo, lr, torch.float32, "loss")
-    assert_close(go[0], gr[0], torch.float32, "grad")
+    assert_close(lo, lr, what="loss")
+    assert_close(go[0], gr[0], **SUMMED, what="dpred")
     assert go[1].shape == (4, 1)
     # weight grad of the broadcast weight: sum over the broadcast axis of loss_i / #valid
     per_box = oracle(pred, target, None, "none", wrt=())[0]
     n_valid = (target[..., 3] > 0).sum().clamp(min=1)
-    assert_close(go[1], (per_box.sum(1, keepdim=True) / n_valid), torch.float32, "grad")
+    assert_close(go[1], (per_box.sum(1, keepdim=True) / n_valid), **SUMMED, what="dweight")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -188,9 +187,9 @@ def test_mixed_dtypes(device, dtype):
     lr, gr = oracle(pred, target, None, "mean", wrt=("pred", "target"))
     assert lo.dtype == torch.float32
     assert go[0].dtype == dtype and go[1].dtype == torch.float32
-    assert_close(lo, lr, dtype, "loss")
-    assert_close(go[0], gr[0], dtype, "grad")
-    assert_close(go[1], gr[1], torch.float32, "grad")
+    assert_close(lo, lr, what="loss")
+    assert_close(go[0], gr[0], **grad_tolerance(go[0]), what="dpred")
+    assert_close(go[1], gr[1], **SUMMED, what="dtarget")
 
 
 def test_ltrb_matches_xyxy(device):
@@ -203,14 +202,14 @@ def test_ltrb_matches_xyxy(device):
     # and against our own xyxy path on the converted boxes: same point at the origin, exact
     a = giou_loss(pred, target, reduction="none", box_format="ltrb", backend="triton")
     b = giou_loss(ltrb_to_xyxy(pred), ltrb_to_xyxy(target), reduction="none", backend="triton")
-    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert_close(a, b, rtol=0, atol=0, what="ltrb against xyxy")
     # a common point elsewhere: translation-invariant up to rounding (on the non-padding rows,
     # since padding is decided on the shifted y2)
     c = torch.tensor([3.0, 7.0], device=device)
     shift = torch.cat([c, c])
     d = giou_loss(ltrb_to_xyxy(pred) + shift, ltrb_to_xyxy(target) + shift, reduction="none", backend="triton")
     keep = target[:, 3] > 0
-    torch.testing.assert_close(a[keep], d[keep], rtol=1e-4, atol=1e-5)
+    assert_close(a[keep], d[keep], **SUMMED, what="translated")
 
 
 # ------------------------------------------------------------------------------------------
@@ -262,7 +261,7 @@ def test_tie_policy_is_half_split(device):
     _, (gp, gt), _ = ours(box, box.clone(), None, "sum", wrt=("pred", "target"))
     torch.testing.assert_close(gp, gt)  # symmetric split between the two boxes
     _, (gr,) = oracle(box, box, None, "sum")
-    torch.testing.assert_close(gp.double().cpu(), gr.cpu(), rtol=1e-5, atol=1e-7)
+    assert_close(gp, gr, atol=1e-7, what="dpred")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter computes on the NaN rows too
@@ -283,11 +282,11 @@ def test_padding_rows(device):
                         wrt=("pred", "target"))
         if reduction == "none":
             assert (lo[pad] == 0).all()
-            assert_close(lo[keep], lr, torch.float32, "loss")
+            assert_close(lo[keep], lr, what="loss")
         else:
-            assert_close(lo, lr, torch.float32, "loss")
-        assert_close(go[0][keep], gr[0], torch.float32, "grad")
-        assert_close(go[1][keep], gr[1], torch.float32, "grad")
+            assert_close(lo, lr, what="loss")
+        assert_close(go[0][keep], gr[0], **SUMMED, what="dpred")
+        assert_close(go[1][keep], gr[1], **SUMMED, what="dtarget")
 
 
 def test_all_padding(device):
@@ -405,7 +404,7 @@ def test_default_grad_mode_used(device, monkeypatch, dtype):
         want = K.default_grad_mode(n, dtype)
         assert seen[-1] == (1 if want == "fused" else 0), (n, dtype, seen)
         _, (gr,) = oracle(pred, target, None, "mean")
-        assert_close(p.grad, gr, dtype, "grad")
+        assert_close(p.grad, gr, **grad_tolerance(p.grad), what="dpred")
 
 
 def padded_runs(b, k, device, dtype=torch.float32, seed=40, valid=0.5):
@@ -444,7 +443,7 @@ def test_fused_flags_values(device, small_thresholds):
 
 def test_fused_flags_one_per_block(device, small_thresholds, monkeypatch):
     """FLAG_ROWS equal to the forward's block (one flag per tile), padding scattered and in runs."""
-    monkeypatch.setattr(K, "FLAG_ROWS", K._FWD_CONFIGS[0].kwargs["BLOCK"])
+    monkeypatch.setattr(K, "FLAG_ROWS", GT.FWD_CONFIGS[0].kwargs["BLOCK"])
     pred, target = padded_runs(2, 3 * K.FLAG_ROWS + 5, device, seed=42)
     target[0, :7] = 0.0
     for reduction in ("sum", "mean"):
@@ -476,7 +475,7 @@ def test_fused_gradient_not_copied(device, monkeypatch):
     giou_loss(p, target, backend="triton").backward()
     assert p.grad is not None and p.grad.data_ptr() == seen[0]
     _, (gr,) = oracle(pred, target, None, "mean")
-    assert_close(p.grad, gr, torch.float32, "grad")
+    assert_close(p.grad, gr, **SUMMED, what="dpred")
 
 
 @pytest.mark.parametrize("multi", [False, True])
@@ -494,10 +493,10 @@ def test_retain_graph_second_backward(device, monkeypatch, multi, reduction):
     g1 = torch.autograd.grad(loss, (p, t), g, retain_graph=True)
     g2 = torch.autograd.grad(loss, (p, t), g)
     for a, b in zip(g1, g2):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b, what="second backward")
     _, gr = oracle(pred, target, None, reduction, grad_out=g, wrt=("pred", "target"))
-    assert_close(g1[0], gr[0], torch.float32, "grad")
-    assert_close(g1[1], gr[1], torch.float32, "grad")
+    assert_close(g1[0], gr[0], **SUMMED, what="dpred")
+    assert_close(g1[1], gr[1], **SUMMED, what="dtarget")
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -509,7 +508,7 @@ def test_no_grad_forward_skips_autograd(device, reduction):
     b = giou_loss(pred, target, reduction=reduction, backend="triton")  # nothing requires grad
     for x in (a, b):
         assert x.grad_fn is None and not x.requires_grad
-        torch.testing.assert_close(x, want, rtol=2e-5, atol=1e-6)
+        assert_close(x, want, **REFERENCE, what="loss")
 
 
 @pytest.mark.parametrize("multi", [False, True])
@@ -531,8 +530,8 @@ def test_fcos_style_call(device, monkeypatch, multi):
     b = giou_loss(r, target, reduction="sum", box_format="ltrb", backend="torch")
     (a / 7.0).backward()
     (b / 7.0).backward()
-    torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-5)
-    torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6)
+    assert_close(a, b, rtol=2e-5, atol=1e-5, what="loss")
+    assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6, what="dpred")
 
 
 def test_launch_config_cached(device, small_thresholds, monkeypatch):
@@ -541,27 +540,27 @@ def test_launch_config_cached(device, small_thresholds, monkeypatch):
     Which configuration wins depends on the GPU; this checks that one of the listed ones is
     cached once and reused, not which.
     """
-    monkeypatch.setattr(K, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
+    monkeypatch.setattr(GT, "PROGRAMS_PER_SM", 1)  # the tuning grid differs from the cached one
     tunes = []
-    real = K._tune_persistent
-    monkeypatch.setattr(K, "_tune_persistent", lambda *a, **k: tunes.append(1) or real(*a, **k))
+    real = GT.tune_persistent
+    monkeypatch.setattr(GT, "tune_persistent", lambda *a, **k: tunes.append(1) or real(*a, **k))
     pred, target = pair((200,), device, seed=49)
     p = pred.clone().requires_grad_()
-    K._BEST.clear()
+    GT.BEST.clear()
     first = giou_loss(p, target, backend="triton")
     first.backward()
     g_first = p.grad
-    assert len(K._BEST) == 1 and len(tunes) == 1
-    kwargs, block, per_sm = next(iter(K._BEST.values()))
-    assert (block, kwargs["num_warps"]) in {(c.kwargs["BLOCK"], c.num_warps) for c in K._FWD_CONFIGS}
+    assert len(GT.BEST) == 1 and len(tunes) == 1
+    kwargs, block, per_sm = next(iter(GT.BEST.values()))
+    assert (block, kwargs["num_warps"]) in {(c.kwargs["BLOCK"], c.num_warps) for c in GT.FWD_CONFIGS}
     assert per_sm >= 1
     p.grad = None
     again = giou_loss(p, target, backend="triton")
     again.backward()
-    assert len(K._BEST) == 1 and len(tunes) == 1  # cached: not tuned again
+    assert len(GT.BEST) == 1 and len(tunes) == 1  # cached: not tuned again
     assert torch.equal(first, again) and torch.equal(g_first, p.grad)
     _, (gr,) = oracle(pred, target, None, "mean")
-    assert_close(p.grad, gr, torch.float32, "grad")
+    assert_close(p.grad, gr, **SUMMED, what="dpred")
 
 
 def test_tune_persistent_picks_fastest(device, small_thresholds, monkeypatch):
@@ -570,7 +569,7 @@ def test_tune_persistent_picks_fastest(device, small_thresholds, monkeypatch):
 
     configs = [triton.Config({"BLOCK": 32}, num_warps=4), triton.Config({"BLOCK": 64}, num_warps=4),
                triton.Config({"BLOCK": 128}, num_warps=4)]
-    monkeypatch.setattr(K, "_FWD_CONFIGS", configs)
+    monkeypatch.setattr(GT, "FWD_CONFIGS", configs)
     times = iter([3.0, 1.0, 1.0])
     timed = []
 
@@ -579,18 +578,18 @@ def test_tune_persistent_picks_fastest(device, small_thresholds, monkeypatch):
         timed.append(1)
         return next(times)
 
-    monkeypatch.setattr(K, "_bench_launch", fake_bench)
-    K._BEST.clear()
+    monkeypatch.setattr(GT, "bench_launch", fake_bench)
+    GT.BEST.clear()
     pred, target = pair((300,), device, seed=61)
     for reduction in ("sum", "mean"):
         compare(pred, target, None, reduction, wrt=("pred",))
         if reduction == "sum":
             assert len(timed) == 3
-            kwargs, block, per_sm = next(iter(K._BEST.values()))
+            kwargs, block, per_sm = next(iter(GT.BEST.values()))
             assert block == 64 and kwargs["num_warps"] == 4
             times = iter([1.0, 2.0, 3.0])
-    assert len(K._BEST) == 2 and len(timed) == 6
-    K._BEST.clear()
+    assert len(GT.BEST) == 2 and len(timed) == 6
+    GT.BEST.clear()
 
 
 def test_eps_is_compile_time():
@@ -618,12 +617,12 @@ def test_programs_per_sm():
     class Kern:
         n_regs = 128
 
-    assert K._programs_per_sm(Kern(), 4) == 4  # 128 regs x 128 threads: 4 of 64 K registers
+    assert GT.programs_per_sm(Kern(), 4) == 4  # 128 regs x 128 threads: 4 of 64 K registers
     Kern.n_regs = 133  # rounded up per warp to 136
-    assert K._programs_per_sm(Kern(), 4) == 3
+    assert GT.programs_per_sm(Kern(), 4) == 3
     Kern.n_regs = 32
-    assert K._programs_per_sm(Kern(), 4) == 16  # thread limit 2048
-    assert K._programs_per_sm(object(), 4) == K.PROGRAMS_PER_SM
+    assert GT.programs_per_sm(Kern(), 4) == 16  # thread limit 2048
+    assert GT.programs_per_sm(object(), 4) == GT.PROGRAMS_PER_SM
 
 
 # ------------------------------------------------------------------------------------------
@@ -672,7 +671,7 @@ def test_reference_matches_kernels(device):
     for reduction in ("none", "mean"):
         a = giou_loss(pred, target, reduction=reduction, backend="triton")
         b = giou_loss_reference(pred, target, reduction=reduction)
-        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+        assert_close(a, b, **REFERENCE, what="loss")
 
 
 def test_auto_backend_on_cpu():
@@ -783,27 +782,23 @@ def test_torch_compile_fullgraph(device, monkeypatch):
     torch.testing.assert_close(p1.grad, p2.grad)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_cuda_graph_capture(device):
     pred, target = pair((32, 256), device, seed=32, pad_frac=0.5)
     p = pred.clone().requires_grad_()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):  # compile and tune outside the capture
-            p.grad = None
-            giou_loss(p, target).backward()
-    torch.cuda.current_stream().wait_stream(s)
-    p.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def step():
+        p.grad = None
         loss = giou_loss(p, target)
         loss.backward()
+        return loss
+
+    graph, loss = capture_cuda_graph(step, warmup=3)  # compile and tune outside the capture
     new = rand_boxes((32, 256), device, gen=torch.Generator().manual_seed(33))
     with torch.no_grad():
         p.copy_(new)
     graph.replay()
     torch.cuda.synchronize()
     lr, (gr,) = oracle(new, target, None, "mean")
-    assert_close(loss, lr, torch.float32, "loss")
-    assert_close(p.grad, gr, torch.float32, "grad")
+    assert_close(loss, lr, what="loss")
+    assert_close(p.grad, gr, **SUMMED, what="dpred")

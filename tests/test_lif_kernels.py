@@ -5,11 +5,12 @@ on a GPU machine the same tests run the compiled kernels on CUDA tensors.
 
 Tolerances. The kernels compute the same fp32 operations in the same order as the
 reference (the charge's multiply is explicitly rounded, never fused), so spikes and the
-fp32 membrane are expected to be identical; the membrane check allows 1e-6 to stay
-robust to a different libm. Gradients differ from autograd's by summation order
-(dL/dV_{t-1} = dL/dH * (1 - k) instead of dL/dH - dL/dH * k, PLIF's dL/dw reduced in
-blocks), so they get a per-dtype tolerance: dL/dX is rounded to the input dtype and
-allowed two units in its last place; fp32 results (dL/dw, dL/dv_init) use the fp32 row.
+fp32 membrane are expected to be identical; the membrane check allows 1e-6 (``MEMBRANE``)
+to stay robust to a different libm. Gradients differ from the reference's by summation
+order (dL/dV_{t-1} = dL/dH * (1 - k) instead of dL/dH - dL/dH * k), so they are checked
+with the shared per-dtype table (``_testing.TOLERANCES``): dL/dX is rounded to the input
+dtype and allowed two units in its last place, dL/dv_init uses the fp32 row. PLIF's dL/dw
+is a sum over every neuron and step, reduced in blocks: ``_testing.SUMMED``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import itertools
 import pytest
 import torch
 
+from _testing import SUMMED, assert_close, capture_cuda_graph
 from snntrain import backend as backend_mod
 from snntrain.kernels import lif as K
 from snntrain.nn import IF, LIF, PLIF, set_backend
@@ -26,14 +28,8 @@ from snntrain.nn import functional as F
 from snntrain.nn.surrogate import SURROGATES
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# (rtol, atol) per dtype of the compared tensor.
-TOL = {
-    torch.float32: (1e-5, 1e-6),
-    torch.float16: (2e-3, 1e-5),  # 2 ulp of fp16
-    torch.bfloat16: (1.6e-2, 1e-4),  # 2 ulp of bf16
-}
-MEMBRANE_TOL = (1e-6, 1e-6)
-DW_TOL = (1e-4, 1e-5)  # a sum over all neurons and steps, reduced in a different order
+# The fp32 membrane: the same operations as the reference, so tighter than the table.
+MEMBRANE = dict(rtol=1e-6, atol=1e-6)
 
 KINDS = ["if", "lif", "plif"]
 
@@ -66,19 +62,14 @@ def _run(backend, x_leaf, p, *, w=None, v_init=None, g_s=None, g_v=None, g_q=Non
     return out, dict(zip(named, got))
 
 
-def _close(a, b, tol, what):
-    rtol, atol = tol
-    torch.testing.assert_close(a.float(), b.float(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
 def _compare(ref, got, dtype, check_membrane=True):
     (o_ref, g_ref), (o_got, g_got) = ref, got
     assert o_got.spikes.dtype == o_ref.spikes.dtype and o_got.spikes.shape == o_ref.spikes.shape
     assert torch.equal(o_got.spikes, o_ref.spikes), "spikes differ from the reference"
     if check_membrane:
-        _close(o_got.v_final, o_ref.v_final, MEMBRANE_TOL, "v_final")
+        assert_close(o_got.v_final, o_ref.v_final, **MEMBRANE, what="v_final")
         if o_ref.v_seq is not None:
-            _close(o_got.v_seq, o_ref.v_seq, MEMBRANE_TOL, "v_seq")
+            assert_close(o_got.v_seq, o_ref.v_seq, **MEMBRANE, what="v_seq")
     for name, a in g_ref.items():
         b = g_got[name]
         if a is None:
@@ -86,8 +77,7 @@ def _compare(ref, got, dtype, check_membrane=True):
             continue
         assert b is not None, f"d{name} missing"
         assert b.dtype == a.dtype and b.shape == a.shape, f"d{name}: {b.dtype} {b.shape} vs {a.dtype} {a.shape}"
-        tol = TOL[a.dtype] if name == "x" else (DW_TOL if name == "w" else TOL[torch.float32])
-        _close(b, a, tol, f"d{name}")
+        assert_close(b, a, **(SUMMED if name == "w" else {}), what=f"d{name}")
 
 
 def _check(x, p, device, **kw):
@@ -210,7 +200,7 @@ def test_expanded_grad_output(dtype, device):
         xl = x.detach().clone().requires_grad_()
         F.lif(xl, backend=backend).sum().backward()
         grads.append(xl.grad)
-    _close(grads[1], grads[0], TOL[dtype], "dx from y.sum().backward()")
+    assert_close(grads[1], grads[0], what="dx from y.sum().backward()")
 
 
 def test_gradient_only_for_w_and_deterministic(device):
@@ -223,7 +213,7 @@ def test_gradient_only_for_w_and_deterministic(device):
         s = F.neuron_multistep(x, p, w, backend=backend)
         (gw,) = torch.autograd.grad(s, [w], g_s)
         ws.append(gw)
-    _close(ws[1], ws[0], DW_TOL, "dw")
+    assert_close(ws[1], ws[0], **SUMMED, what="dw")
     assert torch.equal(ws[1], ws[2]), "dL/dw is not bitwise repeatable"
 
 
@@ -249,10 +239,10 @@ def test_modules_and_set_backend(device):
             results.append((y, v, xl.grad, getattr(m, "w", None)))
         (y0, v0, g0, w0), (y1, v1, g1, w1) = results
         assert torch.equal(y0, y1), cls.__name__
-        _close(v1, v0, MEMBRANE_TOL, f"{cls.__name__} v_final")
-        _close(g1, g0, TOL[torch.float32], f"{cls.__name__} dx")
+        assert_close(v1, v0, **MEMBRANE, what=f"{cls.__name__} v_final")
+        assert_close(g1, g0, what=f"{cls.__name__} dx")
         if w0 is not None:
-            _close(w1.grad, w0.grad, DW_TOL, "PLIF dw")
+            assert_close(w1.grad, w0.grad, **SUMMED, what="PLIF dw")
     net = torch.nn.Sequential(LIF(backend="torch"), torch.nn.Identity(), PLIF(backend="torch")).to(device)
     set_backend(net, "triton")
     assert [m.backend for m in net if hasattr(m, "backend")] == ["triton", "triton"]
@@ -268,7 +258,7 @@ def test_store_v_seq_module(device):
         m = LIF(backend=backend, store_v_seq=True)
         m(x)
         seqs.append(m.v_seq)
-    _close(seqs[1], seqs[0], MEMBRANE_TOL, "store_v_seq")
+    assert_close(seqs[1], seqs[0], **MEMBRANE, what="store_v_seq")
 
 
 def test_profiler_shows_ops_by_name(device):
@@ -298,9 +288,9 @@ def test_torch_compile_fullgraph(device):
         loss.backward()
         results.append((loss.detach(), xl.grad, w.grad))
     (l0, gx0, gw0), (l1, gx1, gw1) = results
-    _close(l1, l0, TOL[torch.float32], "compiled loss")  # a compiled sum may add in another order
-    _close(gx1, gx0, TOL[torch.float32], "compiled dx")
-    _close(gw1, gw0, DW_TOL, "compiled dw")
+    assert_close(l1, l0, what="compiled loss")  # a compiled sum may add in another order
+    assert_close(gx1, gx0, what="compiled dx")
+    assert_close(gw1, gw0, **SUMMED, what="compiled dw")
 
 
 def test_autocast_bf16(device):
@@ -318,7 +308,7 @@ def test_autocast_bf16(device):
         y.float().sum().backward()
         outs.append((y, z.grad))
     assert torch.equal(outs[0][0], outs[1][0])
-    _close(outs[1][1], outs[0][1], TOL[torch.bfloat16], "autocast dz")
+    assert_close(outs[1][1], outs[0][1], what="autocast dz")
 
 
 def test_triton_without_cuda_fails_clearly(monkeypatch):
@@ -338,28 +328,20 @@ def test_unsupported_dtype_is_refused(device):
         F.lif(x, backend="triton")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_graph_capture(device):
     """A training step with the kernels can be captured: nothing synchronises with the host."""
     x = torch.randn(8, 4, 1000, device=device, requires_grad=True)
     w = torch.tensor(0.2, device=device, requires_grad=True)
 
     def step():
+        x.grad = w.grad = None
         y = F.plif(F.lif(x, backend="triton") + x, w, backend="triton")
         y.sum().backward()
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            x.grad = w.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
+    step()
     eager_x, eager_w = x.grad.clone(), w.grad.clone()
-    graph = torch.cuda.CUDAGraph()
-    x.grad = w.grad = None
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture_cuda_graph(step)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager_x) and torch.equal(w.grad, eager_w)

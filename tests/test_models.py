@@ -16,9 +16,12 @@ def tiny(**kw) -> SEWResNet:
     return SEWResNet(**args)
 
 
-@pytest.mark.parametrize("depth, blocks, expansion", [(18, 8, 1), (34, 16, 1), (50, 16, 4)])
+# SEW-ResNet-18 with ADD in the fast tier; the other networks (seconds each on a CPU) with the slow tests
+@pytest.mark.parametrize("depth, blocks, expansion", [(18, 8, 1), pytest.param(34, 16, 1, marks=pytest.mark.slow),
+                                                      pytest.param(50, 16, 4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("stem, size", [("cifar", 16), ("imagenet", 32)])
-@pytest.mark.parametrize("connect", ["ADD", "AND", "IAND"])
+@pytest.mark.parametrize("connect", ["ADD", pytest.param("AND", marks=pytest.mark.slow),
+                                     pytest.param("IAND", marks=pytest.mark.slow)])
 def test_output_shapes(depth, blocks, expansion, stem, size, connect):
     m = tiny(depth=depth, stem=stem, connect=connect)
     n_blocks = sum(len(s) for s in (m.layer1, m.layer2, m.layer3, m.layer4))

@@ -7,10 +7,11 @@ same tests run the compiled kernels.
 
 Tolerances. fp32: statistics and sums are reduced in another order than PyTorch's, so the
 normalised input differs in its last bits; spikes are still expected to be equal on these
-inputs, gradients within ``TOL``. 16-bit input: the kernels compute in fp32 from the
-16-bit values, so the reference runs in fp32 on the same (upcast) values: spikes equal,
-dL/dx within two units in the last place of its dtype (relative to the largest value, as
-the batch-norm gradient subtracts channel means), parameter gradients (fp32) within ``TOL``.
+inputs, gradients within ``_testing.SUMMED``. 16-bit input: the kernels compute in fp32 from
+the 16-bit values, so the reference runs in fp32 on the same (upcast) values: spikes equal,
+dL/dx within two units in the last place of its dtype (the table's rtol, taken relative to
+the largest value, as the batch-norm gradient subtracts channel means), parameter gradients
+(fp32) within ``SUMMED``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import pytest
 import torch
 from torch import nn
 
+from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
 from snntrain.kernels import norm_neuron as K
 from snntrain.models import SEWResNet
 from snntrain.nn import LayerNorm2d, NormNeuron, build_neuron, set_backend
 
-TOL = {"x": (1e-4, 1e-5), "param": (1e-4, 1e-5)}
-X16_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative to the largest |dL/dx|
+# Running statistics: one mean and variance per channel, folded in like BatchNorm2d's.
+RUNNING = dict(rtol=1e-5, atol=1e-7)
 
 
 def _module(norm: str, C: int, neuron: dict, affine: bool = True, seed: int = 0, **bn) -> NormNeuron:
@@ -81,16 +83,14 @@ def _check(norm, neuron, shape, device, *, dtype=torch.float32, steps=None, make
         assert s1.flatten(0, 1).is_contiguous(memory_format=torch.channels_last), "spikes not in x's format"
     assert gx1.dtype == dtype and gx1.shape == x.shape
     if dtype == torch.float32:
-        torch.testing.assert_close(gx1, gx0, rtol=TOL["x"][0], atol=TOL["x"][1])
-    else:
-        err = (gx1.float() - gx0).abs().max().item()
-        assert err <= X16_TOL[dtype] * gx0.abs().max().item(), f"dx error {err}"
+        assert_close(gx1, gx0, **SUMMED, what="dx")
+    else:  # relative to the largest |dL/dx|
+        assert_close(gx1, gx0, rtol=0, atol=TOLERANCES[dtype][0] * gx0.abs().max().item(), what="dx")
     for name, g in gp0.items():
-        torch.testing.assert_close(gp1[name], g, rtol=TOL["param"][0], atol=TOL["param"][1], msg=name)
+        assert_close(gp1[name], g, **SUMMED, what=name)
     if norm == "bn":
         for buf in ("running_mean", "running_var", "num_batches_tracked"):
-            torch.testing.assert_close(getattr(m.norm, buf), getattr(ref.norm, buf), rtol=1e-5, atol=1e-7,
-                                       msg=buf)
+            assert_close(getattr(m.norm, buf), getattr(ref.norm, buf), **RUNNING, what=buf)
     return m, ref
 
 
@@ -154,7 +154,7 @@ def test_stride0_grad_output_and_layout(device):
         xl = x.clone().requires_grad_()
         mod(xl).sum().backward()
         outs.append(xl.grad)
-    torch.testing.assert_close(outs[1], outs[0], rtol=TOL["x"][0], atol=TOL["x"][1])
+    assert_close(outs[1], outs[0], **SUMMED, what="dx")
 
 
 @pytest.mark.parametrize("norm", ["bn", "ln"])
@@ -178,7 +178,7 @@ def test_running_statistics_and_eval(momentum, device):
         _run(m, "triton", x, g_s)
     assert int(m.norm.num_batches_tracked) == int(ref.norm.num_batches_tracked) == 3
     for buf in ("running_mean", "running_var"):
-        torch.testing.assert_close(getattr(m.norm, buf), getattr(ref.norm, buf), rtol=1e-5, atol=1e-7)
+        assert_close(getattr(m.norm, buf), getattr(ref.norm, buf), **RUNNING, what=buf)
     m.eval()
     ref.eval()
     x, g_s = _inputs((2, 2, 5, 3, 3), 40)
@@ -186,9 +186,9 @@ def test_running_statistics_and_eval(momentum, device):
     s0, gx0, gp0 = _run(ref, "torch", x, g_s)
     s1, gx1, gp1 = _run(m, "triton", x, g_s)
     assert torch.equal(s1, s0)
-    torch.testing.assert_close(gx1, gx0, rtol=TOL["x"][0], atol=TOL["x"][1])
+    assert_close(gx1, gx0, **SUMMED, what="dx")
     for name in gp0:
-        torch.testing.assert_close(gp1[name], gp0[name], rtol=TOL["param"][0], atol=TOL["param"][1], msg=name)
+        assert_close(gp1[name], gp0[name], **SUMMED, what=name)
     assert int(m.norm.num_batches_tracked) == 3
     with torch.no_grad():  # inference: no checkpoints, no backward state
         set_backend(m, "triton")
@@ -210,7 +210,7 @@ def test_batch_norm_variants(case, device):
     s0, gx0, _ = _run(ref, "torch", x, g_s)
     s1, gx1, _ = _run(m, "triton", x, g_s)
     assert torch.equal(s1, s0)
-    torch.testing.assert_close(gx1, gx0, rtol=TOL["x"][0], atol=TOL["x"][1])
+    assert_close(gx1, gx0, **SUMMED, what="dx")
 
 
 def test_deterministic(device):
@@ -233,9 +233,9 @@ def test_state_dict_moves_between_backends(device):
     ref.load_state_dict(fused.state_dict())
     x = torch.randn(2, 3, 8, 8, device=device)
     out_f, out_r = fused(x), ref(x)  # training mode: batch statistics, running statistics updated
-    torch.testing.assert_close(out_f, out_r, rtol=1e-4, atol=1e-5)
+    assert_close(out_f, out_r, **SUMMED, what="logits")
     for k, v in ref.state_dict().items():
-        torch.testing.assert_close(fused.state_dict()[k], v, rtol=1e-5, atol=1e-6, msg=k)
+        assert_close(fused.state_dict()[k], v, what=k)
     fused.load_state_dict(ref.state_dict())
 
 
@@ -314,13 +314,13 @@ def test_torch_compile_fullgraph(norm, device):
         xl = x.clone().requires_grad_()
         fn(xl, g_s).backward()
         results.append(xl.grad)
-    torch.testing.assert_close(results[1], results[0], rtol=TOL["x"][0], atol=TOL["x"][1])
+    assert_close(results[1], results[0], **SUMMED, what="dx")
     if norm == "bn":
         torch.testing.assert_close(m.norm.running_var, ref.norm.running_var)
         assert int(m.norm.num_batches_tracked) == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 @pytest.mark.parametrize("norm", ["bn", "ln"])
 def test_cuda_graph_capture(norm, device):
     """A training step can be captured: nothing synchronises with the host."""
@@ -329,22 +329,13 @@ def test_cuda_graph_capture(norm, device):
     x = torch.randn(4, 8, 16, 10, 10, device=device, requires_grad=True)
 
     def step():
+        x.grad = None
+        m.zero_grad(set_to_none=True)
         m(x).sum().backward()
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            x.grad = None
-            m.zero_grad(set_to_none=True)
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
+    step()
     eager = x.grad.clone()
-    graph = torch.cuda.CUDAGraph()
-    x.grad = None
-    m.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture_cuda_graph(step)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(x.grad, eager)

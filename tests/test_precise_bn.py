@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -94,20 +95,17 @@ def test_any_module_with_running_statistics_is_recomputed():
     assert recompute_batchnorm(model, []) == 0
 
 
-def test_one_epoch_run_validates_above_chance(tmp_path):
+@pytest.mark.slow
+def test_one_epoch_run_validates_above_chance(tmp_path, compose_run):
     """The reported failure: a one-epoch run validated at chance (val/acc 0.100) with stale statistics."""
     import csv
 
-    from hydra import compose, initialize_config_module
-
     from snntrain.cli import run
 
-    overrides = ["backend=torch", "T=2", "model.width=16", "data.image_size=8", "task.optimizer.lr=0.005",
-                 "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                 "trainer.enable_progress_bar=false", "logger=csv", "checkpoint.every_n_minutes=null",
-                 f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    # debug=tiny over the whole epoch (23 batches of 64), a wider network, statistics from 50 batches
+    cfg = compose_run(tmp_path, "debug=tiny", "model.width=16", "data.batch_size=64", "task.optimizer.lr=0.005",
+                      "trainer.limit_train_batches=null", "trainer.limit_val_batches=null",
+                      "callbacks.precise_bn.num_batches=50", "logger=csv")
     val_acc = run(cfg)
     rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
     train_acc = float(next(r["train/acc"] for r in reversed(rows) if r.get("train/acc")))

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_step.py"
-TINY = ["backend=torch", "T=2", "model.width=4", "data.batch_size=16", "trainer.limit_train_batches=4",
-        "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=none", "precise_bn.enabled=false"]
+TINY = ["debug=tiny", "data.batch_size=16", "trainer.limit_train_batches=4", "callbacks.precise_bn.enabled=false"]
 
 
 def profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -16,6 +17,7 @@ def profile(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_profiles_the_chosen_steps_of_a_run(tmp_path):
     res = profile(tmp_path, "--epoch", "0", "--start", "1", "--steps", "2")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -29,6 +31,7 @@ def test_profiles_the_chosen_steps_of_a_run(tmp_path):
     assert (tmp_path / "p" / "run" / "checkpoints" / "last.ckpt").exists()  # the run itself completed
 
 
+@pytest.mark.slow
 def test_a_step_the_run_never_reaches_is_an_error(tmp_path):
     res = profile(tmp_path, "--epoch", "0", "--start", "9", "--no-python")
     assert res.returncode != 0 and "step 9 of epoch 0 was never reached" in res.stderr

@@ -38,11 +38,9 @@ run(cfg)
 """
 
 RUN = [
-    "backend=torch", "T=2", "model.width=4", "data.image_size=8", "data.batch_size=32", "logger=none",
-    "trainer.accelerator=cpu", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
-    "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false", "trainer.deterministic=true",
-    "checkpoint.every_n_steps=2", "checkpoint.every_n_minutes=null", "precise_bn.num_batches=3",
-    "task.optimizer.lr=0.01", "ema.enabled=true", "ema.decay=0.9",
+    "debug=tiny", "trainer.max_epochs=2", "trainer.limit_train_batches=6", "trainer.limit_val_batches=2",
+    "trainer.deterministic=true", "callbacks.checkpoint.every_n_steps=2", "callbacks.precise_bn.num_batches=3",
+    "task.optimizer.lr=0.01", "callbacks.ema.enabled=true", "callbacks.ema.decay=0.9",
 ]
 
 
@@ -57,6 +55,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_gives_identical_weights(tmp_path):
     full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
     # 6 steps per epoch; interval checkpoints at steps 2, 4, 8, 10 and epoch-end ones at 6 and 12.

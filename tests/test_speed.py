@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
 from snntrain.cli import run
 from snntrain.models import SEWResNet
@@ -56,7 +55,10 @@ def test_settings_are_checked():
     assert use_channels_last(True, "cpu") is True
 
 
-@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"), ("triton", "batchnorm"), ("triton", "layernorm")])
+# the Triton cases run a whole network through the kernel interpreter on a CPU: with the slow tests
+@pytest.mark.parametrize("backend,norm", [("torch", "batchnorm"),
+                                          pytest.param("triton", "batchnorm", marks=pytest.mark.slow),
+                                          pytest.param("triton", "layernorm", marks=pytest.mark.slow)])
 def test_channels_last_same_results_row_major_state(backend, norm):
     """NHWC weights give the same outputs and gradients; the state-dict stays row-major.
 
@@ -92,6 +94,7 @@ def _channels_last_same_results(backend, norm):
     torch.testing.assert_close(fresh.stem[0].weight, nhwc.stem[0].weight)
 
 
+@pytest.mark.slow  # torch.compile of a whole network
 def test_compiled_model_same_step_and_keys():
     """A compiled model (AOTAutograd, no code generation on CPU) computes the eager step and saves the same keys."""
     torch._dynamo.reset()
@@ -119,19 +122,17 @@ def test_fused_optimizer_only_on_cuda():
         assert opt.defaults["fused"]
 
 
-def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
+@pytest.mark.slow
+def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog, compose_run):
     """compile=default through the CLI: trains, skips the partial last batch, validates, saves the
     model's own keys. (aot_eager instead of inductor: code generation on a CPU takes minutes.)"""
     from snntrain.tasks import speed
 
     monkeypatch.setattr(speed, "BACKEND", "aot_eager")
     torch._dynamo.reset()
-    overrides = ["backend=torch", "T=2", "model.width=4", "model.depth=18", "data.image_size=8",
-                 "data.batch_size=48", "data.val_fraction=0.9", "trainer.accelerator=cpu", "trainer.max_epochs=1",
-                 "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "logger=csv",
-                 "compile=default", f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    # the whole (small) epoch: 180 training images in batches of 48, the last one partial
+    cfg = compose_run(tmp_path, "debug=tiny", "data.batch_size=48", "data.val_fraction=0.9",
+                      "trainer.limit_train_batches=null", "logger=csv", "compile=default")
     with caplog.at_level("INFO", logger="snntrain"):
         run(cfg)
     assert "first training step with compile=default took" in caplog.text
@@ -143,11 +144,10 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog):
     assert sorted(ckpt["state_dict"]) == sorted(expected)
 
 
-def test_partial_batch_skipped_only_when_compiled():
+def test_partial_batch_skipped_only_when_compiled(compose_run):
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["model.width=4", "paths.output_dir=unused"])
+    cfg = compose_run("unused", "model.width=4")
     config = OmegaConf.to_container(cfg, resolve=False)
     config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
     batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
@@ -158,10 +158,8 @@ def test_partial_batch_skipped_only_when_compiled():
     assert compiled.training_step(batch(5), 2) is None
 
 
-def test_bad_compile_setting_through_cli(tmp_path: Path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["compile=fastest", "trainer.accelerator=cpu",
-                                                       f"paths.output_dir={tmp_path}"])
+def test_bad_compile_setting_through_cli(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "compile=fastest")
     with pytest.raises(ValueError, match="compile='fastest' is not valid"):
         run(cfg)
 
@@ -201,7 +199,8 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
     loss0, g0 = results[None]
     for mode in ("default", "reduce-overhead"):
         loss, grads = results[mode]
-        torch.testing.assert_close(loss, loss0, rtol=tol[0], atol=tol[1], msg=f"{mode} loss")
+        torch.testing.assert_close(loss, loss0, rtol=tol[0], atol=tol[1],
+                                   msg=f"{mode} loss {loss.item():.6g} against eager {loss0.item():.6g}")
         for name in g0:
             err = rel_err(grads[name], g0[name])
             assert err <= tol[2], f"{mode} grad {name}: relative error {err:.2e} > {tol[2]}"
@@ -210,11 +209,8 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
 # ----------------------------------------------------------------------------------- the run around the step
 
 
-def test_inductor_compile_refused_on_cpu_up_front(tmp_path: Path):
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["compile=default", "trainer.accelerator=cpu", "backend=torch",
-                                                       "model.width=4", "T=2", "data.image_size=8",
-                                                       f"paths.output_dir={tmp_path}"])
+def test_inductor_compile_refused_on_cpu_up_front(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "compile=default")
     with pytest.raises(ValueError, match="compile=default compiles the training step with inductor for CUDA GPUs.*"
                                          "compile=null"):
         run(cfg)
@@ -235,7 +231,7 @@ def test_compile_layout_falls_back_to_nchw_where_maps_reach_1x1():
 
 
 @pytest.mark.slow
-def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, caplog):
+def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, caplog, compose_run):
     """channels_last with compile on the ImageNet stem at 32x32 (last maps 1x1): the task compiles an NCHW
     model instead of failing, logs why, and batch-norm re-estimation (no gradients) never uses the compiled
     graph."""
@@ -246,13 +242,9 @@ def test_cli_compile_with_1x1_maps_trains_in_nchw(tmp_path: Path, monkeypatch, c
     calls = []
     original = speed.compile_model
     monkeypatch.setattr(speed, "compile_model", lambda *a, **k: calls.append(a) or original(*a, **k))
-    overrides = ["backend=torch", "T=2", "model.width=4", "model.stem=imagenet", "data=synthetic",
-                 "data.image_size=32", "data.num_train=16", "data.num_val=4", "data.batch_size=4",
-                 "trainer.accelerator=cpu", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-                 "logger=none", "compile=default", "channels_last=true", "precise_bn.num_batches=2",
-                 f"paths.output_dir={tmp_path}"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_run(tmp_path, "debug=tiny", "model.stem=imagenet", "data=synthetic", "data.image_size=32",
+                      "data.num_train=16", "data.num_val=4", "data.batch_size=4", "trainer.limit_train_batches=null",
+                      "compile=default", "channels_last=true")
     with caplog.at_level("INFO", logger="snntrain"):
         run(cfg)
     assert "feature maps reach 1x1" in caplog.text and "trains in NCHW" in caplog.text
@@ -278,6 +270,29 @@ def test_device_metrics_match_their_definitions():
     assert mean.compute().item() == pytest.approx(sum(v * w for v, w in zip(values, weights)) / sum(weights))
     with pytest.raises(ValueError, match=r"expected logits \[B, K\] and labels \[B\]"):
         acc.update(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "detect"])
+def test_no_step_value_on_lightnings_progress_bar(task, tmp_path: Path, compose_run):
+    """Lightning converts progress-bar values to numbers after every step (a synchronisation on a GPU): the
+    tasks put no step value there; snntrain's ProgressBar shows the step loss from the logged values."""
+    import lightning as L
+
+    from snntrain.callbacks import ProgressBar
+    from snntrain.cli import train
+
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            seen.append(sorted(trainer.progress_bar_metrics))
+            seen.append(ProgressBar().get_metrics(trainer, pl_module))
+
+    train(compose_run(tmp_path, "debug=tiny", f"task={task}"), callbacks=[Look()])
+    pbar, shown = seen
+    assert not [k for k in pbar if k.endswith("_step")], pbar
+    assert isinstance(shown["loss"], float)
 
 
 def test_progress_bar_redraws_on_a_clock(monkeypatch):
@@ -325,15 +340,18 @@ def test_gpu_prefetch_hands_out_each_batch_ready_on_the_device():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["classify", "detect"])
-def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
-    """Between the start and the end of each training step after the first few (data transfer, forward,
-    loss, backward, optimizer, metric updates, EMA, the callbacks), nothing synchronises with the host:
+def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path, compose_run):
+    """From the fourth training step to the last (data transfer, forward, loss, backward, optimizer, metric
+    updates, EMA, the callbacks, Lightning's bookkeeping between steps), nothing synchronises with the host:
     ``torch.cuda.set_sync_debug_mode("error")`` raises on any synchronising call."""
     import lightning as L
 
     from snntrain.cli import train
 
     class NoSync(L.Callback):
+        """From the start of step 3 to the end of the epoch's last step, every synchronising call raises
+        (Lightning's own per-step bookkeeping between steps included)."""
+
         steps = 0
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -343,16 +361,16 @@ def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if batch_idx >= 3:
                 NoSync.steps += 1
-            torch.cuda.set_sync_debug_mode("default")
+            if batch_idx + 1 >= trainer.num_training_batches:
+                torch.cuda.set_sync_debug_mode("default")
 
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
                  "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
-                 "precise_bn.num_batches=2", "ema.enabled=true",
-                 "trainer.precision=bf16-mixed", "logger=none", f"paths.output_dir={tmp_path}"]
+                 "callbacks.precise_bn.num_batches=2", "callbacks.ema.enabled=true",
+                 "trainer.precision=bf16-mixed", "logger=none"]
     if task == "classify":
         overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_run(tmp_path, *overrides)
     try:
         train(cfg, callbacks=[NoSync()])
     finally:

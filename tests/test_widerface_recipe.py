@@ -4,12 +4,10 @@ official easy/medium/hard metric through a real run, and task=predict's threshol
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from PIL import Image
 
 from snntrain.cli import run, train
@@ -86,7 +84,7 @@ def test_photometric_jitter_moves_no_box():
         for k in range(8):  # the jitter draws after the geometry: the same seed gives the same boxes
             torch.manual_seed(k)
             outs[-1].append(aug(img, faces, torch.zeros(2, dtype=torch.int64)))
-    for (a, ba, _), (b, bb, _) in zip(*outs):
+    for (_, ba, _), (_, bb, _) in zip(*outs):
         assert torch.equal(ba, bb)
     assert any(not torch.equal(a, b) for (a, _, _), (b, _, _) in zip(*outs))
 
@@ -144,31 +142,27 @@ def test_fit_long_side_and_padded_collate():
 # ------------------------------------------------------------------ a real run: train, validate, predict
 
 
-def compose_cfg(out: Path, *overrides: str):
-    tiny = ["experiment=widerface_sew", "backend=torch", "T=2", "model.width=4", "model.head.fpn_channels=8",
-            "model.head.num_convs=1", "trainer.accelerator=cpu", "trainer.precision=32-true",
-            "trainer.max_epochs=1", "trainer.check_val_every_n_epoch=1", "trainer.enable_progress_bar=false",
-            "trainer.log_every_n_steps=1", "logger=csv", "data.image_size=64", "data.batch_size=2",
-            "data.num_workers=0", "data.max_boxes=8", "+trainer.num_sanity_val_steps=0"]
-    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*tiny, *overrides, f"paths.output_dir={out}"])
+# debug=tiny on the recipe: 64x64 crops, every validation image, metrics in the CSV log
+TINY = ["debug=tiny", "experiment=widerface_sew", "logger=csv", "data.image_size=64", "trainer.limit_val_batches=null",
+        "+trainer.num_sanity_val_steps=0"]
 
 
 @pytest.fixture(scope="module")
-def wider_run(tmp_path_factory):
+def wider_run(tmp_path_factory, compose_run):
     root = make_widerface(tmp_path_factory.mktemp("wider"), with_eval=True)
     out = tmp_path_factory.mktemp("run")
-    metrics = train(compose_cfg(out, f"data.root={root}", "model.head.score_thresh=0.0"))
+    metrics = train(compose_run(out, *TINY, f"data.root={root}", "model.head.score_thresh=0.0"))
     return root, out, metrics
 
 
-def test_wider_metrics_of_a_run_follow_the_official_protocol(wider_run, tmp_path):
+@pytest.mark.slow
+def test_wider_metrics_of_a_run_follow_the_official_protocol(wider_run, tmp_path, compose_run):
     from snntrain.export import load_checkpoint
 
     root, out, metrics = wider_run
     ckpt = out / "checkpoints" / "last.ckpt"
     # validate the checkpoint alone, then score its predictions with the evaluator directly
-    again = train(compose_cfg(tmp_path / "val", f"data.root={root}", "train=false", f"ckpt_path={ckpt}"))
+    again = train(compose_run(tmp_path / "val", *TINY, f"data.root={root}", "train=false", f"ckpt_path={ckpt}"))
     model = load_checkpoint(ckpt, backend="torch")
     dm = WiderFaceDataModule(root=str(root), image_size=64, batch_size=2, num_workers=0)
     dm.setup()
@@ -186,11 +180,13 @@ def test_wider_metrics_of_a_run_follow_the_official_protocol(wider_run, tmp_path
         assert again[f"val/wider_{level}"] == pytest.approx(expected[level].ap, abs=1e-6)
 
 
-def test_predict_thresholds_geometry_and_drawing(wider_run, tmp_path):
+@pytest.mark.slow
+def test_predict_thresholds_geometry_and_drawing(wider_run, tmp_path, compose_run):
     root, out, _ = wider_run
     ckpt = out / "checkpoints" / "last.ckpt"
     photo = root / "WIDER_val" / "images" / "12--Group" / "12_Group_Group_12_Group_Group_12_10.jpg"  # 400x240
-    results = {"shown": run(compose_cfg(tmp_path / "shown", "task=predict", f"ckpt_path={ckpt}", f"input={photo}"))[0]}
+    results = {"shown": run(compose_run(tmp_path / "shown", *TINY, "task=predict", f"ckpt_path={ckpt}",
+                                        f"input={photo}"))[0]}
     for name, kwargs in (("all", {"score_thresh": 0.0}), ("small", {"score_thresh": 0.0, "max_side": 100})):
         results[name] = predict(ckpt, photo, tmp_path / name / "predictions", backend="torch", **kwargs)[0]
     for name in results:

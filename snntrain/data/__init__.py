@@ -9,7 +9,6 @@ from typing import Any
 import lightning as L
 
 from ..validation import one_of
-
 from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
 from .digits_dvs import DigitsDVSDataModule

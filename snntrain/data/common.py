@@ -276,6 +276,13 @@ class ResumableLoader(DeviceLoader):
                          persistent_workers=persistent_workers and num_workers > 0, **kwargs)  # device: in kwargs
         self.seed = int(seed)
         self.progress = progress
+        #: optional ``f(batches) -> batches`` over the batches as they reach this process, which must pass on
+        #: every batch in order (the image folder's GPU path starts decoding each one there)
+        self.wrap: Callable[[Iterator[Any]], Iterator[Any]] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = super().__iter__()
+        return batches if self.wrap is None else self.wrap(batches)
 
     def batches_per_epoch(self) -> int:
         n = len(self.sampler)  # type: ignore[arg-type]

@@ -21,10 +21,10 @@ anew for every access, so with it the training frames are built on the fly (no c
 from __future__ import annotations
 
 import hashlib
-import os
-import zipfile
 import json
 import logging
+import os
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any

@@ -15,6 +15,11 @@ Each synthetic image is composed as
 2. ``distractors_per_image`` (0-2 by default) *distractors*: non-face crops pasted like faces but
    without a box, so that "a pasted square" is not what makes a face. A few LFW non-face crops
    show parts of a face (an eye, a mouth); like the subset itself, they count as background;
+   then ``clutter_per_image`` pieces of *clutter*, also without a box, the things that stand around
+   faces in photographs of people: hands (a palm with four fingers and a thumb), bare arms (long
+   rounded limbs), both skin-coloured like the faces, and objects (cards, chips, glasses: rounded
+   rectangles and ellipses, plain, striped or textured). Their skin and surfaces are non-face crops
+   coloured like faces, so skin texture and colour alone do not make a face;
 3. ``faces_per_image`` faces, each a face crop with random horizontal flip and brightness/contrast
    jitter, resized to a square of side drawn log-uniformly from ``face_size`` and pasted fully inside
    the image. A placement is rejected when it would hide more than ``max_overlap`` of an earlier
@@ -47,9 +52,9 @@ seeded with that triple, so images can be rendered lazily in any order or proces
 disjoint crops: the last ``held_out_faces`` faces and non-faces (20 of each by default) appear only in
 ``val`` and ``test`` (whose generators differ by the split index); ``train`` uses the rest. ``val`` is the held-out split the
 detection task measures mAP on. The LFW subset has no identity labels, so the same person may appear
-in both pools through different photographs. The real portraits that ``scripts/real_faces.py``
-measures a detector on (scikit-image's astronaut and camera man, matplotlib's Grace Hopper) are never
-used, nor any other photograph with a face or a head.
+in both pools through different photographs. The real photographs that ``scripts/real_faces.py``
+measures a detector on (insightface's group photo, scikit-image's astronaut and camera man,
+matplotlib's Grace Hopper) are never used, nor any other photograph with a face or a head.
 
 Images are RGB (``in_channels = 3``, like WIDER FACE).
 """
@@ -170,6 +175,7 @@ class FaceComposer:
         lighting: float = 0.5,
         occlusion: float = 0.25,
         blur: float = 0.3,
+        clutter_per_image: Sequence[int] = (0, 0),
     ) -> None:
         self.faces = np.asarray(faces, dtype=np.float32)
         self.non_faces = np.asarray(non_faces, dtype=np.float32)
@@ -203,6 +209,7 @@ class FaceComposer:
         self.lighting = _number("lighting", lighting, 0.0, 1.0)
         self.occlusion = _number("occlusion", occlusion, 0.0, 1.0)
         self.blur = _number("blur", blur, 0.0, 1.0)
+        self.clutter_per_image = int_range("clutter_per_image", clutter_per_image, minimum=0)
 
     # -- random pieces -------------------------------------------------------------------------------
 
@@ -285,6 +292,72 @@ class FaceComposer:
             crop = crop * self._ramp(side, side, rng, rng.uniform(0.45, 0.85), 1.0)
         return crop, tone
 
+    def _texture(self, rng: np.random.Generator, tone: np.ndarray) -> np.ndarray:
+        """A canvas-sized surface ``[S, S, 3]``: a non-face crop enlarged and coloured by ``tone``, shaded
+        from one side."""
+        s = self.image_size
+        return self._crop(self.non_faces, s, rng, tone) * self._ramp(s, s, rng, rng.uniform(0.5, 0.9), 1.0)
+
+    @staticmethod
+    def _capsule(xx: np.ndarray, yy: np.ndarray, x0: float, y0: float, x1: float, y1: float, r: float) -> np.ndarray:
+        """Pixels within ``r`` of the segment from ``(x0, y0)`` to ``(x1, y1)``."""
+        dx, dy = x1 - x0, y1 - y0
+        t = np.clip(((xx - x0) * dx + (yy - y0) * dy) / max(dx * dx + dy * dy, 1e-6), 0.0, 1.0)
+        return (xx - x0 - t * dx) ** 2 + (yy - y0 - t * dy) ** 2 <= r * r
+
+    def _clutter(self, canvas: np.ndarray, rng: np.random.Generator) -> None:
+        """Paint one piece of clutter: a hand, a bare arm or an object (see the module docstring)."""
+        s = self.image_size
+        yy, xx = np.mgrid[0:s, 0:s].astype(np.float32) + 0.5
+        size = self._size(rng) * rng.uniform(0.6, 1.2)
+        cx, cy = rng.uniform(0, s, 2)
+        angle = rng.uniform(0.0, 2 * math.pi)
+        kind = int(rng.integers(3))
+        if kind == 0:  # a hand: palm, four fingers fanning out, a thumb to one side
+            rx, ry = 0.3 * size, 0.26 * size
+            c, si = math.cos(angle), math.sin(angle)
+            u, v = (xx - cx) * c + (yy - cy) * si, -(xx - cx) * si + (yy - cy) * c
+            mask = (u / rx) ** 2 + (v / ry) ** 2 <= 1.0
+            spread = rng.uniform(0.15, 0.45)
+            for k in range(4):
+                a = angle + (k - 1.5) * spread / 1.5
+                length = size * rng.uniform(0.35, 0.5)
+                x0, y0 = cx + 0.8 * rx * math.cos(a), cy + 0.8 * rx * math.sin(a)
+                mask |= self._capsule(xx, yy, x0, y0, x0 + length * math.cos(a), y0 + length * math.sin(a),
+                                      0.06 * size + 0.5)
+            a = angle + rng.choice([-1.0, 1.0]) * rng.uniform(1.0, 1.6)
+            x0, y0 = cx + 0.7 * ry * math.cos(a), cy + 0.7 * ry * math.sin(a)
+            length = size * rng.uniform(0.25, 0.35)
+            mask |= self._capsule(xx, yy, x0, y0, x0 + length * math.cos(a), y0 + length * math.sin(a),
+                                  0.07 * size + 0.5)
+            surface = self._texture(rng, self._tone(rng))
+        elif kind == 1:  # a bare arm
+            length = size * rng.uniform(1.5, 3.0)
+            mask = self._capsule(xx, yy, cx, cy, cx + length * math.cos(angle), cy + length * math.sin(angle),
+                                 size * rng.uniform(0.12, 0.22) + 0.5)
+            surface = self._texture(rng, self._tone(rng))
+        else:  # an object: a rounded rectangle (card, book) or an ellipse (chip, glass, plate)
+            w, h = size * rng.uniform(0.4, 1.2), size * rng.uniform(0.4, 1.2)
+            c, si = math.cos(angle), math.sin(angle)
+            u, v = np.abs((xx - cx) * c + (yy - cy) * si), np.abs(-(xx - cx) * si + (yy - cy) * c)
+            if rng.random() < 0.5:
+                r = min(w, h) * 0.15
+                mask = ((u <= w / 2) & (v <= h / 2 - r)) | ((u <= w / 2 - r) & (v <= h / 2))
+                mask |= (u - (w / 2 - r)) ** 2 + (v - (h / 2 - r)) ** 2 <= r * r
+            else:
+                mask = (u / (w / 2)) ** 2 + (v / (h / 2)) ** 2 <= 1.0
+            style = int(rng.integers(3))
+            if style == 0:  # plain
+                surface = np.broadcast_to(self._colour(rng), (s, s, 3)).copy()
+            elif style == 1:  # stripes or rings of two colours
+                freq = rng.uniform(0.1, 0.4)
+                t = np.sin((u if rng.random() < 0.5 else np.hypot(u, v)) * freq * 2 * math.pi) > 0
+                c0, c1 = self._colour(rng), self._colour(rng)
+                surface = np.where(t[:, :, None], c0, c1)
+            else:  # a printed face-free pattern: a tinted non-face crop
+                surface = self._texture(rng, self._tint(rng))
+        canvas[mask] = surface[mask]
+
     def _background(self, rng: np.random.Generator) -> np.ndarray:
         s = self.image_size
         kind = self.backgrounds[rng.integers(len(self.backgrounds))]
@@ -349,6 +422,9 @@ class FaceComposer:
             if rng.random() < self.context:
                 self._person(canvas, x, y, side, tone, label_map == 0, rng)
             canvas[y:y + side, x:x + side] = patch
+        lo, hi = self.clutter_per_image
+        for _ in range(int(rng.integers(lo, hi + 1))) if hi > 0 else ():
+            self._clutter(canvas, rng)
         boxes: list[tuple[int, int, int, int]] = []
         lo, hi = self.faces_per_image
         for _ in range(int(rng.integers(lo, hi + 1))):
@@ -477,7 +553,8 @@ class FacesDataModule(DetectionDataModule):
 
     ``num_train``/``num_val``/``num_test`` images of ``image_size`` x ``image_size`` (RGB), composed as
     the module docstring describes (``skin_tones``, ``context``, ``lighting``, ``occlusion`` and ``blur``
-    are probabilities). Training images are augmented (when ``augment``) with
+    are probabilities; ``clutter_per_image`` a ``[min, max]`` count). Training images are augmented (when
+    ``augment``) with
     :class:`~snntrain.data.detection.TrainTransform` (``hflip``, ``zoom_out``, ``crop_scale``,
     ``min_visibility``, ``min_box_size``). ``max_boxes=None`` pads every batch to the most faces an
     image can hold (``faces_per_image[1]``), so batch shapes are fixed and nothing is dropped.
@@ -500,6 +577,7 @@ class FacesDataModule(DetectionDataModule):
         lighting: float = 0.5,
         occlusion: float = 0.25,
         blur: float = 0.3,
+        clutter_per_image: Sequence[int] = (0, 0),
         augment: bool = True,
         hflip: float = 0.5,
         zoom_out: float = 1.5,
@@ -536,6 +614,7 @@ class FacesDataModule(DetectionDataModule):
             lighting=lighting,
             occlusion=occlusion,
             blur=blur,
+            clutter_per_image=clutter_per_image,
         )
         # Validate every setting now (no crops needed for that), not at the first batch.
         dummy = np.zeros((1, 2, 2), dtype=np.float32)

@@ -1,5 +1,9 @@
 """Triton kernels, one file per op family, registered as ``torch.ops.snntrain.*``.
 
+The families (``lif``, ``norm_neuron``, ``layer_norm``, ``giou``) share the host plumbing of
+:mod:`~snntrain.kernels.op_utils` and, for the neurons, the step of
+:mod:`~snntrain.kernels.neuron_step`; the launch sizes of ``giou``, ``layer_norm`` and
+``norm_neuron`` are in their ``*_tuning`` modules (``lif``'s are a few constants in ``lif.py``).
 Nothing here imports from :mod:`snntrain.nn` or above. Importing this package registers
 every operator any snntrain model or exported program can contain (``neuron_*``,
 ``bn_neuron_*``, ``ln_neuron_*``, ``layer_norm_*``, ``giou_loss*``), on any machine: a

@@ -43,7 +43,7 @@ Reductions (``none`` / ``sum`` / ``mean``) stay on the device: a small problem
 persistent grid (one wave: as many programs as fit on the SMs, from the compiled
 kernel's registers) that writes one partial sum and one valid count per program, and
 ``_giou_finalize_kernel`` adds them in a fixed order, so results are deterministic for a
-given launch configuration (tuned once per size bucket, see "Launch configurations").
+given launch configuration (tuned once per size bucket, :mod:`snntrain.kernels.giou_tuning`).
 ``mean`` divides by ``max(#valid, 1)``.
 
 Two ways to get the gradient (``grad_mode``); the default (``grad_mode=None``,
@@ -92,9 +92,12 @@ compile-time flags in a small cache; large launches use the configuration tuned 
 their first call, launched without an autotuner layer. The
 backward is one ``mul_`` (or one scale launch on large inputs). Calls whose inputs do
 not require grad (or run under ``no_grad``) skip autograd altogether. Under
-``torch.compile`` (and whenever the ops are called by name) the registered operators
-are used. While the profiler is on, the eager path is recorded under the operator
-names. Under ``TRITON_INTERPRET=1`` (CPU tests) the operators are opaque ``custom_op``s
+``torch.compile`` and ``torch.export`` (and with ``use_op``, or whenever the ops are
+called by name) the registered operators are used: the dispatch rule of every op family
+(:mod:`snntrain.kernels.op_utils`). The eager path keeps an ``autograd.Function`` of its
+own (not :func:`~snntrain.kernels.op_utils.eager_function`): its backward consumes the
+fused mode's buffers in place, which the registered operators cannot do. While the
+profiler is on, the eager path is recorded under the operator names. Under ``TRITON_INTERPRET=1`` (CPU tests) the operators are opaque ``custom_op``s
 with a shape-only fake implementation, because the interpreter cannot run on the fake
 tensors that tracing uses; with compiled Triton they are ``triton_op``s.
 
@@ -108,12 +111,13 @@ as torchvision's boolean mask does.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
-from torch.autograd import profiler as _profiler
+
+from . import giou_tuning as tuning
+from .op_utils import INT32_MAX, cdiv, direct, no_launch, op_wrap, profiled, register_op, sm_count, traced
 
 NAMESPACE = "snntrain"
 REDUCTIONS = ("none", "sum", "mean")
@@ -131,12 +135,7 @@ SMALL_MAX = 16384
 #: Above this many boxes the kernels do not read the pred rows whose target is padding
 #: (a masked load that depends on the target load); below, they read every row.
 SKIP_PAD_MIN = 16384
-#: Programs per streaming multiprocessor for the reducing forward on large inputs, until the
-#: compiled kernel's register count gives the number that fits (one full wave, see _programs_per_sm).
-PROGRAMS_PER_SM = 8
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_INT32_MAX = 2**31 - 1
 _F32, _F64 = torch.float32, torch.float64
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -592,146 +591,11 @@ def _giou_bwd_kernel(
 
 
 # --------------------------------------------------------------------------------------
-# Launch configurations
+# Launch configurations (giou_tuning.py) and constexpr sets
 # --------------------------------------------------------------------------------------
-#
-# Large inputs: the configuration (block size and warps) is tuned per power-of-two bucket
-# of N, argument dtypes and variant flags, so a training loop tunes once per bucket and
-# never again. Eager calls then launch the plain kernel with the cached configuration (no
-# autotuner layer on the host path). The element-wise launches (the backward kernel, the
-# ``none`` forward: one program per block) use triton.autotune. The reducing forward is a
-# persistent grid sized from each configuration's registers, so it is tuned by
-# _tune_persistent, which times every configuration at the grid it would get (the
-# autotuner would time them all at one grid). Small inputs are launch-bound: they launch
-# the plain kernel with one fixed configuration.
-# Tuning synchronises with the host and launches the kernel many times: call the loss once
-# on the same sizes before capturing a CUDA graph.
 
-if _INTERPRET:  # the interpreter cannot time configurations
-    _FWD_CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4)]
-    _BWD_CONFIGS = [triton.Config({"BLOCK": 64}, num_warps=4)]
-    _SINGLE_CONFIG = (64, 4)  # (BLOCK, num_warps)
-    _SMALL_CONFIG = (64, 4)
-else:
-    # Forward blocks are multiples of FLAG_ROWS. Few boxes per thread (BLOCK 256, 4 warps: 2)
-    # keep the registers low (fused forward on sm_90: 40 fp32 / 45 bf16, so 12 / 11 programs of
-    # 4 warps per SM, against 4 at BLOCK 1024); more boxes per thread give each warp more loads
-    # in flight. scripts/giou_resources.py prints each configuration's build.
-    _FWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w)
-                    for b, w in ((256, 4), (512, 4), (512, 8), (1024, 4), (1024, 8))]
-    _BWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8))]
-    _SINGLE_CONFIG = (4096, 16)  # one program: 8 boxes per thread, 4096 boxes per iteration
-    _SMALL_CONFIG = (512, 4)
-_SCALE_WARPS = 4
-
-_FWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "FUSED_PRED", "FUSED_TARGET", "FLAGS", "SKIP_PAD", "ROW4_P",
-            "ROW4_T"]
-_BWD_KEY = ["n_bucket", "REDUCTION", "HAS_WEIGHT", "LTRB", "NEED_PRED", "NEED_TARGET", "NEED_WEIGHT", "SKIP_PAD",
-            "ROW4_P", "ROW4_T"]
-
-_fwd_tuned = triton.autotune(configs=_FWD_CONFIGS, key=_FWD_KEY)(_giou_fwd_kernel)
-_bwd_tuned = triton.autotune(configs=_BWD_CONFIGS, key=_BWD_KEY)(_giou_bwd_kernel)
-
-_FINALIZE_BLOCK = 1024
-_SM_COUNT: dict[int, int] = {}
-#: Configuration chosen by the autotuner, per (kernel, bucket, dtypes, flags): launch kwargs, BLOCK and the
-#: number of its programs that fit on one streaming multiprocessor.
-_BEST: dict[tuple, tuple[dict, int, int]] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    n = _SM_COUNT.get(idx)
-    if n is None:
-        n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return n
-
-
-def _bucket(n) -> int:
-    """Power-of-two bucket (at least 1024) of a box count: the autotune key."""
-    if isinstance(n, int):
-        return max(1024, 1 << (n - 1).bit_length())
-    b = 1024  # a symbolic size (torch.compile with dynamic shapes)
-    while b < n:
-        b *= 2
-    return b
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _best_key(tuned, n: int, dtypes: tuple, flags: dict) -> tuple:
-    return (tuned, _bucket(n), dtypes, id(flags))  # flags: one cached dict per variant (_fwd_flags / _bwd_flags)
-
-
-def _programs_per_sm(kernel, num_warps: int) -> int:
-    """How many programs of a compiled kernel fit on one SM at once (registers and threads; no shared memory used).
-
-    A persistent grid of exactly that many programs per SM runs in one wave: with more
-    programs than fit, the last ones start only when others finish and the grid-stride
-    loop gives each the same work, so a fractional extra wave costs a whole one.
-    """
-    try:
-        regs = int(kernel.n_regs)
-    except (AttributeError, TypeError, ValueError):  # interpreter, or a Triton without the attribute
-        return PROGRAMS_PER_SM
-    if regs <= 0:
-        return PROGRAMS_PER_SM
-    regs_per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
-    return max(1, min(2048 // (32 * num_warps), 65536 // (regs_per_warp * num_warps), 32))
-
-
-def _tuned_best(tuned, grid, args, key: tuple, flags: dict) -> tuple[dict, int, int]:
-    """``_BEST[key]``: the configuration ``tuned`` picked (launch kwargs, BLOCK, programs per SM).
-
-    On first use the autotuner runs on ``args`` (which end before ``n_bucket``; ``grid(block,
-    per_sm)`` gives its grid) and writes their outputs; callers then launch the plain kernel
-    with the result, so the first call computes exactly what later calls do.
-    """
-    best = _BEST.get(key)
-    if best is None:
-        kernel = tuned[lambda meta: grid(meta["BLOCK"], PROGRAMS_PER_SM)](*args, key[1], **flags)
-        cfg = tuned.best_config
-        best = _BEST[key] = (cfg.all_kwargs(), cfg.kwargs["BLOCK"], _programs_per_sm(kernel, cfg.num_warps))
-    return best
-
-
-def _bench_launch(fn) -> float:
-    """Median milliseconds of a launch (L2 flushed between runs); replaced in tests."""
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=5, rep=25, return_mode="median"))
-
-
-def _tune_persistent(args: tuple, n: int, sms: int, acc: torch.dtype, dev: torch.device, key: tuple,
-                     flags: dict) -> tuple[dict, int, int]:
-    """``_BEST[key]`` for the reducing forward: each configuration timed at its own one-wave grid.
-
-    ``args``: the forward's arguments with the partials left out (pred, target, weight,
-    then from the gradient buffers on; they are written, as by a real call). Each
-    configuration is compiled by one launch at the default grid, which gives its register
-    count and so its programs per SM, then timed at ``min(cdiv(N, BLOCK), per_sm * SMs)``
-    programs; the fastest (first on a tie) is kept. With one configuration nothing is timed.
-    """
-    best = _BEST.get(key)
-    if best is not None:
-        return best
-    scratch = (torch.empty(32 * sms, dtype=acc, device=dev), torch.empty(32 * sms, dtype=torch.int32, device=dev))
-    full = (*args[:3], *scratch, *args[3:], key[1])
-    found = []
-    for cfg in _FWD_CONFIGS:
-        kwargs, block, warps = cfg.all_kwargs(), cfg.kwargs["BLOCK"], cfg.num_warps
-        kernel = _giou_fwd_kernel[(min(_cdiv(n, block), PROGRAMS_PER_SM * sms),)](*full, **flags, **kwargs)
-        per_sm = _programs_per_sm(kernel, warps)
-        grid = (min(_cdiv(n, block), per_sm * sms),)
-        ms = _bench_launch(lambda: _giou_fwd_kernel[grid](*full, **flags, **kwargs)) if len(_FWD_CONFIGS) > 1 else 0.0
-        found.append((ms, kwargs, block, per_sm))
-    _, kwargs, block, per_sm = min(found, key=lambda f: f[0])
-    best = _BEST[key] = (kwargs, block, per_sm)
-    return best
+_fwd_tuned = triton.autotune(configs=tuning.FWD_CONFIGS, key=tuning.FWD_KEY)(_giou_fwd_kernel)
+_bwd_tuned = triton.autotune(configs=tuning.BWD_CONFIGS, key=tuning.BWD_KEY)(_giou_bwd_kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -753,10 +617,6 @@ def _bwd_flags(reduction, has_w, ltrb, need_pred, need_target, need_weight, skip
 # --------------------------------------------------------------------------------------
 # Host launch functions
 # --------------------------------------------------------------------------------------
-
-
-def _direct(kernel):
-    return kernel
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -787,7 +647,7 @@ def _vec(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
-                 eps: float, ltrb: bool, fused: int, wrap=_direct, eager: bool = False, need_denom: bool = True):
+                 eps: float, ltrb: bool, fused: int, wrap=direct, eager: bool = False, need_denom: bool = True):
     """Launch the forward. Returns ``(loss, denom, grad_pred_buf, grad_target_buf, flags)``.
 
     ``pred``/``target``: ``[..., 4]``; ``weight``: ``None`` or shape ``pred.shape[:-1]``.
@@ -819,7 +679,7 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     gt = torch.empty(target.shape, dtype=target.dtype, device=dev) if fused & 2 else None
     gp_arg = p if gp is None else gp  # placeholders are never written
     gt_arg = p if gt is None else gt
-    int64 = n * max(4, sp, st, sw) > _INT32_MAX
+    int64 = n * max(4, sp, st, sw) > INT32_MAX
     has_w = weight is not None
     if reduction == _NONE:
         loss = torch.empty(pred.shape[:-1], dtype=acc, device=dev)
@@ -828,23 +688,23 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
             flags = _fwd_flags(_NONE, has_w, ltrb, fused, False, False, False, False, n > SKIP_PAD_MIN, sp == 4,
                                st == 4, fp64, int64, FLAG_ROWS, eps)
             if n <= SMALL_MAX:
-                block, warps = _SMALL_CONFIG
-                wrap(_giou_fwd_kernel)[(_cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
+                block, warps = tuning.SMALL_CONFIG
+                wrap(_giou_fwd_kernel)[(cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
             else:
-                if wrap is _direct:
-                    key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
-                    kwargs, block, _ = _tuned_best(_fwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key,
+                if wrap is direct:
+                    key = tuning.best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
+                    kwargs, block, _ = tuning.tuned_best(_fwd_tuned, lambda block, per_sm: (cdiv(n, block),), args, key,
                                                    flags)
-                    _giou_fwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
+                    _giou_fwd_kernel[(cdiv(n, block),)](*args, key[1], **flags, **kwargs)
                 else:
-                    wrap(_fwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
+                    wrap(_fwd_tuned)[lambda meta: (cdiv(n, meta["BLOCK"]),)](*args, tuning.bucket(n), **flags)
         return loss, None, gp, gt, None
     loss = torch.empty((), dtype=acc, device=dev)
     if n <= SINGLE_MAX:
         denom = torch.empty((), dtype=acc, device=dev) if need_denom else None
         flags = _fwd_flags(reduction, has_w, ltrb, fused, True, need_denom, eager and fused != 0 and reduction == _MEAN,
                            False, n > SKIP_PAD_MIN, sp == 4, st == 4, fp64, int64, FLAG_ROWS, eps)
-        block, warps = _SINGLE_CONFIG
+        block, warps = tuning.SINGLE_CONFIG
         wrap(_giou_fwd_kernel)[(1,)](p, t, w, loss, loss if denom is None else denom, gp_arg, gt_arg, p, n, sp, st, sw,
                                      0, BLOCK=block, num_warps=warps, **flags)
         return loss, denom, gp, gt, None
@@ -852,33 +712,34 @@ def giou_forward(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
     with_flags = eager and fused != 0
     flags = _fwd_flags(reduction, has_w, ltrb, fused, False, False, False, with_flags, n > SKIP_PAD_MIN, sp == 4,
                        st == 4, fp64, int64, FLAG_ROWS, eps)
-    fl = torch.empty(_cdiv(n, FLAG_ROWS), dtype=torch.int8, device=dev) if with_flags else None
+    fl = torch.empty(cdiv(n, FLAG_ROWS), dtype=torch.int8, device=dev) if with_flags else None
     fl_arg = p if fl is None else fl
-    sms = _sm_count(dev)
-    if wrap is _direct:
-        key = _best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
-        best = _BEST.get(key)
+    sms = sm_count(dev)
+    if wrap is direct:
+        key = tuning.best_key(_fwd_tuned, n, (pred.dtype, target.dtype, w.dtype), flags)
+        best = tuning.BEST.get(key)
         if best is None:
-            best = _tune_persistent((p, t, w, gp_arg, gt_arg, fl_arg, n, sp, st, sw), n, sms, acc, dev, key, flags)
+            best = tuning.tune_persistent(_giou_fwd_kernel, (p, t, w, gp_arg, gt_arg, fl_arg, n, sp, st, sw), n, sms,
+                                          acc, dev, key, flags)
         kwargs, block, per_sm = best
-        nprog = min(_cdiv(n, block), per_sm * sms)
+        nprog = min(cdiv(n, block), per_sm * sms)
     else:
-        nprog = min(_cdiv(n, 1024), PROGRAMS_PER_SM * sms)
+        nprog = min(cdiv(n, 1024), tuning.PROGRAMS_PER_SM * sms)
     part_loss = torch.empty(nprog, dtype=acc, device=dev)
     part_count = torch.empty(nprog, dtype=torch.int32, device=dev)
     args = (p, t, w, part_loss, part_count, gp_arg, gt_arg, fl_arg, n, sp, st, sw)
-    if wrap is _direct:
+    if wrap is direct:
         _giou_fwd_kernel[(nprog,)](*args, key[1], **flags, **kwargs)
     else:
-        wrap(_fwd_tuned)[(nprog,)](*args, _bucket(n), **flags)
+        wrap(_fwd_tuned)[(nprog,)](*args, tuning.bucket(n), **flags)
     wrap(_giou_finalize_kernel)[(1,)](part_loss, part_count, loss, denom, nprog, MEAN=reduction == _MEAN,
-                                      BLOCK=_FINALIZE_BLOCK, num_warps=4)
+                                      BLOCK=tuning.FINALIZE_BLOCK, num_warps=4)
     return loss, denom, gp, gt, fl
 
 
 def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
                   denom: torch.Tensor | None, reduction: int, eps: float, ltrb: bool, need_pred: bool,
-                  need_target: bool, need_weight: bool, wrap=_direct):
+                  need_target: bool, need_weight: bool, wrap=direct):
     """Launch the hand-written backward. Returns ``(grad_pred, grad_target, grad_weight)``.
 
     ``grad_out``: the loss's gradient (``pred.shape[:-1]`` for none, ``[]`` otherwise);
@@ -904,16 +765,16 @@ def giou_backward(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tens
         args = (go, go if denom is None else denom, p, t, w, p if gp is None else gp, p if gt is None else gt,
                 p if gw is None else gw, n, sp, st, sw, sgo)
         flags = _bwd_flags(reduction, weight is not None, ltrb, need_pred, need_target, need_weight, n > SKIP_PAD_MIN,
-                           sp == 4, st == 4, fp64, n * max(4, sp, st, sw, sgo) > _INT32_MAX, eps)
+                           sp == 4, st == 4, fp64, n * max(4, sp, st, sw, sgo) > INT32_MAX, eps)
         if n <= SMALL_MAX:
-            block, warps = _SMALL_CONFIG
-            wrap(_giou_bwd_kernel)[(_cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
-        elif wrap is _direct:
-            key = _best_key(_bwd_tuned, n, (go.dtype, pred.dtype, target.dtype, w.dtype), flags)
-            kwargs, block, _ = _tuned_best(_bwd_tuned, lambda block, per_sm: (_cdiv(n, block),), args, key, flags)
-            _giou_bwd_kernel[(_cdiv(n, block),)](*args, key[1], **flags, **kwargs)
+            block, warps = tuning.SMALL_CONFIG
+            wrap(_giou_bwd_kernel)[(cdiv(n, block),)](*args, 0, BLOCK=block, num_warps=warps, **flags)
+        elif wrap is direct:
+            key = tuning.best_key(_bwd_tuned, n, (go.dtype, pred.dtype, target.dtype, w.dtype), flags)
+            kwargs, block, _ = tuning.tuned_best(_bwd_tuned, lambda block, per_sm: (cdiv(n, block),), args, key, flags)
+            _giou_bwd_kernel[(cdiv(n, block),)](*args, key[1], **flags, **kwargs)
         else:
-            wrap(_bwd_tuned)[lambda meta: (_cdiv(n, meta["BLOCK"]),)](*args, _bucket(n), **flags)
+            wrap(_bwd_tuned)[lambda meta: (cdiv(n, meta["BLOCK"]),)](*args, tuning.bucket(n), **flags)
     return gp, gt, gw
 
 
@@ -926,10 +787,10 @@ def _scale_in_place(buf: torch.Tensor, grad: torch.Tensor, denom: torch.Tensor |
         return buf.mul_(grad)
     n_elem = buf.numel()
     n_flags = flags.shape[0]
-    _giou_scale_kernel[(_cdiv(n_flags, SCALE_GROUPS),)](
+    _giou_scale_kernel[(cdiv(n_flags, SCALE_GROUPS),)](
         buf, flags, grad, grad if denom is None else denom, n_elem, n_flags, MEAN=reduction == _MEAN,
-        FP64=buf.dtype is _F64, INT64=n_elem + 4 * FLAG_ROWS * SCALE_GROUPS > _INT32_MAX, GROUPS=SCALE_GROUPS,
-        FLAG_ROWS=FLAG_ROWS, num_warps=_SCALE_WARPS)
+        FP64=buf.dtype is _F64, INT64=n_elem + 4 * FLAG_ROWS * SCALE_GROUPS > INT32_MAX, GROUPS=SCALE_GROUPS,
+        FLAG_ROWS=FLAG_ROWS, num_warps=tuning.SCALE_WARPS)
     return buf
 
 
@@ -960,17 +821,6 @@ _FWD_NAME = f"{NAMESPACE}::giou_loss"
 _BWD_NAME = f"{NAMESPACE}::giou_loss_backward"
 
 
-class _NoLaunch:
-    """Stands in for a kernel in fake (shape-only) runs: indexing by a grid gives a no-op launcher."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
-
-
-def _no_launch(kernel):
-    return _NoLaunch()
-
-
 def _filled(like: torch.Tensor, *tensors):
     """Operators return tensors only: an output not computed is an empty tensor."""
     return tuple(like.new_empty(0) if x is None else x for x in tensors)
@@ -978,12 +828,12 @@ def _filled(like: torch.Tensor, *tensors):
 
 def _fwd_op_impl(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int, eps: float,
                  ltrb: bool, fused: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _op_wrap)
+    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, op_wrap)
     return (loss, *_filled(loss, denom, gp, gt))
 
 
 def _fwd_op_fake(pred, target, weight, reduction, eps, ltrb, fused):
-    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _no_launch)
+    loss, denom, gp, gt, _ = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, no_launch)
     return (loss, *_filled(loss, denom, gp, gt))
 
 
@@ -991,24 +841,16 @@ def _bwd_op_impl(grad_out: torch.Tensor, pred: torch.Tensor, target: torch.Tenso
                  denom: torch.Tensor, reduction: int, eps: float, ltrb: bool, need_pred: bool, need_target: bool,
                  need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _filled(pred, *giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred,
-                                        need_target, need_weight, _op_wrap))
+                                        need_target, need_weight, op_wrap))
 
 
 def _bwd_op_fake(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred, need_target, need_weight):
     return _filled(pred, *giou_backward(grad_out, pred, target, weight, denom, reduction, eps, ltrb, need_pred,
-                                        need_target, need_weight, _no_launch))
+                                        need_target, need_weight, no_launch))
 
 
-if _INTERPRET:
-    _op_wrap = _direct
-    giou_loss_fwd_op = torch.library.custom_op(f"{NAMESPACE}::giou_loss", _fwd_op_impl, mutates_args=())
-    giou_loss_fwd_op.register_fake(_fwd_op_fake)
-    giou_loss_bwd_op = torch.library.custom_op(f"{NAMESPACE}::giou_loss_backward", _bwd_op_impl, mutates_args=())
-    giou_loss_bwd_op.register_fake(_bwd_op_fake)
-else:
-    _op_wrap = torch.library.wrap_triton
-    giou_loss_fwd_op = torch.library.triton_op(f"{NAMESPACE}::giou_loss", _fwd_op_impl, mutates_args=())
-    giou_loss_bwd_op = torch.library.triton_op(f"{NAMESPACE}::giou_loss_backward", _bwd_op_impl, mutates_args=())
+giou_loss_fwd_op = register_op(_FWD_NAME, _fwd_op_impl, _fwd_op_fake)
+giou_loss_bwd_op = register_op(_BWD_NAME, _bwd_op_impl, _bwd_op_fake)
 
 
 def _op_setup_context(ctx, inputs, output):
@@ -1021,10 +863,8 @@ def _op_setup_context(ctx, inputs, output):
 
 
 def _op_backward(ctx, grad_loss, _g_denom, _g_gp, _g_gt):
-    if _profiler._is_profiler_enabled:  # the fused mode's backward launches no operator of its own: name it
-        with torch.profiler.record_function(_BWD_NAME):
-            return _op_backward_impl(ctx, grad_loss)
-    return _op_backward_impl(ctx, grad_loss)
+    with profiled(_BWD_NAME):  # the fused mode's backward launches no operator of its own: name it
+        return _op_backward_impl(ctx, grad_loss)
 
 
 def _op_backward_impl(ctx, grad_loss):
@@ -1065,12 +905,8 @@ class _GIoULossFunction(torch.autograd.Function):
         fused = ng[0] + 2 * ng[1] if fused_mode else 0
         # mean's denominator is needed by the hand-written backward: separate mode, or a weight gradient
         need_denom = reduction == _MEAN and (not fused_mode or ng[2])
-        if _profiler._is_profiler_enabled:
-            with torch.profiler.record_function(_FWD_NAME):
-                loss, denom, gp, gt, flags = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _direct,
-                                                          True, need_denom)
-        else:
-            loss, denom, gp, gt, flags = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, _direct, True,
+        with profiled(_FWD_NAME):
+            loss, denom, gp, gt, flags = giou_forward(pred, target, weight, reduction, eps, ltrb, fused, direct, True,
                                                       need_denom)
         ctx.save_for_backward(pred, target, weight)
         ctx.state = (reduction, eps, ltrb, fused, denom, flags, gp, gt)
@@ -1078,10 +914,8 @@ class _GIoULossFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if _profiler._is_profiler_enabled:
-            with torch.profiler.record_function(_BWD_NAME):
-                return _eager_backward(ctx, grad)
-        return _eager_backward(ctx, grad)
+        with profiled(_BWD_NAME):
+            return _eager_backward(ctx, grad)
 
 
 def _eager_backward(ctx, grad):
@@ -1151,7 +985,7 @@ def giou_loss_op(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
         fused_mode = grad_mode == "fused"
     else:
         raise ValueError(f"grad_mode={grad_mode!r} is not valid; choose one of {', '.join(map(repr, GRAD_MODES))}")
-    if use_op or torch.compiler.is_compiling():
+    if use_op or traced(pred, target, weight):
         fused = 0
         if fused_mode and torch.is_grad_enabled():
             fused = (1 if pred.requires_grad else 0) | (2 if target.requires_grad else 0)
@@ -1162,7 +996,5 @@ def giou_loss_op(pred: torch.Tensor, target: torch.Tensor, weight: torch.Tensor 
             return _GIoULossFunction.apply(pred, target, weight, red, float(eps), bool(ltrb), fused_mode)
         return _apply_c(pred, target, weight, red, float(eps), bool(ltrb), fused_mode)
     # Nothing needs a gradient: the forward alone, no autograd node.
-    if _profiler._is_profiler_enabled:
-        with torch.profiler.record_function(_FWD_NAME):
-            return giou_forward(pred, target, weight, red, float(eps), bool(ltrb), 0, _direct, True, False)[0]
-    return giou_forward(pred, target, weight, red, float(eps), bool(ltrb), 0, _direct, True, False)[0]
+    with profiled(_FWD_NAME):
+        return giou_forward(pred, target, weight, red, float(eps), bool(ltrb), 0, direct, True, False)[0]

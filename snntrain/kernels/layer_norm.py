@@ -46,22 +46,24 @@ The ops ``snntrain::layer_norm_fwd`` and ``snntrain::layer_norm_bwd`` are
 custom ops under ``TRITON_INTERPRET=1``) with autograd registered (mean and rstd are
 non-differentiable outputs, so a backward is two kernels, main and finishing sum); they
 allocate with ``torch.empty`` and never synchronise with the host, so they can be
-captured in CUDA graphs. Launch sizes come from :data:`TUNING`.
+captured in CUDA graphs. :func:`layer_norm` calls them under ``torch.compile`` and
+``torch.export``; eager calls run the same host functions and kernels through an
+``autograd.Function`` without the operator machinery, as every op family does
+(:mod:`snntrain.kernels.op_utils`). Launch sizes come from :data:`TUNING` and the plans
+of :mod:`snntrain.kernels.layer_norm_tuning`.
 """
 
 import functools
 import math
-import os
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import is_fake
-from torch.library import triton_op, wrap_triton
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from . import layer_norm_tuning as tuning
+from .layer_norm_tuning import TUNING, Tuning
+from .op_utils import direct, eager_function, no_launch, op_wrap, profiled, register_op, traced
 
 __all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd"]
 
@@ -88,7 +90,7 @@ def _ln_fwd_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
     SINGLE: tl.constexpr,  # True: a whole row fits BLOCK_C; False: loop over C in chunks
-    SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see _const_s)
+    SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see const_s)
 ):
     if SC > 0:
         S = SC
@@ -394,275 +396,6 @@ def _ln_bwd_finish_kernel(
 # --------------------------------------------------------------------------- host side
 
 
-@dataclass
-class Tuning:
-    """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path.
-
-    The defaults follow the H200 sweeps recorded in docs/benchmarks.md (layer-norm section);
-    where a setting helped one shape class and not another it has a channels-first (``cf_``)
-    twin.
-    """
-
-    # Forward: one tile per program.
-    fwd_tile: int = 4096  # rows: target elements per program
-    cf_fwd_tile: int = 1024  # channels-first maps: target elements per program (56x56: x1.09 over 2048)
-    fwd_warp_elems: int = 512  # num_warps = tile / warp_elems, clamped to [1, fwd_max_warps]
-    fwd_max_warps: int = 16
-    # Backward: G persistent programs loop over the tiles and keep dW/dB partial sums in registers.
-    # Up to bwd_programs_per_sm programs of bwd_tile elements run per SM; when the partial-sum
-    # budget (partial_frac) allows only k < bwd_programs_per_sm per SM, each gets a tile
-    # bwd_programs_per_sm / k times larger, so the warps per SM stay the same.
-    bwd_tile: int = 2048
-    bwd_programs_per_sm: int = 4
-    bwd_warp_elems: int = 512  # 16 elements per thread
-    bwd_max_warps: int = 32
-    # Software-pipelining depth of the tile loop (1: none; n: loads of n - 1 later tiles in
-    # flight, staged in shared memory). Rows: 3 (4096 x 4096: x1.48 over 2, conv rows x1.11-1.14);
-    # channels-first maps: 1 (56x56: x1.20 over 2). 2 was the slowest of the three everywhere.
-    bwd_stages: int = 3
-    cf_bwd_stages: int = 1
-    stage_smem: int = 160 * 1024  # shared memory per SM the staged tiles may take (fewer stages beyond)
-    bwd_reg_cap: bool = True  # cap registers so that the planned programs per SM fit (see _reg_cap)
-    partial_frac: float = 1 / 10  # bound on dW/dB partial-sum traffic (written + read) relative to the backward's
-    cf_reduce_each: bool = False  # channels-first: fold dW/dB sums to [C] every tile instead of once per program
-    # Both directions.
-    cf_min_block_s: int = 16  # channels-first: positions per tile at least (14x14: fwd x1.34, bwd x1.18 over 8)
-    max_tile: int = 16384  # largest tile a fused program holds; longer rows take the looped path
-    loop_tile: int = 4096  # tile of one step of the looped path
-    const_s_max: int = 4096  # channels-first maps with H*W <= this and not a multiple of 16: H*W compiled in
-    fused_dw_max_c: int = 8192  # longest (power-of-2) row whose dW/dB sums stay in the fused backward
-    cf_unaligned_separate_dw: bool = False  # channels-first, H*W % 4 != 0: dW/dB in a pass of their own
-    dw_tile: int = 4096  # tile of the separate dW/dB pass (long rows, looped path)
-    dw_block_c: int = 256  # channels per program of that pass
-    dw_programs_per_sm: int = 4  # programs of that pass per SM (8 warps each), all in one wave
-    finish_tile: int = 8192  # elements per program of the final dW/dB sum over the partials
-
-
-TUNING = Tuning()
-
-
-@dataclass(frozen=True)
-class _Plan:
-    B0: int
-    S: int
-    C: int
-    split: int  # dims [0, split) form B0, dims [split, dim) (rows) or (dim, ndim) form S
-    single: bool
-    block_s: int
-    block_c: int
-    tiles_per_b: int
-    num_tiles: int
-    num_warps: int
-    s_unit: bool  # S is the unit-stride axis (channels-first)
-    programs: int  # backward: persistent programs G (forward: num_tiles)
-    per_sm: int = 0  # backward: programs planned to run at once on one SM (G = SMs x per_sm)
-
-
-def _collapse(t: torch.Tensor, start: int, end: int) -> Optional[tuple[int, int]]:
-    """(size, stride) of dims [start, end) of ``t`` merged into one strided dim, or None if they do not merge.
-
-    A group of size 1 gets stride 0: Triton then knows that ``index * stride`` keeps the
-    pointer aligned (a stride of 1 would hide the alignment and stop vectorised loads).
-    """
-    size, stride, expected = 1, 0, None
-    for i in range(end - 1, start - 1, -1):
-        n, s = t.shape[i], t.stride(i)
-        if n == 1:
-            continue
-        if expected is None:
-            stride = s
-        elif s != expected:
-            return None
-        expected = s * n
-        size *= n
-    return size, stride
-
-
-def _strides3(t: torch.Tensor, dim: int, split: int) -> Optional[tuple[int, int, int]]:
-    """Element strides (b, s, c) of ``t`` seen as [B0, S, C] with the grouping of :func:`_split`."""
-    nd = t.dim()
-    if dim == nd - 1:
-        gb, gs = _collapse(t, 0, split), _collapse(t, split, dim)
-    else:
-        gb, gs = _collapse(t, 0, dim), _collapse(t, dim + 1, nd)
-    if gb is None or gs is None:
-        return None
-    return gb[1], gs[1], t.stride(dim)
-
-
-def _split(x: torch.Tensor, dim: int) -> Optional[int]:
-    """How the dims of ``x`` group into [B0, S, C]; None when no grouping reads ``x`` in place."""
-    if dim != x.dim() - 1:
-        return 0 if _strides3(x, dim, 0) is not None else None
-    for split in range(0, dim + 1):  # rows: prefer everything in S, else two groups
-        if _strides3(x, dim, split) is not None:
-            return split
-    return None
-
-
-def _sizes3(shape: torch.Size, dim: int, split: int) -> tuple[int, int, int]:
-    if dim == len(shape) - 1:
-        return math.prod(shape[:split]), math.prod(shape[split:dim]), shape[dim]
-    return math.prod(shape[:dim]), math.prod(shape[dim + 1:]), shape[dim]
-
-
-def _warps(tile: int, warp_elems: int, max_warps: int) -> int:
-    return max(1, min(max_warps, tile // warp_elems))
-
-
-def _floor_pow2(n: int) -> int:
-    return 1 << (max(1, int(n)).bit_length() - 1)
-
-
-def _tile(B0: int, S: int, C: int, s_unit: bool, tile: int) -> tuple[bool, int, int, int]:
-    """(single, block_s, block_c, tiles_per_b) for a target of ``tile`` elements per program."""
-    tn = TUNING
-    bc = triton.next_power_of_2(C)
-    s_cap = triton.next_power_of_2(S)
-    min_s = _floor_pow2(tn.cf_min_block_s) if s_unit else 1
-    bs = min(s_cap, max(min_s, _floor_pow2(tile // bc)))
-    single = bs * bc <= tn.max_tile
-    if not single:
-        bs = min(s_cap, min_s)
-        bc = min(bc, max(16, tn.loop_tile // bs))
-        if bs * bc > tn.loop_tile:
-            bc = max(1, tn.loop_tile // bs)
-    return single, bs, bc, triton.cdiv(S, bs)
-
-
-def _geometry(x: torch.Tensor, dim: int, split: int) -> tuple[int, int, int, bool]:
-    B0, S, C = _sizes3(x.shape, dim, split)
-    _sb, ss, sc = _strides3(x, dim, split)
-    return B0, S, C, ss == 1 and sc != 1 and S > 1
-
-
-def _plan_fwd(x: torch.Tensor, dim: int, split: int) -> _Plan:
-    tn = TUNING
-    B0, S, C, s_unit = _geometry(x, dim, split)
-    single, bs, bc, tpb = _tile(B0, S, C, s_unit, tn.cf_fwd_tile if s_unit else tn.fwd_tile)
-    n = B0 * tpb
-    return _Plan(B0, S, C, split, single, bs, bc, tpb, n, _warps(bs * bc, tn.fwd_warp_elems, tn.fwd_max_warps),
-                 s_unit, n)
-
-
-def _plan_bwd(x: torch.Tensor, dim: int, split: int, partials: bool) -> _Plan:
-    """Tiles and persistent programs of the backward.
-
-    G = (SMs) x k programs, k <= bwd_programs_per_sm. With ``partials`` (dW/dB summed in the
-    same kernel) k is also small enough that the G x 2 x C fp32 partial sums (written once,
-    read once by the finishing sum) stay within ``partial_frac`` of the backward's traffic;
-    with fewer programs per SM each gets a proportionally larger tile.
-    """
-    tn = TUNING
-    B0, S, C, s_unit = _geometry(x, dim, split)
-    n_sm = _num_sms(x.device)
-    k = tn.bwd_programs_per_sm
-    if partials:
-        traffic = 3 * B0 * S * C * x.element_size()
-        budget = int(tn.partial_frac * traffic / (16 * C))  # programs whose partials fit the budget
-        k = max(1, min(k, budget // n_sm))
-    single, bs, bc, tpb = _tile(B0, S, C, s_unit, tn.bwd_tile * tn.bwd_programs_per_sm // k)
-    warps = _warps(bs * bc, tn.bwd_warp_elems, tn.bwd_max_warps)
-    n = B0 * tpb
-    if single:
-        # A tile larger than planned (a long row, the minimum positions per tile) takes more warps.
-        k = max(1, min(k, tn.bwd_programs_per_sm * _warps(tn.bwd_tile, tn.bwd_warp_elems, 64) // warps))
-        programs = max(1, min(n, n_sm * k))
-    else:
-        programs = n
-    return _Plan(B0, S, C, split, single, bs, bc, tpb, n, warps, s_unit, programs, k)
-
-
-def _plan_dwdb(p: _Plan, n_sm: int) -> tuple[int, int, int, int, int]:
-    """(block_s, block_c, tiles_per_b, column blocks, row groups G) of the separate dW/dB pass.
-
-    The grid is (column blocks, G) with at most ``dw_programs_per_sm`` x SMs programs in all,
-    so they run in one wave: with one program more than a wave holds, the extra programs
-    (each summing as many tiles as the others) would start only when others finish and
-    double the pass's time.
-    """
-    tn = TUNING
-    bc = min(triton.next_power_of_2(p.C), _floor_pow2(tn.dw_block_c))
-    min_s = _floor_pow2(tn.cf_min_block_s) if p.s_unit else 1
-    bs = min(triton.next_power_of_2(p.S), max(min_s, _floor_pow2(tn.dw_tile // bc)))
-    tiles_per_b = triton.cdiv(p.S, bs)
-    n_col = triton.cdiv(p.C, bc)
-    G = max(1, min(p.B0 * tiles_per_b, tn.dw_programs_per_sm * n_sm // n_col))
-    return bs, bc, tiles_per_b, n_col, G
-
-
-def _bwd_stages(p: _Plan, *tensors: torch.Tensor) -> int:
-    """Pipelining depth of the fused backward's tile loop for plan ``p`` reading ``tensors`` per tile.
-
-    ``cf_bwd_stages`` for channels-first maps, ``bwd_stages`` otherwise, lowered so that the
-    ``stages - 1`` tiles staged in shared memory by each of the ``p.per_sm`` programs of an SM
-    stay within ``stage_smem`` (a 16384-channel fp32 row at 3 stages would need 256 KB).
-    """
-    tn = TUNING
-    want = max(1, tn.cf_bwd_stages if p.s_unit else tn.bwd_stages)
-    per_stage = p.block_s * p.block_c * sum(t.element_size() for t in tensors)
-    fit = 1 + tn.stage_smem // max(1, p.per_sm) // max(1, per_stage)
-    return max(1, min(want, fit))
-
-
-def _reg_cap(p: _Plan) -> dict:
-    """Launch option capping registers per thread so that ``p.per_sm`` programs fit one SM's 64 K registers.
-
-    The persistent backward assumes its G = SMs x per_sm programs all run at once; a program
-    left waiting for a free slot would run after the others and double the kernel's time.
-    Only when the op launches the kernel itself (eager, CUDA graphs): omitted in the
-    interpreter and when torch traces the launch (torch.compile, export), whose kernel
-    wrapper does not take the option.
-    """
-    if not TUNING.bwd_reg_cap or _INTERPRET or not _direct_launch():
-        return {}
-    return {"maxnreg": max(32, min(255, 65536 // (32 * p.num_warps * max(1, p.per_sm)) // 8 * 8))}
-
-
-def _direct_launch() -> bool:
-    """True when ``wrap_triton`` hands back the plain Triton kernel (the op runs eagerly on real tensors)."""
-    try:
-        from torch._library.triton import is_wrap_triton_enabled
-    except ImportError:  # an older torch: no such switch, keep to the plain options
-        return False
-    return not is_wrap_triton_enabled()
-
-
-def _separate_dwdb(x: torch.Tensor, dim: int, split: int) -> bool:
-    """Whether dW/dB take a pass of their own instead of being summed in the fused backward.
-
-    Rows longer than ``fused_dw_max_c`` (2 x C fp32 sums per program do not fit in registers),
-    and, if ``cf_unaligned_separate_dw`` is set, channels-first maps whose H*W is not a
-    multiple of 4, whose loads cannot be vectorised (the fused kernel spills there; the
-    separate pass re-reads x and dy, mostly from L2 at 7x7). Off by default: at 7x7 the
-    fused kernel was x1.23 faster on the H200 despite the spills.
-    """
-    B0, S, C, s_unit = _geometry(x, dim, split)
-    if triton.next_power_of_2(C) > TUNING.fused_dw_max_c:
-        return True
-    return s_unit and S % 4 != 0 and TUNING.cf_unaligned_separate_dw
-
-
-def _const_s(p: _Plan, *strides: tuple[int, int, int]) -> int:
-    """H*W to compile into the kernels (0: none).
-
-    For dense channels-first maps whose H*W is not a multiple of 16 (14x14, 7x7): Triton then
-    knows the channel stride, so loads vectorise as far as H*W allows (4 elements at 14x14)
-    and per-element addresses become immediate offsets instead of registers. One compilation
-    per such H*W.
-    """
-    if not p.s_unit or p.S % 16 == 0 or p.S > TUNING.const_s_max:
-        return 0
-    return p.S if all(st[1] == 1 and st[2] == p.S for st in strides) else 0
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the CPU interpreter: a few programs, so tests still exercise the strided tile loop
-
-
 def _check(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], dim: int, eps: float) -> int:
     if x.dim() < 1:
         raise ValueError("layer_norm needs an input with at least one dim, got a scalar")
@@ -686,23 +419,15 @@ def _check(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch
     return dim
 
 
-def _launchable(x: torch.Tensor) -> bool:
-    """False only while tracing with fake tensors in Triton's CPU interpreter.
-
-    There the ops are plain custom ops (see :func:`_register`) whose fake implementation is
-    the same function: it allocates the outputs and skips the launches.
-    """
-    return not (_INTERPRET and is_fake(x))
-
-
 def _params(p: Optional[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return x if p is None else (p if p.stride(0) == 1 else p.contiguous())
 
 
-def _layer_norm_fwd(
-    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], dim: int, eps: float
+def _fwd_host(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], dim: int, eps: float, wrap=direct
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Layer norm of ``x`` over ``dim``: returns ``(y, mean, rstd)``; mean and rstd are fp32 ``[numel / C]``."""
+    """Layer norm of ``x`` over ``dim``: returns ``(y, mean, rstd)``; mean and rstd are fp32 ``[numel / C]``.
+    ``wrap`` is applied to each kernel before launching (:mod:`snntrain.kernels.op_utils`)."""
     dim = _check(x, weight, bias, dim, eps)
     rows_mode = dim == x.dim() - 1
     if rows_mode:
@@ -714,43 +439,42 @@ def _layer_norm_fwd(
     rstd = torch.empty(n_stats, dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, mean, rstd
-    split = _split(x, dim)
+    split = tuning.find_split(x, dim)
     if split is None:
         x = x.contiguous()
-        split = _split(x, dim)
-    ys = _strides3(y, dim, split)
+        split = tuning.find_split(x, dim)
+    ys = tuning.strides3(y, dim, split)
     if ys is None:  # y is a fresh dense tensor, so this only guards odd groupings
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        ys = _strides3(y, dim, split)
-    p = _plan_fwd(x, dim, split)
-    xs = _strides3(x, dim, split)
-    if _launchable(x):
-        wrap_triton(_ln_fwd_kernel)[(p.num_tiles,)](
-            x, y, _params(weight, x), _params(bias, x), mean, rstd,
-            p.S, p.C, p.tiles_per_b,
-            xs[0], xs[1], xs[2], ys[0], ys[1], ys[2],
-            eps,
-            HAS_W=weight is not None, HAS_B=bias is not None,
-            BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, SC=_const_s(p, xs, ys), num_warps=p.num_warps,
-        )
+        ys = tuning.strides3(y, dim, split)
+    p = tuning.plan_fwd(x, dim, split)
+    xs = tuning.strides3(x, dim, split)
+    wrap(_ln_fwd_kernel)[(p.num_tiles,)](
+        x, y, _params(weight, x), _params(bias, x), mean, rstd,
+        p.S, p.C, p.tiles_per_b,
+        xs[0], xs[1], xs[2], ys[0], ys[1], ys[2],
+        eps,
+        HAS_W=weight is not None, HAS_B=bias is not None,
+        BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, SC=tuning.const_s(p, xs, ys), num_warps=p.num_warps,
+    )
     return y, mean, rstd
 
 
-def _finish_dwdb(part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, need_dw: bool, need_db: bool) -> None:
+def _finish_dwdb(part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, need_dw: bool, need_db: bool,
+                 wrap=direct) -> None:
     """dW, dB = fixed-order sums of the partials ``part`` [G, 2, C] over G, in one small kernel."""
     G, _, C = part.shape
     block_n = min(triton.next_power_of_2(C), 16 if C <= 256 else 32)
     block_g = min(triton.next_power_of_2(G), max(1, TUNING.finish_tile // block_n))
     grid = (triton.cdiv(C, block_n), int(need_dw) + int(need_db))
-    if _launchable(part):
-        wrap_triton(_ln_bwd_finish_kernel)[grid](
-            part, dw if need_dw else db, db if need_db else dw, G, C,
-            FIRST=0 if need_dw else 1, BLOCK_G=block_g, BLOCK_N=block_n,
-            num_warps=_warps(block_g * block_n, 512, 8),
-        )
+    wrap(_ln_bwd_finish_kernel)[grid](
+        part, dw if need_dw else db, db if need_db else dw, G, C,
+        FIRST=0 if need_dw else 1, BLOCK_G=block_g, BLOCK_N=block_n,
+        num_warps=tuning.warps_for(block_g * block_n, 512, 8),
+    )
 
 
-def _layer_norm_bwd(
+def _bwd_host(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -760,11 +484,12 @@ def _layer_norm_bwd(
     dim: int,
     need_dw: bool,
     need_db: bool,
+    wrap=direct,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, dw, db)`` of :func:`layer_norm_fwd`.
 
     ``dw`` (``db``) is empty when ``need_dw`` (``need_db``) is False or there is no weight (bias).
-    ``bias`` is only read for its dtype.
+    ``bias`` is only read for its dtype. ``wrap`` as in :func:`_fwd_host`.
     """
     dim = _check(x, weight, bias, dim, 0.0)
     if dy.shape != x.shape:
@@ -781,76 +506,92 @@ def _layer_norm_bwd(
         return dx, dw, db
     dw = torch.empty(C, dtype=weight.dtype, device=x.device) if need_dw else empty
     db = torch.empty(C, dtype=bias.dtype, device=x.device) if need_db else empty.clone()
-    split = _split(x, dim)
+    split = tuning.find_split(x, dim)
     if split is None:
         x = x.contiguous()
-        split = _split(x, dim)
-    ds = _strides3(dy, dim, split)
+        split = tuning.find_split(x, dim)
+    ds = tuning.strides3(dy, dim, split)
     if ds is None:
         dy = dy.contiguous()
-        ds = _strides3(dy, dim, split)
-    gs = _strides3(dx, dim, split)
+        ds = tuning.strides3(dy, dim, split)
+    gs = tuning.strides3(dx, dim, split)
     if gs is None:
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        gs = _strides3(dx, dim, split)
-    xs = _strides3(x, dim, split)
+        gs = tuning.strides3(dx, dim, split)
+    xs = tuning.strides3(x, dim, split)
     need_p = need_dw or need_db
-    fuse_p = need_p and not _separate_dwdb(x, dim, split)
-    p = _plan_bwd(x, dim, split, fuse_p)
+    fuse_p = need_p and not tuning.separate_dwdb(x, dim, split)
+    p = tuning.plan_bwd(x, dim, split, fuse_p)
     fuse_p = fuse_p and p.single
-    sc = _const_s(p, xs, ds, gs)
+    sc = tuning.const_s(p, xs, ds, gs)
     w_arg = _params(weight, x)
     part = empty
     if p.single:
         if fuse_p:
             part = torch.empty((p.programs, 2, C), dtype=torch.float32, device=x.device)
-        if _launchable(x):
-            wrap_triton(_ln_bwd_fused_kernel)[(p.programs,)](
-                dy, x, w_arg, mean, rstd, dx, part,
-                p.S, C, p.tiles_per_b, p.num_tiles,
-                ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
-                HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=p.s_unit and TUNING.cf_reduce_each,
-                BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, ONE_B=p.B0 == 1, STAGES=_bwd_stages(p, x, dy),
-                num_warps=p.num_warps, **_reg_cap(p),
-            )
-    elif _launchable(x):
-        wrap_triton(_ln_bwd_dx_looped_kernel)[(p.num_tiles,)](
+        wrap(_ln_bwd_fused_kernel)[(p.programs,)](
+            dy, x, w_arg, mean, rstd, dx, part,
+            p.S, C, p.tiles_per_b, p.num_tiles,
+            ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
+            HAS_W=weight is not None, NEED_P=fuse_p, REDUCE_EACH=p.s_unit and TUNING.cf_reduce_each,
+            BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, ONE_B=p.B0 == 1, STAGES=tuning.bwd_stages(p, x, dy),
+            num_warps=p.num_warps, **tuning.reg_cap(p),
+        )
+    else:
+        wrap(_ln_bwd_dx_looped_kernel)[(p.num_tiles,)](
             dy, x, w_arg, mean, rstd, dx,
             p.S, C, p.tiles_per_b,
             ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
             HAS_W=weight is not None, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, num_warps=p.num_warps,
         )
     if need_p and not fuse_p:
-        # dW, dB in a column-split pass of their own (see _separate_dwdb; also the looped path).
-        bs, bc, tiles_per_b, n_col, G = _plan_dwdb(p, _num_sms(x.device))
+        # dW, dB in a column-split pass of their own (see separate_dwdb; also the looped path).
+        bs, bc, tiles_per_b, n_col, G = tuning.plan_dwdb(p, tuning.sm_count(x.device))
         part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
-        if _launchable(x):
-            wrap_triton(_ln_bwd_dwdb_kernel)[(n_col, G)](
-                dy, x, mean, rstd, part,
-                p.S, C, tiles_per_b, p.B0 * tiles_per_b,
-                ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
-                BLOCK_S=bs, BLOCK_C=bc, SC=sc, num_warps=_warps(bs * bc, TUNING.bwd_warp_elems, TUNING.bwd_max_warps),
-            )
+        wrap(_ln_bwd_dwdb_kernel)[(n_col, G)](
+            dy, x, mean, rstd, part,
+            p.S, C, tiles_per_b, p.B0 * tiles_per_b,
+            ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
+            BLOCK_S=bs, BLOCK_C=bc, SC=sc,
+            num_warps=tuning.warps_for(bs * bc, TUNING.bwd_warp_elems, TUNING.bwd_max_warps),
+        )
     if need_p:
-        _finish_dwdb(part, dw, db, need_dw, need_db)
+        _finish_dwdb(part, dw, db, need_dw, need_db, wrap)
     return dx, dw, db
 
 
-def _register(name: str, fn):
-    """``fn`` as the op ``name``: a ``triton_op`` (torch.compile sees and optimises the kernels).
-
-    Under ``TRITON_INTERPRET=1`` ``wrap_triton`` cannot record interpreted kernels, so
-    there the op is an opaque ``custom_op`` with ``fn`` as its fake implementation.
-    """
-    if _INTERPRET:
-        op = torch.library.custom_op(name, fn, mutates_args=())
-        op.register_fake(fn)
-        return op
-    return triton_op(name, fn, mutates_args=())
+def _layer_norm_fwd(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], dim: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, mean, rstd)`` of :func:`_fwd_host`."""
+    return _fwd_host(x, weight, bias, dim, eps, op_wrap)
 
 
-layer_norm_fwd = _register("snntrain::layer_norm_fwd", _layer_norm_fwd)
-layer_norm_bwd = _register("snntrain::layer_norm_bwd", _layer_norm_bwd)
+def _layer_norm_fwd_fake(x, weight, bias, dim, eps):
+    return _fwd_host(x, weight, bias, dim, eps, no_launch)
+
+
+def _layer_norm_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    dim: int,
+    need_dw: bool,
+    need_db: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dw, db)`` of :func:`_bwd_host`."""
+    return _bwd_host(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db, op_wrap)
+
+
+def _layer_norm_bwd_fake(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db):
+    return _bwd_host(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db, no_launch)
+
+
+layer_norm_fwd = register_op("snntrain::layer_norm_fwd", _layer_norm_fwd, _layer_norm_fwd_fake)
+layer_norm_bwd = register_op("snntrain::layer_norm_bwd", _layer_norm_bwd, _layer_norm_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -864,12 +605,12 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dy, _dmean, _drstd):
+def _backward(ctx, dy, _dmean, _drstd, bwd=None):
     if dy is None:
         return None, None, None, None, None
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    dx, dw, db = torch.ops.snntrain.layer_norm_bwd(dy, x, weight, bias, mean, rstd, ctx.dim, need_dw, need_db)
+    dx, dw, db = (bwd or layer_norm_bwd)(dy, x, weight, bias, mean, rstd, ctx.dim, need_dw, need_db)
     return (
         dx if need_dx else None,
         dw if need_dw and weight is not None else None,
@@ -879,7 +620,17 @@ def _backward(ctx, dy, _dmean, _drstd):
     )
 
 
-torch.library.register_autograd("snntrain::layer_norm_fwd", _backward, setup_context=_setup_context)
+layer_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager_bwd(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db):
+    with profiled("snntrain::layer_norm_bwd"):
+        return _bwd_host(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db)
+
+
+# The registered ops' forward and backward without the operator machinery (eager calls).
+_EagerLayerNorm = eager_function("snntrain::layer_norm_fwd", _fwd_host, _setup_context,
+                                 functools.partial(_backward, bwd=_eager_bwd))
 
 
 def layer_norm(
@@ -894,4 +645,5 @@ def layer_norm(
     ``dim=-1`` is ``torch.nn.functional.layer_norm`` over the last dim; ``dim=-3`` normalises the
     channels of ``[N, C, H, W]`` or ``[T, B, C, H, W]`` in place of permute + layer_norm + permute.
     """
-    return torch.ops.snntrain.layer_norm_fwd(x, weight, bias, dim, eps)[0]
+    fn = layer_norm_fwd if traced(x, weight, bias) else _EagerLayerNorm.apply
+    return fn(x, weight, bias, dim, eps)[0]

@@ -28,9 +28,9 @@ Three ways to give the backward what it needs (H_t, the charged membrane):
   re-reads the chunk's X rows and recomputes H for those steps in registers (a
   tuple of 8 values, unrolled with ``tl.static_range``), then runs the reverse-time
   scan over the chunk. Forward and recomputation use the same ``@triton.jit`` step
-  functions, and the charge's multiply is an explicitly rounded ``mul.rn.f32``
-  (never contracted into an FMA), so the recomputed spikes equal the forward's bit
-  for bit, and the reference's too.
+  functions (:mod:`snntrain.kernels.neuron_step`), and the charge's multiply is an
+  explicitly rounded ``mul.rn.f32`` (never contracted into an FMA), so the recomputed
+  spikes equal the forward's bit for bit, and the reference's too.
 
   Cost: 4 B written and 4 B read per neuron every 8 steps, at most 1 B per
   element-step and none for T <= 8. fp32 at T=32 moves 20.75 B per element-step
@@ -64,30 +64,48 @@ gradient that is constant over neurons. Outputs are otherwise contiguous.
 
 Under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests without a
 GPU) the operators are registered with ``torch.library.custom_op`` instead, since an
-interpreted kernel cannot be traced into a graph; the kernels are the same.
+interpreted kernel cannot be traced into a graph; the kernels are the same
+(:mod:`snntrain.kernels.op_utils`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-__all__ = ["SURROGATES", "CHUNK", "neuron_multistep", "neuron_fwd", "neuron_bwd"]
+from .neuron_step import (
+    CHUNK,
+    F_DECAY_INPUT,
+    F_DETACH_RESET,
+    F_GRAD_K,
+    F_GRAD_V_INIT,
+    F_GRAD_X,
+    F_HARD_RESET,
+    F_LEAK,
+    F_RETURN_MEMBRANE,
+    F_RETURN_STATE,
+    F_SAVE_CKPT,
+    F_SURROGATE_SHIFT,
+    NO_FMA,
+    SUM_BLOCK,
+    SURROGATES,
+    backward_step,
+    carry_grad,
+    chunk_steps,
+    grad_k_term,
+    neuron_flags,
+    scalars,
+    step,
+    sum_kernel,
+)
+from .op_utils import FLOAT_DTYPES, INT32_MAX, direct, eager_function, op_wrap, profiled, register_op, traced
 
-#: Surrogate gradients implemented by the kernels, in the order of their kernel id.
-SURROGATES: tuple[str, ...] = ("sigmoid", "atan", "piecewise_quadratic")
-_SURROGATE_ID = {name: i for i, name in enumerate(SURROGATES)}
-
-#: Steps per checkpoint chunk (see the module docstring).
-CHUNK = 8
-#: The chunk for T <= SHORT_CHUNK: one chunk, no checkpoints, no padded steps at T=4.
-SHORT_CHUNK = 4
+__all__ = ["SURROGATES", "CHUNK", "neuron_multistep", "neuron_flags", "neuron_fwd", "neuron_bwd"]
 
 # Launch configuration: BLOCK neurons per program, num_warps warps. The forward
 # keeps one state per neuron; the backward also keeps CHUNK charged states (and X
@@ -97,127 +115,23 @@ SHORT_CHUNK = 4
 FWD_BLOCK, FWD_WARPS = 512, 4
 BWD_BLOCK, BWD_WARPS = 256, 4
 BWD16_BLOCK, BWD16_WARPS = 512, 8
-SUM_BLOCK = 1024
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-# Issue the charge's multiply as mul.rn.f32 (inline PTX) so that no FMA contraction
-# changes H between the forward, the backward's recomputation and the reference.
-_NO_FMA = not _INTERPRET and torch.version.hip is None
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
-
-
-# ----------------------------------------------------------------------------
-# Triton device functions: one neuron step, shared by forward and recomputation.
-# ----------------------------------------------------------------------------
-
-
-@triton.jit
-def _mul(a, b, NO_FMA: tl.constexpr):
-    """a * b rounded on its own (never fused with a following add)."""
-    if NO_FMA:
-        return tl.inline_asm_elementwise(
-            "mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
-        )
-    else:
-        return a * b
-
-
-@triton.jit
-def _charge(x, v, k, v_r, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, NO_FMA: tl.constexpr):
-    """H from the previous state V and input X (same operation order as the reference)."""
-    if LEAK:
-        if DECAY_INPUT:
-            h = v + _mul(x - (v - v_r), k, NO_FMA)
-        else:
-            h = v - _mul(v - v_r, k, NO_FMA) + x
-    else:
-        h = v + x
-    return h
-
-
-@triton.jit
-def _reset(h, spike, v_threshold, v_reset, HARD_RESET: tl.constexpr):
-    """V after the reset; equal to H*(1-S) + v_reset*S (hard) or H - v_th*S (soft)."""
-    if HARD_RESET:
-        return tl.where(spike, v_reset, h)
-    else:
-        return tl.where(spike, h - v_threshold, h)
-
-
-@triton.jit
-def _surrogate_grad(u, alpha, SURROGATE: tl.constexpr):
-    """dS/du at u = H - v_threshold; the formulas of snntrain.nn.surrogate."""
-    # The backward is issue-bound (about as many instructions per element-step as the
-    # memory system allows), so the divisions use the fast, non-IEEE form (div.full.f32,
-    # within 2 ulp): an IEEE division costs several times as many instructions.
-    if SURROGATE == 0:  # sigmoid: alpha * sg * (1 - sg) = alpha * e / (1 + e)^2 with e = exp(-alpha * |u|)
-        # (the derivative is even in u; |u| keeps e in (0, 1], so nothing overflows)
-        e = tl.exp(-(alpha * tl.abs(u)))
-        r = tl.math.fdiv(tl.full(u.shape, 1.0, tl.float32), 1.0 + e)
-        return alpha * e * r * r
-    elif SURROGATE == 1:  # atan
-        z = (1.5707963267948966 * alpha) * u
-        return tl.math.fdiv(tl.full(u.shape, alpha * 0.5, tl.float32), 1.0 + z * z)
-    else:  # piecewise_quadratic
-        return tl.maximum(alpha - alpha * alpha * tl.abs(u), 0.0)
-
-
-@triton.jit
-def _grad_h(h, gs, gv, v_threshold, v_reset, alpha, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
-            SURROGATE: tl.constexpr):
-    """dL/dH of one step from the charged state H, dL/dS and dL/dV (V after the reset)."""
-    u = h - v_threshold
-    spike = u >= 0.0
-    sg = _surrogate_grad(u, alpha, SURROGATE)
-    if HARD_RESET:
-        if DETACH_RESET:
-            g_s = gs
-        else:
-            g_s = gs + gv * (v_reset - h)
-        gh = tl.where(spike, 0.0, gv) + g_s * sg
-    else:
-        if DETACH_RESET:
-            g_s = gs
-        else:
-            g_s = gs - gv * v_threshold
-        gh = gv + g_s * sg
-    return gh
-
-
-@triton.jit
-def _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr, HARD_RESET: tl.constexpr):
-    """The scalars in fp32 (float arguments may arrive as fp64 from a compiled graph; the
-    reference's are fp32) and the charge's rest potential v_r."""
-    v_threshold = tl.cast(v_threshold, tl.float32)
-    v_reset = tl.cast(v_reset, tl.float32)
-    if K_FROM_PTR:
-        k = tl.load(k_ptr).to(tl.float32)
-    else:
-        k = tl.cast(k, tl.float32)
-    if HARD_RESET:
-        v_r = v_reset
-    else:
-        v_r = tl.cast(0.0, tl.float32)
-    return k, v_threshold, v_reset, v_r
-
-
-@triton.jit
-def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: tl.constexpr,
-           HARD_RESET: tl.constexpr, HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
-    """:func:`_scalars` and the initial state of a block."""
-    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    if HAS_V_INIT:
-        v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
-    return k, v_threshold, v_reset, v_r, v
 
 
 # ----------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------
 
+
+@triton.jit
+def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: tl.constexpr,
+           HARD_RESET: tl.constexpr, HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`~snntrain.kernels.neuron_step.scalars` and the initial state of a block."""
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    if HAS_V_INIT:
+        v = tl.load(v_init_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
+    return k, v_threshold, v_reset, v_r, v
 
 @triton.jit(do_not_specialize=["T"])
 def _neuron_fwd_kernel(
@@ -273,15 +187,14 @@ def _neuron_fwd_kernel(
             m = offs < tl.where(valid, N, 0)
             t64 = tl.cast(t, tl.int64)
             x = xs[j].to(tl.float32)
-            h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = (h - v_threshold) >= 0.0
-            v_new = _reset(h, spike, v_threshold, v_reset, HARD_RESET)
+            _h, spike, v_new = step(x, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             tl.store(s_ptr + t64 * N + offs, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=m)
             if STORE_V_SEQ:
                 tl.store(v_seq_ptr + t64 * N + offs, v_new, mask=m)
             v = tl.where(valid, v_new, v)
     if STORE_V_FINAL:
         tl.store(v_final_ptr + offs, v, mask=mask)
+
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -370,10 +283,9 @@ def _neuron_bwd_kernel(
                 gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0),)
             if HAS_GVSEQ:
                 gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
-            h = _charge(x, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            h, _spike, v = step(x, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             hs = hs + (h,)
-            if STORE_GK and DECAY_INPUT:
+            if STORE_GK:
                 xs = xs + (x,)
         # Reverse-time scan over the chunk.
         for j in tl.static_range(CHUNK - 1, -1, -1):
@@ -381,67 +293,29 @@ def _neuron_bwd_kernel(
             valid = t < T
             m = offs < tl.where(valid, N, 0)
             t64 = tl.cast(t, tl.int64)
-            h = hs[j]
             if HAS_GVSEQ:
                 gv = gv + gqs[j].to(tl.float32)
             if GS_MODE != 0:
                 gs = gss[j].to(tl.float32)
             else:
                 gs = 0.0
-            gh = _grad_h(h, gs, gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET, SURROGATE)
+            gh, gx = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
+                                   DETACH_RESET, SURROGATE)
             if STORE_GX:
-                if LEAK and DECAY_INPUT:
-                    gx = gh * k
-                else:
-                    gx = gh
                 tl.store(gx_ptr + t64 * N + offs, gx.to(out_dtype), mask=m)
             if STORE_GK:
-                # State before step j: the chunk's start, or the reset of H_{j-1}.
-                if j == 0:
-                    v_prev = v_start
-                else:
-                    h_prev = hs[j - 1]
-                    v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
-                if DECAY_INPUT:
-                    dh_dk = xs[j] - (v_prev - v_r)
-                else:
-                    dh_dk = v_r - v_prev
-                gk += tl.where(m, gh * dh_dk, 0.0)
-            if LEAK:
-                gv_prev = gh * one_minus_k
-            else:
-                gv_prev = gh
-            gv = tl.where(valid, gv_prev, gv)
+                gk += tl.where(m, grad_k_term(gh, xs[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
+                                         DECAY_INPUT, HARD_RESET), 0.0)
+            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
     if STORE_GV_INIT:
         tl.store(gv_init_ptr + offs, gv, mask=mask)
     if STORE_GK:
         tl.store(gk_part_ptr + pid, tl.sum(gk, axis=0))
 
 
-@triton.jit
-def _sum_kernel(
-    part_ptr,  # [n] fp32 partial sums
-    out_ptr,  # [1] fp32 their sum, in a fixed order
-    n,
-    BLOCK: tl.constexpr,
-):
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(part_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(out_ptr, tl.sum(acc, axis=0))
-
-
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
-
-# Bits of the ``flags`` argument of both operators (one int keeps the per-call
-# dispatch cost low; the floats travel as ``params = [k, v_threshold, v_reset, alpha]``).
-F_LEAK, F_DECAY_INPUT, F_HARD_RESET, F_DETACH_RESET = 1, 2, 4, 8
-F_SURROGATE_SHIFT = 4  # bits 4-5: index into SURROGATES
-F_SAVE_CKPT, F_RETURN_STATE, F_RETURN_MEMBRANE = 64, 128, 256
-F_GRAD_X, F_GRAD_V_INIT, F_GRAD_K = 512, 1024, 2048
 
 
 def _single_stride(shape, strides) -> int | None:
@@ -516,34 +390,25 @@ def _time_major(t: Tensor, order: tuple[int, ...] | None = None) -> tuple[Tensor
     stride = t.stride()
     stride_n = _single_stride(t.shape[1:], stride[1:])
     # The kernels form n * stride_n in 32 bits.
-    if stride_n is None or (math.prod(t.shape[1:]) - 1) * stride_n > _INT32_MAX:
+    if stride_n is None or (math.prod(t.shape[1:]) - 1) * stride_n > INT32_MAX:
         t = t.contiguous()
         return t, math.prod(t.shape[1:]), 1
     return t, stride[0], stride_n
 
 
-def _chunk(T: int) -> int:
-    """Steps per chunk for a sequence of T steps; forward and backward must agree."""
-    return SHORT_CHUNK if T <= SHORT_CHUNK else CHUNK
-
-
-def _direct(kernel):
-    """Launch a kernel as it is (eager calls outside any tracing)."""
-    return kernel
-
 
 def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int,
-              launch: bool, wrap=_direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Allocate the outputs and launch the forward. The registered op returns empty tensors for
     outputs that were not asked for; the ``eager`` path returns None there (fewer allocations)."""
     T = x.shape[0]
     N = math.prod(x.shape[1:])
-    if N > _INT32_MAX:
-        raise ValueError(f"a time step has {N} neurons; the Triton neuron kernels support at most {_INT32_MAX}")
+    if N > INT32_MAX:
+        raise ValueError(f"a time step has {N} neurons; the Triton neuron kernels support at most {INT32_MAX}")
     dev = x.device
     return_state = bool(flags & F_RETURN_STATE)
     return_membrane = bool(flags & F_RETURN_MEMBRANE)
-    chunk = _chunk(T)
+    chunk = chunk_steps(T)
     n_ckpt = max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
     order = _neuron_order(x, v_init)
     spikes = _empty(x.shape, order, 1, x.dtype, dev)
@@ -566,14 +431,14 @@ def _fwd_host(x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params:
             LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
             HARD_RESET=bool(flags & F_HARD_RESET), K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
             STORE_V_FINAL=return_state, STORE_CKPT=n_ckpt > 0, STORE_V_SEQ=return_membrane,
-            NO_FMA=_NO_FMA, CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
+            NO_FMA=NO_FMA, CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
         )
     return spikes, v_final, ckpt, v_seq
 
 
 def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, grad_spikes: Tensor | None,
               grad_v_final: Tensor | None, grad_v_seq: Tensor | None, params: list[float], flags: int,
-              launch: bool, wrap=_direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+              launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     T = x.shape[0]
     N = math.prod(x.shape[1:])
     dev = x.device
@@ -625,10 +490,10 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
         K_FROM_PTR=k_tensor is not None, HAS_V_INIT=v_init is not None,
         GS_MODE=gs_mode, HAS_GVF=grad_v_final is not None, HAS_GVSEQ=grad_v_seq is not None,
         STORE_GX=need_x, STORE_GV_INIT=need_v, STORE_GK=need_k,
-        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK=block, num_warps=warps,
+        NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps,
     )
     if need_k:
-        wrap(_sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
+        wrap(sum_kernel)[(1,)](gk_part, grad_k, grid_n, BLOCK=SUM_BLOCK, num_warps=4)
     return grad_x, grad_v_init, grad_k
 
 
@@ -636,31 +501,13 @@ def _bwd_host(x: Tensor, ckpt: Tensor, v_init: Tensor | None, k_tensor: Tensor |
 # Operator registration
 # ----------------------------------------------------------------------------
 
-if _INTERPRET:
-    # Triton's CPU interpreter runs kernels as Python, which cannot be traced into a
-    # graph: register opaque custom ops whose fake implementations only allocate.
-    def _wrap(kernel):
-        return kernel
-
-    def _register(name, fn, fake):
-        op = torch.library.custom_op(name, fn, mutates_args=())
-        op.register_fake(fake)
-        return op
-
-else:
-    from torch.library import triton_op as _triton_op
-    from torch.library import wrap_triton as _wrap
-
-    def _register(name, fn, fake):
-        return _triton_op(name, fn, mutates_args=())
-
 
 def _neuron_fwd(
     x: Tensor, v_init: Tensor | None, k_tensor: Tensor | None, params: list[float], flags: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(spikes [T, ...], v_final, checkpoints, v_seq)``; ``v_final``/``v_seq`` are empty unless
     F_RETURN_STATE/F_RETURN_MEMBRANE, checkpoints empty unless F_SAVE_CKPT and T > CHUNK."""
-    return _fwd_host(x, v_init, k_tensor, params, flags, launch=True, wrap=_wrap)
+    return _fwd_host(x, v_init, k_tensor, params, flags, launch=True, wrap=op_wrap)
 
 
 def _neuron_fwd_fake(x, v_init, k_tensor, params, flags):
@@ -680,15 +527,15 @@ def _neuron_bwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dv_init, dL/dk)``, each empty unless F_GRAD_X/F_GRAD_V_INIT/F_GRAD_K."""
     return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True,
-                     wrap=_wrap)
+                     wrap=op_wrap)
 
 
 def _neuron_bwd_fake(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags):
     return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=False)
 
 
-neuron_fwd = _register("snntrain::neuron_fwd", _neuron_fwd, _neuron_fwd_fake)
-neuron_bwd = _register("snntrain::neuron_bwd", _neuron_bwd, _neuron_bwd_fake)
+neuron_fwd = register_op("snntrain::neuron_fwd", _neuron_fwd, _neuron_fwd_fake)
+neuron_bwd = register_op("snntrain::neuron_bwd", _neuron_bwd, _neuron_bwd_fake)
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -725,81 +572,14 @@ neuron_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _eager_bwd(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags):
-    with _profiled("snntrain::neuron_bwd"):
+    with profiled("snntrain::neuron_bwd"):
         return _bwd_host(x, ckpt, v_init, k_tensor, grad_spikes, grad_v_final, grad_v_seq, params, flags, launch=True,
                          eager=True)
 
 
-class _EagerNeuron(torch.autograd.Function):
-    """The same forward and backward as the registered ops, launched without the operator
-    machinery: outside torch.compile and torch.export that machinery costs more host time
-    per call than the kernels themselves on small inputs. Profiler traces still show the
-    ``snntrain::neuron_fwd`` / ``snntrain::neuron_bwd`` names."""
-
-    # forward(ctx, ...) rather than a separate setup_context: the latter binds the
-    # arguments through inspect.signature on every call, which costs tens of microseconds.
-    @staticmethod
-    def forward(ctx, x, v_init, k_tensor, params, flags):
-        with _profiled("snntrain::neuron_fwd"):
-            output = _fwd_host(x, v_init, k_tensor, params, flags, launch=True, eager=True)
-        _setup_context(ctx, (x, v_init, k_tensor, params, flags), output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_spikes, grad_v_final, grad_ckpt, grad_v_seq):
-        return _backward(ctx, grad_spikes, grad_v_final, grad_ckpt, grad_v_seq, bwd=_eager_bwd)
-
-
-class _NullContext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _NullContext()
-
-
-def _profiled(name: str):
-    """A profiler range named ``name`` while a profiler is recording, else nothing (no host cost)."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        return torch.profiler.record_function(name)
-    return _NULL
-
-
-def _traced(*tensors) -> bool:
-    """True inside torch.compile / torch.export tracing, where the registered ops must be used."""
-    if torch.compiler.is_compiling():
-        return True
-    return any(t is not None and type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
-
-
-def neuron_flags(kind: str, tau: float, w: Tensor | None, v_reset: float | None, decay_input: bool,
-                 detach_reset: bool, surrogate: str) -> tuple[int, float, Tensor | None]:
-    """``(flags, k, k_tensor)`` of a neuron for the kernels: the option bits, ``k = 1/tau``
-    and, for PLIF, ``k`` as a tensor ``sigmoid(w)`` (differentiable in ``w``)."""
-    k_tensor = None
-    if kind == "lif":
-        flags, k = F_LEAK, 1.0 / tau
-    elif kind == "if":
-        flags, k = 0, 1.0
-    elif kind == "plif":
-        if not isinstance(w, Tensor) or w.numel() != 1:
-            raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
-        flags, k, k_tensor = F_LEAK, 0.0, torch.sigmoid(w.to(torch.float32))
-    else:
-        raise ValueError(f"neuron kind={kind!r} is not valid; choose one of if, lif, plif")
-    sid = _SURROGATE_ID.get(surrogate)
-    if sid is None:
-        raise ValueError(f"surrogate={surrogate!r} is not valid; choose one of {', '.join(SURROGATES)}")
-    if decay_input:
-        flags |= F_DECAY_INPUT
-    if v_reset is not None:
-        flags |= F_HARD_RESET
-    if detach_reset:
-        flags |= F_DETACH_RESET
-    return flags | sid << F_SURROGATE_SHIFT, k, k_tensor
+# The same forward and backward as the registered ops, launched without the operator machinery.
+_EagerNeuron = eager_function("snntrain::neuron_fwd", functools.partial(_fwd_host, launch=True, eager=True),
+                              _setup_context, functools.partial(_backward, bwd=_eager_bwd))
 
 
 def neuron_multistep(
@@ -826,7 +606,7 @@ def neuron_multistep(
     every step's reset when ``return_membrane``. Differentiable in ``x``, ``v_init``
     and ``w``. Arguments are expected to be validated already (``NeuronParams``).
     """
-    if x.dtype not in _DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; the Triton neuron kernels take float32, float16 or bfloat16 "
                         "(use backend='torch' for other dtypes)")
     flags, k, k_tensor = neuron_flags(kind, tau, w, v_reset, decay_input, detach_reset, surrogate)
@@ -843,6 +623,6 @@ def neuron_multistep(
     ):
         flags |= F_SAVE_CKPT
     params = [float(k), float(v_threshold), 0.0 if v_reset is None else float(v_reset), float(alpha)]
-    fn = neuron_fwd if _traced(x, v_init, k_tensor) else _EagerNeuron.apply
+    fn = neuron_fwd if traced(x, v_init, k_tensor) else _EagerNeuron.apply
     spikes, v_final, _ckpt, v_seq = fn(x, v_init, k_tensor, params, flags)
     return spikes, v_final if return_state else None, v_seq if return_membrane else None

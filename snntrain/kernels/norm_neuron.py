@@ -56,16 +56,14 @@ unbiased variance) and folded into the buffers by the caller with in-place tenso
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .lif import (
-    _DTYPES,
-    _NO_FMA,
+from .neuron_step import (
     F_DECAY_INPUT,
     F_DETACH_RESET,
     F_GRAD_K,
@@ -74,28 +72,43 @@ from .lif import (
     F_LEAK,
     F_SAVE_CKPT,
     F_SURROGATE_SHIFT,
+    NO_FMA,
     SUM_BLOCK,
-    _charge,
-    _chunk,
-    _direct,
-    _grad_h,
-    _profiled,
-    _register,
-    _reset,
-    _scalars,
-    _sum_kernel,
-    _traced,
-    _wrap,
+    backward_step,
+    carry_grad,
+    charge,
+    chunk_steps,
+    fire,
+    grad_k_term,
     neuron_flags,
+    reset,
+    scalars,
+    step,
+    sum_kernel,
 )
+from .norm_neuron_tuning import (
+    BWD_TILE,
+    BWD_WARPS,
+    FINISH_C,
+    FINISH_R,
+    FWD_TILE,
+    FWD_WARPS,
+    LN_BWD_TILE,
+    LN_FWD_TILE,
+    LN_WARPS,
+    STATS_TILE,
+    STATS_WARPS,
+    bn_tiles,
+    ln_tiles,
+    tile_groups,
+)
+from .op_utils import FLOAT_DTYPES, INT32_MAX, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["bn_neuron", "ln_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd"]
 
-#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.lif`): batch statistics (training mode),
+#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`): batch statistics (training mode),
 #: gradients of the norm's weight and bias.
 F_BATCH_STATS, F_GRAD_WB = 1 << 13, 1 << 14
-
-_INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------
@@ -281,7 +294,7 @@ def _bn_neuron_fwd_kernel(
     pid0 = tl.program_id(0)
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
-    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
@@ -309,11 +322,12 @@ def _bn_neuron_fwd_kernel(
                 y = y_e
             else:
                 y = ys[j]
-            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = (h - v_threshold) >= 0.0
+            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
+            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = fire(h, v_threshold)
             tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
                      mask=mask & valid)
-            v = tl.where(valid, _reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
 
 
 @triton.jit(do_not_specialize=["T", "TPP"])
@@ -363,7 +377,7 @@ def _bn_neuron_bwd_kernel(
     mean, rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     mean = mean[None, :]
     rstd = rstd[None, :]
-    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     alpha = tl.cast(alpha, tl.float32)
     inv_n = tl.cast(inv_n, tl.float32)
     one_minus_k = 1.0 - k
@@ -437,21 +451,15 @@ def _bn_bwd_tile(
                 xs = xs + (xj,)
                 y = _bn_apply(xj, scale, shift)
             gss = gss + (tl.load(gs_base + t64 * sg_t, mask=m, other=0.0),)
-            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            h, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             hs = hs + (h,)
             ys = ys + (y,)
         for j in tl.static_range(CHUNK - 1, -1, -1):
             t = t0 + j
             valid = t < T
             m = mask & valid
-            h = hs[j]
-            gh = _grad_h(h, gss[j].to(tl.float32), gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET,
-                         SURROGATE)
-            if LEAK and DECAY_INPUT:
-                gy = gh * k
-            else:
-                gy = gh
+            gh, gy = backward_step(hs[j], gss[j].to(tl.float32), gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT,
+                                   HARD_RESET, DETACH_RESET, SURROGATE)
             if EXPANDED:
                 g_sum += tl.where(m, gy, 0.0)
             else:
@@ -467,21 +475,9 @@ def _bn_bwd_tile(
                     tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
             if PASS == 1:
                 if STORE_GK:
-                    if j == 0:
-                        v_prev = v_start
-                    else:
-                        h_prev = hs[j - 1]
-                        v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
-                    if DECAY_INPUT:
-                        dh_dk = ys[j] - (v_prev - v_r)
-                    else:
-                        dh_dk = v_r - v_prev
-                    gk += tl.where(m, gh * dh_dk, 0.0)
-            if LEAK:
-                gv_prev = gh * one_minus_k
-            else:
-                gv_prev = gh
-            gv = tl.where(valid, gv_prev, gv)
+                    gk += tl.where(m, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
+                                                  DECAY_INPUT, HARD_RESET), 0.0)
+            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
     if EXPANDED:
         xhat = (x_e - mean) * rstd
         if PASS == 1:
@@ -565,7 +561,7 @@ def _ln_neuron_fwd_kernel(
     pid0 = tl.program_id(0)
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     eps = tl.cast(eps, tl.float32)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
@@ -593,11 +589,12 @@ def _ln_neuron_fwd_kernel(
                 y = y_e
             else:
                 y, _xh, _r = _ln_rows(xs[j], mask, C, eps, w, bias)
-            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = (h - v_threshold) >= 0.0
+            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
+            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = fire(h, v_threshold)
             tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
                      mask=mask & valid)
-            v = tl.where(valid, _reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -634,7 +631,7 @@ def _ln_neuron_bwd_kernel(
     pid0 = tl.program_id(0)
     b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = _scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     eps = tl.cast(eps, tl.float32)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
@@ -678,20 +675,15 @@ def _ln_neuron_bwd_kernel(
                 y, xhat, rstd = _ln_rows(xs[j], mask, C, eps, w, bias)
                 xhats = xhats + (xhat,)
                 rstds = rstds + (rstd,)
-            h = _charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            v = _reset(h, (h - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
+            h, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             hs = hs + (h,)
             ys = ys + (y,)
         for j in tl.static_range(CHUNK - 1, -1, -1):
             t = t0 + j
             valid = t < T
             m = mask & valid
-            gh = _grad_h(hs[j], gss[j].to(tl.float32), gv, v_threshold, v_reset, alpha, HARD_RESET, DETACH_RESET,
-                         SURROGATE)
-            if LEAK and DECAY_INPUT:
-                gy = gh * k
-            else:
-                gy = gh
+            gh, gy = backward_step(hs[j], gss[j].to(tl.float32), gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT,
+                                   HARD_RESET, DETACH_RESET, SURROGATE)
             gy = tl.where(m, gy, 0.0)
             acc_g += gy
             if not EXPANDED:
@@ -699,21 +691,9 @@ def _ln_neuron_bwd_kernel(
                 gx = _ln_dx(gy, xhats[j], rstds[j], w, mask, C)
                 tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
             if STORE_GK:
-                if j == 0:
-                    v_prev = v_start
-                else:
-                    h_prev = hs[j - 1]
-                    v_prev = _reset(h_prev, (h_prev - v_threshold) >= 0.0, v_threshold, v_reset, HARD_RESET)
-                if DECAY_INPUT:
-                    dh_dk = ys[j] - (v_prev - v_r)
-                else:
-                    dh_dk = v_r - v_prev
-                gk += tl.where(m, gh * dh_dk, 0.0)
-            if LEAK:
-                gv_prev = gh * one_minus_k
-            else:
-                gv_prev = gh
-            gv = tl.where(valid, gv_prev, gv)
+                gk += tl.where(m, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
+                                              DECAY_INPUT, HARD_RESET), 0.0)
+            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
     if EXPANDED:
         acc_gx = acc_g * xhat_e
         tl.store(gx_base, _ln_dx(acc_g, xhat_e, rstd_e, w, mask, C).to(out_dtype), mask=mask)
@@ -727,23 +707,6 @@ def _ln_neuron_bwd_kernel(
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
-
-# Tiles: about TILE elements per program; positions along the unit stride for NCHW maps,
-# channels for channels-last maps. The backward keeps a chunk of states per element, so
-# it uses smaller tiles.
-FWD_TILE, FWD_WARPS = 1024, 4
-BWD_TILE, BWD_WARPS = 512, 4
-STATS_TILE, STATS_WARPS = 2048, 4
-FINISH_R, FINISH_C = 64, 16
-# Programs per SM kept by the kernels that write partial sums (see _groups).
-PROGRAMS_PER_SM = 8
-# Layer norm holds all C channels of BLOCK_S positions; tiles up to these many elements.
-LN_FWD_TILE, LN_BWD_TILE, LN_WARPS = 2048, 1024, 8
-
-
-def _p2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
 
 def _map(x: Tensor, T: int | None) -> tuple[Tensor, int, int, int, int, tuple[int, int, int, int]]:
     """``(x, B, C, H, W, (st, sb, sc, ss))``: ``x`` addressed as [T, B, C, S] (st = 0 for
@@ -801,64 +764,26 @@ def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
     return g, (st, sb, sc, sw if W > 1 else sh)
 
 
-def _block_s(S: int, tile: int) -> int:
-    """Positions per tile for an NCHW map: the largest power of two (16 .. tile) that pads
-    S by at most 7%, else the one that pads least (56x56: 64, 28x28: 64, 14x14: 16)."""
-    if S <= 16:
-        return _p2(S)
-    cands = [b for b in (1 << k for k in range(4, tile.bit_length())) if b <= tile]
-    waste = {b: -(-S // b) * b / S - 1.0 for b in cands}
-    good = [b for b in cands if waste[b] <= 0.07]
-    return max(good) if good else min(cands, key=lambda b: (waste[b], -b))
-
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def _groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tuple[int, int]:
-    """``(groups, TPP)``: each program of a kernel that writes per-program partial sums takes TPP
-    consecutive position tiles, so that about ``PROGRAMS_PER_SM`` programs per SM remain and the
-    finishing kernel has few rows to add."""
-    if dev.type == "cuda":
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx not in _SM_COUNT:
-            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        sms = _SM_COUNT[idx]
-    else:
-        sms = 1
-    s_tiles = triton.cdiv(S, block_s)
-    tpp = max(1, min(s_tiles, (B * s_tiles * g1) // (PROGRAMS_PER_SM * sms)))
-    return triton.cdiv(s_tiles, tpp), tpp
-
-
-def _bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
-    """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
-    if cl:
-        block_c = min(_p2(C), 64)
-        return max(1, tile // block_c), block_c
-    block_s = _block_s(S, tile)
-    return block_s, max(1, min(_p2(C), tile // block_s))
-
-
+@functools.lru_cache(maxsize=None)
 def _neuron_consts(flags: int) -> dict:
     return dict(LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
                 HARD_RESET=bool(flags & F_HARD_RESET))
 
 
 def _n_ckpt(T: int, flags: int) -> int:
-    chunk = _chunk(T)
+    chunk = chunk_steps(T)
     return max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
 
 
 def _check_size(B: int, C: int, S: int) -> None:
-    if B * C * S > _INT32_MAX:
+    if B * C * S > INT32_MAX:
         raise ValueError(f"a time step has {B * C * S} elements; the fused norm-neuron kernels support at most "
-                         f"{_INT32_MAX}")
+                         f"{INT32_MAX}")
 
 
 def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                  running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
     S = H * W
@@ -880,8 +805,8 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
         return spikes, mean, rstd, var, ckpt
     cl = sc < ss
     if batch:
-        bs, bc = _bn_tiles(C, S, cl, STATS_TILE)
-        groups, tpp = _groups(B, S, bs, triton.cdiv(C, bc), dev)
+        bs, bc = bn_tiles(C, S, cl, STATS_TILE)
+        groups, tpp = tile_groups(B, S, bs, triton.cdiv(C, bc), dev)
         g0 = B * groups
         part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
         wrap(_bn_stats_kernel)[(g0, triton.cdiv(C, bc))](
@@ -889,7 +814,7 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
             BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
         wrap(_bn_stats_finish_kernel)[(triton.cdiv(C, FINISH_C),)](
             part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
-    bs, bc = _bn_tiles(C, S, cl, FWD_TILE)
+    bs, bc = bn_tiles(C, S, cl, FWD_TILE)
     s_tiles = triton.cdiv(S, bs)
     so = _strides(spikes, False)
     wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, triton.cdiv(C, bc))](
@@ -897,7 +822,7 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
         T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
         k, v_threshold, v_reset,
         **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=_NO_FMA, CHUNK=_chunk(T),
+        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
         BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS,
     )
     return spikes, mean, rstd, var, ckpt
@@ -926,7 +851,7 @@ def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None,
 
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
                  k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K)."""
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
@@ -941,16 +866,16 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
     cl = sc < ss
-    bs, bc = _bn_tiles(C, S, cl, BWD_TILE)
+    bs, bc = bn_tiles(C, S, cl, BWD_TILE)
     g1 = triton.cdiv(C, bc)
-    groups, tpp = _groups(B, S, bs, g1, x.device)
+    groups, tpp = tile_groups(B, S, bs, g1, x.device)
     g0 = B * groups
     k, v_threshold, v_reset, alpha, _eps = params
     n = (1 if expanded else T) * B * S
     common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
                   SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
                   HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, BATCH_STATS=batch,
-                  NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
+                  NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
     args = (T, B, C, S, groups, tpp, st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
     if batch or need_wb or need_k:
         part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
@@ -961,7 +886,7 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
         wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
                                                             BLOCK_C=FINISH_C, num_warps=4)
         if need_k:
-            wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
+            wrap(sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
     if need_x:
         wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
             xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, mean, mean, *args,
@@ -969,13 +894,8 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
 
 
-def _ln_tiles(C: int, tile: int) -> tuple[int, int]:
-    block_c = _p2(C)
-    return max(1, tile // block_c), block_c
-
-
 def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
-                 params: list[float], flags: int, launch: bool, wrap=_direct) -> tuple[Tensor, Tensor]:
+                 params: list[float], flags: int, launch: bool, wrap=direct) -> tuple[Tensor, Tensor]:
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
     S = H * W
@@ -985,7 +905,7 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
     if not launch or B * C * S == 0:
         return spikes, ckpt
     k, v_threshold, v_reset, _alpha, eps = params
-    bs, bc = _ln_tiles(C, LN_FWD_TILE)
+    bs, bc = ln_tiles(C, LN_FWD_TILE)
     s_tiles = triton.cdiv(S, bs)
     so = _strides(spikes, False)
     wrap(_ln_neuron_fwd_kernel)[(B * s_tiles,)](
@@ -993,7 +913,7 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
         T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
         eps, k, v_threshold, v_reset,
         **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=_NO_FMA, CHUNK=_chunk(T),
+        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
         BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
     )
     return spikes, ckpt
@@ -1001,7 +921,7 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
 
 def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
                  grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-                 wrap=_direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
     S = H * W
@@ -1014,7 +934,7 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
         return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded)
-    bs, bc = _ln_tiles(C, LN_BWD_TILE)
+    bs, bc = ln_tiles(C, LN_BWD_TILE)
     s_tiles = triton.cdiv(S, bs)
     g0 = B * s_tiles
     part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
@@ -1026,13 +946,13 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
         **_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
         SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
         HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, STORE_GK=need_k,
-        NO_FMA=_NO_FMA, CHUNK=_chunk(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
+        NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
     )
     if need_wb:
         wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
                                                             BLOCK_C=FINISH_C, num_warps=4)
     if need_k:
-        wrap(_sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)
+        wrap(sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)
     return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
 
 
@@ -1046,7 +966,7 @@ def _bn_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean:
             flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(spikes, mean, rstd, unbiased var, checkpoints)``: batch statistics with F_BATCH_STATS
     (var empty otherwise), else the running statistics; ``params = [k, v_threshold, v_reset, alpha, eps]``."""
-    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, _wrap)
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, op_wrap)
 
 
 def _bn_fwd_fake(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags):
@@ -1057,7 +977,7 @@ def _bn_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
             k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float],
             flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, each empty unless asked for."""
-    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, True, _wrap)
+    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, True, op_wrap)
 
 
 def _bn_bwd_fake(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags):
@@ -1067,7 +987,7 @@ def _bn_bwd_fake(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, pa
 def _ln_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
             params: list[float], flags: int) -> tuple[Tensor, Tensor]:
     """``(spikes, checkpoints)``."""
-    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True, _wrap)
+    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True, op_wrap)
 
 
 def _ln_fwd_fake(x, weight, bias, k_tensor, T, params, flags):
@@ -1077,17 +997,17 @@ def _ln_fwd_fake(x, weight, bias, k_tensor, T, params, flags):
 def _ln_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
             grad_spikes: Tensor, T: int, params: list[float], flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for."""
-    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, True, _wrap)
+    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, True, op_wrap)
 
 
 def _ln_bwd_fake(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags):
     return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, False)
 
 
-bn_neuron_fwd = _register("snntrain::bn_neuron_fwd", _bn_fwd, _bn_fwd_fake)
-bn_neuron_bwd = _register("snntrain::bn_neuron_bwd", _bn_bwd, _bn_bwd_fake)
-ln_neuron_fwd = _register("snntrain::ln_neuron_fwd", _ln_fwd, _ln_fwd_fake)
-ln_neuron_bwd = _register("snntrain::ln_neuron_bwd", _ln_bwd, _ln_bwd_fake)
+bn_neuron_fwd = register_op("snntrain::bn_neuron_fwd", _bn_fwd, _bn_fwd_fake)
+bn_neuron_bwd = register_op("snntrain::bn_neuron_bwd", _bn_bwd, _bn_bwd_fake)
+ln_neuron_fwd = register_op("snntrain::ln_neuron_fwd", _ln_fwd, _ln_fwd_fake)
+ln_neuron_bwd = register_op("snntrain::ln_neuron_bwd", _ln_bwd, _ln_bwd_fake)
 
 
 def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tuple[int, bool, bool, bool, bool]:
@@ -1142,44 +1062,20 @@ ln_neuron_fwd.register_autograd(_ln_backward, setup_context=_ln_setup_context)
 
 
 def _eager_bn_bwd(*args):
-    with _profiled("snntrain::bn_neuron_bwd"):
+    with profiled("snntrain::bn_neuron_bwd"):
         return _bn_bwd_host(*args, launch=True)
 
 
 def _eager_ln_bwd(*args):
-    with _profiled("snntrain::ln_neuron_bwd"):
+    with profiled("snntrain::ln_neuron_bwd"):
         return _ln_bwd_host(*args, launch=True)
 
 
-class _EagerBNNeuron(torch.autograd.Function):
-    """The registered batch-norm ops' forward and backward without the operator machinery (eager
-    calls; see :mod:`snntrain.kernels.lif`). Profiler traces still show the operator names."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags):
-        with _profiled("snntrain::bn_neuron_fwd"):
-            out = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True)
-        _bn_setup_context(ctx, (x, weight, bias, running_mean, running_var, k_tensor, T, params, flags), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_spikes, gm, gr, gv, gc):
-        return _bn_backward(ctx, grad_spikes, gm, gr, gv, gc, bwd=_eager_bn_bwd)
-
-
-class _EagerLNNeuron(torch.autograd.Function):
-    """The registered layer-norm ops without the operator machinery (eager calls)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, k_tensor, T, params, flags):
-        with _profiled("snntrain::ln_neuron_fwd"):
-            out = _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True)
-        _ln_setup_context(ctx, (x, weight, bias, k_tensor, T, params, flags), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_spikes, gc):
-        return _ln_backward(ctx, grad_spikes, gc, bwd=_eager_ln_bwd)
+# The registered ops' forward and backward without the operator machinery (eager calls).
+_EagerBNNeuron = eager_function("snntrain::bn_neuron_fwd", functools.partial(_bn_fwd_host, launch=True),
+                                _bn_setup_context, functools.partial(_bn_backward, bwd=_eager_bn_bwd))
+_EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln_fwd_host, launch=True),
+                                _ln_setup_context, functools.partial(_ln_backward, bwd=_eager_ln_bwd))
 
 
 # ----------------------------------------------------------------------------
@@ -1189,7 +1085,7 @@ class _EagerLNNeuron(torch.autograd.Function):
 
 def _prepare(x: Tensor, steps: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
     """``(T, flags, k, k_tensor)`` after checking the input."""
-    if x.dtype not in _DTYPES:
+    if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; the fused norm-neuron kernels take float32, float16 or bfloat16 "
                         "(use backend='torch' for other dtypes)")
     if steps is None:
@@ -1243,7 +1139,7 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     if _needs_ckpt(x, weight, bias, k_tensor):
         flags |= F_SAVE_CKPT
     params = _params(k, neuron, eps)
-    fn = bn_neuron_fwd if _traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
+    fn = bn_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
     spikes, mean, _rstd, var, _ckpt = fn(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
     if training and running_mean is not None and running_var is not None:
         with torch.no_grad():
@@ -1260,6 +1156,6 @@ def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: flo
     if _needs_ckpt(x, weight, bias, k_tensor):
         flags |= F_SAVE_CKPT
     params = _params(k, neuron, eps)
-    fn = ln_neuron_fwd if _traced(x, weight, bias, k_tensor) else _EagerLNNeuron.apply
+    fn = ln_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerLNNeuron.apply
     spikes, _ckpt = fn(x, weight, bias, k_tensor, T, params, flags)
     return spikes

@@ -23,23 +23,23 @@ element's channel and position come from its offset and the strides of those dim
 
 Each program walks the input with a grid stride and adds its partial counts to the counter
 with three integer atomics: exact and deterministic (integer addition is associative). No
-host synchronisation: the counter stays on the device. The launch is called directly, not
-through a registered operator: the counting runs in forward hooks during validation, never
-under autograd, ``torch.compile`` or export, and the dispatcher would only add host time to
-every hooked call. The PyTorch reference (and the oracle of the tests) is
+host synchronisation: the counter stays on the device. The kernel is launched directly
+(:func:`snntrain.kernels.op_utils.direct`), not through a registered operator: the counting runs
+in forward hooks during validation, never under autograd, ``torch.compile`` or export, and the
+dispatcher would only add host time to every hooked call. The PyTorch reference (and the oracle of the tests) is
 :func:`snntrain.efficiency.count_reference`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from .op_utils import INT32_MAX, INTERPRET, cdiv, direct, sm_count
 
 __all__ = ["BLOCK", "Plan", "count_synops", "launch", "plan"]
 
@@ -47,10 +47,6 @@ BLOCK = 1024
 NUM_WARPS = 4
 #: Programs per SM of the grid-stride launch.
 PROGRAMS_PER_SM = 4
-
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_INT32_MAX = 2**31 - 1
-
 
 @triton.jit
 def _tap_valid(pos, P, S, D, OUT, k: tl.constexpr):
@@ -104,11 +100,6 @@ def _count_synops_kernel(
     tl.atomic_add(out_ptr + 2, tl.sum(acc_nb.to(tl.int64), axis=0))
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 @dataclass(frozen=True)
 class Plan:
     """The launch of one input shape and layout (host values only, computed once and reused)."""
@@ -121,10 +112,10 @@ class Plan:
 
 def plan(shape: tuple[int, ...], strides: tuple[int, ...], kernel: tuple[int, int], *, channel_dim: int,
          spatial_dims: tuple[int, int] | None, stride: tuple[int, int] = (1, 1), padding: tuple[int, int] = (0, 0),
-         dilation: tuple[int, int] = (1, 1), out_size: tuple[int, int] = (1, 1), cuda_index: int | None = None
-         ) -> Plan:
-    """The launch for an input of ``shape`` and ``strides`` (see :func:`count_synops` for the arguments;
-    ``cuda_index``: the input's CUDA device, None on the CPU)."""
+         dilation: tuple[int, int] = (1, 1), out_size: tuple[int, int] = (1, 1),
+         device: torch.device | None = None) -> Plan:
+    """The launch for an input of ``shape`` and ``strides`` on ``device`` (None: the CPU; see
+    :func:`count_synops` for the other arguments)."""
     copy = not _dense_sample_major(shape, strides)
     if copy:
         strides = _contiguous_strides(shape)
@@ -134,11 +125,11 @@ def plan(shape: tuple[int, ...], strides: tuple[int, ...], kernel: tuple[int, in
         H = W = sh = sw = 1
     else:
         (H, W), (sh, sw) = (shape[d] for d in spatial_dims), (strides[d] for d in spatial_dims)
-    grid = triton.cdiv(numel, BLOCK)
-    grid = max(1, min(grid, 4 if _INTERPRET or cuda_index is None else PROGRAMS_PER_SM * _sm_count(cuda_index)))
+    programs = 4 if INTERPRET or device is None or device.type != "cuda" else PROGRAMS_PER_SM * sm_count(device)
+    grid = max(1, min(cdiv(numel, BLOCK), programs))
     args = (numel, C, H, W, sc, sh, sw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
             out_size[0], out_size[1])
-    return Plan(copy, grid, args, (kernel[0], kernel[1], numel > _INT32_MAX - grid * BLOCK))
+    return Plan(copy, grid, args, (kernel[0], kernel[1], numel > INT32_MAX - grid * BLOCK))
 
 
 def launch(p: Plan, x: torch.Tensor, m: torch.Tensor, out: torch.Tensor) -> None:
@@ -148,7 +139,8 @@ def launch(p: Plan, x: torch.Tensor, m: torch.Tensor, out: torch.Tensor) -> None
     if p.copy:
         x = x.contiguous()
     KH, KW, int64 = p.meta
-    _count_synops_kernel[(p.grid,)](x, m, out, *p.args, KH=KH, KW=KW, INT64=int64, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    direct(_count_synops_kernel)[(p.grid,)](x, m, out, *p.args, KH=KH, KW=KW, INT64=int64, BLOCK=BLOCK,
+                                             num_warps=NUM_WARPS)
 
 
 def count_synops(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor, *, channel_dim: int,
@@ -176,8 +168,7 @@ def count_synops(x: torch.Tensor, m: torch.Tensor, out: torch.Tensor, *, channel
         raise ValueError(f"input has {x.shape[channel_dim]} channels in dim {channel_dim}; the layer reads "
                          f"{m.shape[0]}")
     p = plan(tuple(x.shape), x.stride(), tuple(m.shape[1:]), channel_dim=channel_dim, spatial_dims=spatial_dims,
-             stride=stride, padding=padding, dilation=dilation, out_size=out_size,
-             cuda_index=x.device.index or 0 if x.is_cuda else None)
+             stride=stride, padding=padding, dilation=dilation, out_size=out_size, device=x.device)
     launch(p, x, m, out)
 
 

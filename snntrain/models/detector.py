@@ -16,6 +16,17 @@ scores and box distances; docs/benchmarks.md records the comparison that made
 
 Everything from the input to the losses is tensor code without host synchronisation;
 only :meth:`SpikingFCOS.decode` (inference: thresholding and NMS) leaves the device.
+
+Multi-scale inference. A detector knows the object sizes it was trained on (``object_sizes``, pixels of
+its input) and its training image size (``train_size``). :meth:`SpikingFCOS.detect` runs an image at a
+pyramid of scales (:func:`pyramid_scales`: from the scale at which objects of ``min_object`` times the
+image's shorter side have the smallest trained size, never above the image's own pixels, down to the
+training square, a factor ``scale_step`` apart), so that objects of any size in a photograph pass
+through the network at a size it has learned. Each scale keeps the boxes whose size lies in the trained
+range there (the finest scale also smaller ones, the coarsest also larger ones); the boxes, mapped back
+to the image's pixels, are merged by NMS or by voting across scales (``merge``). A scaled image larger
+than ``tile_size`` is cut into overlapping tiles, run one at a time, so memory is bounded by the tile,
+not the photograph.
 """
 
 from __future__ import annotations
@@ -30,10 +41,60 @@ from torch import nn
 
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
-from ..validation import flag, one_of, positive_int
+from ..validation import flag, number, one_of, positive_int
 from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
 
 READOUTS = ("membrane", "rate")
+#: How the boxes of a pyramid's scales are merged: ``nms`` keeps the best of overlapping boxes; ``vote``
+#: averages overlapping boxes weighted by their scores and scores the result by the mean of its best
+#: :data:`VOTE_SCALES` scales' scores (a scale that should have seen it but did not counts 0).
+MERGES = ("nms", "vote")
+VOTE_SCALES = 3
+#: Per scale of a pyramid, boxes are kept when their size (square root of the area, pixels of the scaled
+#: image) lies within the trained object sizes widened by these factors (SNIP's valid ranges); the finest
+#: scale has no lower and the coarsest no upper limit.
+VALID_RANGE_SLACK = (0.75, 1.25)
+
+
+def pyramid_scales(height: int, width: int, train_size: int, step: float = 2.0, finest: float = 1.0) -> list[float]:
+    """Scales (factors of an image of ``height`` x ``width``) of the pyramid a detector trained on
+    ``train_size`` x ``train_size`` images runs it at: from ``finest`` (1: the image's own pixels) down to
+    the scale that fits it into the training square, geometrically, adjacent scales at most ``step`` apart.
+    An image no larger than the training square gets that one scale (the single pass of training)."""
+    coarsest = train_size / max(height, width)
+    if coarsest >= finest:
+        return [coarsest]
+    n = math.ceil(math.log(finest / coarsest) / math.log(step) - 1e-9)
+    return [finest * (coarsest / finest) ** (k / n) for k in range(n + 1)]
+
+
+def finest_scale(height: int, width: int, smallest_trained: float, min_object: float) -> float:
+    """The finest scale of the auto pyramid: the one at which an object of ``min_object`` times the image's
+    shorter side has the smallest trained size ``smallest_trained``; never above 1 (the image's own pixels).
+    ``min_object`` 0: scale 1."""
+    if min_object <= 0:
+        return 1.0
+    return min(1.0, smallest_trained / (min_object * min(height, width)))
+
+
+def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
+    """Start offsets of tiles of ``tile`` pixels covering ``length`` pixels, adjacent tiles overlapping by
+    at least ``overlap`` pixels, spread evenly (the first at 0, the last ending at ``length``)."""
+    if length <= tile:
+        return [0]
+    n = math.ceil((length - tile) / max(1, tile - overlap)) + 1
+    return [round(i * (length - tile) / (n - 1)) for i in range(n)]
+
+
+def check_scales(name: str, value: object) -> str | list[float]:
+    """``auto``, or the scale factors ``value`` sorted finest first without repeats; else a ValueError."""
+    if value == "auto":
+        return "auto"
+    if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 16 for v in value)):
+        raise ValueError(f"{name}={value!r} is not valid; give auto or a non-empty list of scale factors in (0, 16] "
+                         "(1: the image as given)")
+    return sorted({float(v) for v in value}, reverse=True)
 
 
 def _upsample_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -141,7 +202,12 @@ class SpikingFCOS(nn.Module):
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
             ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
             ``center_sampling_radius`` (in strides), and decoding: ``score_thresh``,
-            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test`` (see :meth:`detect`).
+            ``nms_thresh``, ``pre_nms_top_n``, ``max_detections``, ``flip_test``; multi-scale inference
+            (see :meth:`detect`): ``object_sizes`` (``[lo, hi]``, the object sizes in pixels the detector was
+            trained on; None: unknown, one pass), ``train_size`` (its training image side), ``test_scales``
+            (``auto`` or a list of factors), ``scale_step``, ``min_object`` (the smallest object the auto
+            pyramid looks for, a fraction of the image's shorter side; 0: down to the image's own pixels),
+            ``merge`` (``nms`` or ``vote``, :data:`MERGES`), ``tile_size``.
 
     ``forward(images)`` returns a dict with ``cls_logits`` ``[B, L, K]``, ``box_ltrb``
     ``[B, L, 4]`` (pixels), ``centerness`` ``[B, L]`` (logits), and the ``points``
@@ -177,10 +243,34 @@ class SpikingFCOS(nn.Module):
         self.pre_nms_top_n = int(head.pop("pre_nms_top_n", 1000))
         self.max_detections = int(head.pop("max_detections", 100))
         self.flip_test = flag("flip_test", head.pop("flip_test", False))
+        object_sizes = head.pop("object_sizes", None)
+        train_size = head.pop("train_size", None)
+        self.test_scales = check_scales("test_scales", head.pop("test_scales", "auto"))
+        self.scale_step = number("scale_step", head.pop("scale_step", 1.41))
+        self.min_object = number("min_object", head.pop("min_object", 0.03))
+        self.merge = one_of("merge", head.pop("merge", "vote"), MERGES)
+        self.tile_size = positive_int("tile_size", head.pop("tile_size", 1024))
         if head:
             raise ValueError(f"unknown detector head setting(s) {sorted(head)}; valid: fpn_levels, fpn_channels, "
                              "num_convs, readout, scale_ranges, center_sampling_radius, score_thresh, nms_thresh, "
-                             "pre_nms_top_n, max_detections, flip_test")
+                             "pre_nms_top_n, max_detections, flip_test, object_sizes, train_size, test_scales, "
+                             "scale_step, min_object, merge, tile_size")
+        if object_sizes is not None:
+            if (isinstance(object_sizes, (str, bytes)) or not isinstance(object_sizes, Sequence)
+                    or len(object_sizes) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, float))
+                                                     for v in object_sizes)
+                    or not 0 < object_sizes[0] <= object_sizes[1]):
+                raise ValueError(f"object_sizes={object_sizes!r} must be [lo, hi] with 0 < lo <= hi (pixels) or null")
+            object_sizes = [float(v) for v in object_sizes]
+        self.object_sizes = object_sizes
+        self.train_size = None if train_size is None else positive_int("train_size", train_size)
+        if not 0.0 <= self.min_object < 1.0:
+            raise ValueError(f"min_object={self.min_object!r} must be in [0, 1): a fraction of the image's "
+                             "shorter side")
+        if self.scale_step <= 1.0:
+            raise ValueError(f"scale_step={self.scale_step!r} must be larger than 1")
+        if self.tile_size < 64:
+            raise ValueError(f"tile_size={self.tile_size!r} must be at least 64 pixels")
         if not levels or any(lv not in (1, 2, 3, 4) for lv in levels) or sorted(set(levels)) != levels:
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
         one_of("readout", readout, READOUTS)
@@ -207,9 +297,11 @@ class SpikingFCOS(nn.Module):
         self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def locations(self, sizes: Sequence[tuple[int, int]], device: torch.device):
-        """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels."""
+        """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels (cached per size;
+        not for the symbolic sizes of an export with dynamic height and width)."""
         key = (tuple(sizes), str(device))
-        if key not in self._points_cache:
+        symbolic = any(not isinstance(v, int) for hw in sizes for v in hw)
+        if symbolic or key not in self._points_cache:
             pts, strides, ranges = [], [], []
             for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
                 ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
@@ -218,7 +310,10 @@ class SpikingFCOS(nn.Module):
                 pts.append(p)
                 strides.append(torch.full((h * w,), float(s)))
                 ranges.append(torch.tensor([[lo, hi]]).expand(h * w, 2))
-            self._points_cache[key] = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+            found = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+            if symbolic:
+                return found
+            self._points_cache[key] = found
         return self._points_cache[key]
 
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -240,17 +335,153 @@ class SpikingFCOS(nn.Module):
 
     # ------------------------------------------------------------------ inference
 
-    @torch.no_grad()
-    def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None
-               ) -> list[dict[str, torch.Tensor]]:
-        """Detections per image (:meth:`decode`, boxes clipped to the images) from ``outputs`` of
-        ``images`` (computed when not given).
+    def scale_plan(self, height: int, width: int, scales: str | Sequence[float] | None = None) -> list[float]:
+        """The scales (finest first) :meth:`detect` runs an image of ``height`` x ``width`` at: ``scales`` (None:
+        ``test_scales``), ``auto`` for :func:`pyramid_scales` (one pass at scale 1 when the detector does not
+        know its training sizes), or a list of factors."""
+        scales = check_scales("scales", self.test_scales if scales is None else scales)
+        if scales != "auto":
+            return list(scales)
+        if self.object_sizes is None or self.train_size is None:
+            return [1.0]
+        finest = finest_scale(height, width, self.object_sizes[0], self.min_object)
+        return pyramid_scales(height, width, self.train_size, self.scale_step, finest)
 
-        With ``flip_test`` (test-time augmentation) the network also sees the images mirrored left to
-        right; its outputs there, mapped back to the locations they mirror (left and right distances
-        swapped), are averaged with the plain ones before decoding: class and quality logits and box
-        distances alike. Images whose width is not a multiple of the coarsest stride are first padded
-        on the right (mid grey, as batches are padded) so that the locations mirror onto each other."""
+    def valid_range(self, index: int, num_scales: int) -> tuple[float, float]:
+        """The sizes (square root of the area, pixels of the scaled image) of the boxes that scale ``index`` of
+        ``num_scales`` (finest first) keeps: the trained sizes widened by :data:`VALID_RANGE_SLACK`, no lower
+        limit at the finest scale and no upper one at the coarsest; any size for one scale or unknown sizes."""
+        if self.object_sizes is None or num_scales == 1:
+            return 0.0, math.inf
+        lo = 0.0 if index == 0 else self.object_sizes[0] * VALID_RANGE_SLACK[0]
+        hi = math.inf if index == num_scales - 1 else self.object_sizes[1] * VALID_RANGE_SLACK[1]
+        return lo, hi
+
+    @torch.no_grad()
+    def detect(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None,
+               scales: str | Sequence[float] | None = None) -> list[dict[str, torch.Tensor]]:
+        """Detections per image, boxes in the pixels of ``images`` (clipped to them).
+
+        ``scales`` (None: the detector's ``test_scales``) picks the passes (:meth:`scale_plan`): a single
+        pass at scale 1 decodes the network's outputs for ``images`` (``outputs``, when given, are those, and
+        are decoded as they are even for images larger than a tile);
+        several scales (an image pyramid), or an image larger than ``tile_size``, run :meth:`detect_scaled`
+        at each scale, keep per scale the boxes of the sizes the detector was trained on
+        (:meth:`valid_range`), map them back and merge them (``merge``: NMS at ``nms_thresh``, or
+        :meth:`vote`), keeping the ``max_detections`` best per image.
+
+        With ``flip_test`` (test-time augmentation) every pass also sees the images mirrored left to right;
+        its outputs there, mapped back to the locations they mirror (left and right distances swapped), are
+        averaged with the plain ones before decoding: class and quality logits and box distances alike.
+        Images whose width is not a multiple of the coarsest stride are first padded on the right (mid
+        grey, as batches are padded) so that the locations mirror onto each other."""
+        height, width = (int(v) for v in images.shape[-2:])
+        plan = self.scale_plan(height, width, scales)
+        if plan == [1.0] and (outputs is not None or max(height, width) <= self.tile_size):
+            return self._detect_pass(images, outputs)  # outputs given (validation): decoded as they are
+        from torchvision.ops import batched_nms
+
+        found: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
+        for i, scale in enumerate(plan):
+            lo, hi = self.valid_range(i, len(plan))
+            for per_image, det in zip(found, self.detect_scaled(images, scale)):
+                size = _box_size(det["boxes"]) * scale
+                keep = (size >= lo) & (size <= hi)
+                per_image.append({**{k: v[keep] for k, v in det.items()},
+                                  "scale": torch.full((int(keep.sum()),), i, device=size.device)})
+        results = []
+        for per_image in found:
+            merged = {k: torch.cat([d[k] for d in per_image]) for k in ("boxes", "scores", "labels", "scale")}
+            if self.merge == "vote":
+                merged = self.vote(merged, plan)
+            else:
+                kept = batched_nms(merged["boxes"], merged["scores"], merged["labels"], self.nms_thresh)
+                merged = {k: v[kept] for k, v in merged.items()}
+            results.append({k: merged[k][: self.max_detections] for k in ("boxes", "scores", "labels")})
+        return results
+
+    def vote(self, dets: Mapping[str, torch.Tensor], plan: Sequence[float]) -> dict[str, torch.Tensor]:
+        """Merge a pyramid's boxes (``scale``: the index in ``plan`` each came from) by voting: the best box
+        left and every left box of its class overlapping it by more than ``nms_thresh`` form a cluster; its
+        box is their score-weighted mean, its score the mean of the best scores of its :data:`VOTE_SCALES`
+        best scales, over as many scales as should have seen a box of its size (:meth:`valid_range`; at least
+        one, at most ``VOTE_SCALES``), so that an object must be confirmed at several scales where several
+        see it."""
+        from torchvision.ops import box_iou
+
+        boxes, scores, labels, source = (dets[k] for k in ("boxes", "scores", "labels", "scale"))
+        if len(boxes) == 0:
+            return dict(dets)
+        ranges = torch.tensor([self.valid_range(i, len(plan)) for i in range(len(plan))], device=boxes.device)
+        factors = torch.tensor(list(plan), device=boxes.device)
+        iou = box_iou(boxes, boxes)
+        free = torch.ones(len(boxes), dtype=torch.bool, device=boxes.device)
+        out_boxes, out_scores, out_labels = [], [], []
+        for i in scores.argsort(descending=True).tolist():
+            if not free[i]:
+                continue
+            members = free & (iou[i] > self.nms_thresh) & (labels == labels[i])
+            free &= ~members
+            w = scores[members]
+            box = (boxes[members] * w[:, None]).sum(0) / w.sum()
+            best = torch.zeros(len(plan), device=boxes.device).scatter_reduce(0, source[members], w, "amax")
+            size = _box_size(box[None]) * factors
+            expected = int(((size >= ranges[:, 0]) & (size <= ranges[:, 1])).sum())
+            k = max(1, min(VOTE_SCALES, expected))
+            out_boxes.append(box)
+            out_scores.append(best.topk(k).values.sum() / k)
+            out_labels.append(labels[i])
+        order = torch.stack(out_scores).argsort(descending=True)
+        return {"boxes": torch.stack(out_boxes)[order], "scores": torch.stack(out_scores)[order],
+                "labels": torch.stack(out_labels)[order]}
+
+    @torch.no_grad()
+    def detect_scaled(self, images: torch.Tensor, scale: float) -> list[dict[str, torch.Tensor]]:
+        """One level of the pyramid: ``images`` resized by ``scale`` (bilinear, antialiased when shrinking),
+        detected in tiles of at most ``tile_size`` pixels a side when larger; boxes in the pixels of
+        ``images``. Tiles overlap by more than the largest trained object (a quarter of a tile when the
+        detector does not know its sizes) and each keeps the boxes whose centre lies in its own part of
+        the overlap, so every object that fits the overlap is decoded whole in one tile."""
+        height, width = (int(v) for v in images.shape[-2:])
+        h, w = max(1, round(height * scale)), max(1, round(width * scale))
+        x = images
+        if (h, w) != (height, width):
+            x = F.interpolate(images, size=(h, w), mode="bilinear", align_corners=False, antialias=scale < 1)
+        tile = self.tile_size
+        if self.object_sizes is None:
+            overlap = tile // 4
+        else:
+            overlap = min(tile // 2, math.ceil(self.object_sizes[1] * VALID_RANGE_SLACK[1]) + 2 * max(self.strides))
+        ys, xs = tile_starts(h, tile, overlap), tile_starts(w, tile, overlap)
+
+        def bounds(starts: list[int]) -> list[tuple[float, float]]:  # each tile's own part: up to mid-overlap
+            cuts = [(a + tile + b) / 2 for a, b in zip(starts[:-1], starts[1:])]
+            return list(zip([-math.inf, *cuts], [*cuts, math.inf]))
+
+        parts: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(images.shape[0])]
+        for y0, (ylo, yhi) in zip(ys, bounds(ys)):
+            for x0, (xlo, xhi) in zip(xs, bounds(xs)):
+                crop = x[..., y0:y0 + tile, x0:x0 + tile]
+                for per_image, det in zip(parts, self._detect_pass(crop)):
+                    b = det["boxes"] + torch.tensor([x0, y0, x0, y0], dtype=det["boxes"].dtype,
+                                                    device=det["boxes"].device)
+                    cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
+                    keep = (cx >= xlo) & (cx < xhi) & (cy >= ylo) & (cy < yhi)
+                    per_image.append({"boxes": b[keep], "scores": det["scores"][keep], "labels": det["labels"][keep]})
+        back = torch.tensor([w / width, h / height, w / width, h / height], device=images.device)
+        limit = torch.tensor([width, height, width, height], dtype=torch.float32, device=images.device)
+        results = []
+        for per_image in parts:
+            boxes = torch.cat([d["boxes"] for d in per_image]).float() / back
+            results.append({"boxes": torch.minimum(boxes.clamp(min=0), limit),
+                            "scores": torch.cat([d["scores"] for d in per_image]),
+                            "labels": torch.cat([d["labels"] for d in per_image])})
+        return results
+
+    @torch.no_grad()
+    def _detect_pass(self, images: torch.Tensor, outputs: Mapping[str, torch.Tensor] | None = None
+                     ) -> list[dict[str, torch.Tensor]]:
+        """One pass over ``images`` as given (with ``flip_test``, and its mirror image): :meth:`decode`."""
         if self.flip_test:
             pad = -images.shape[-1] % max(self.strides)
             padded = F.pad(images, (0, pad)) if pad else images
@@ -316,6 +547,11 @@ class SpikingFCOS(nn.Module):
             kept = batched_nms(b, s, cls_idx, self.nms_thresh)[: self.max_detections]
             results.append({"boxes": b[kept], "scores": s[kept], "labels": cls_idx[kept]})
         return results
+
+
+def _box_size(boxes: torch.Tensor) -> torch.Tensor:
+    """Square root of the area of xyxy boxes ``[n, 4]`` (0 for empty ones)."""
+    return ((boxes[:, 2] - boxes[:, 0]).clamp(min=0) * (boxes[:, 3] - boxes[:, 1]).clamp(min=0)).sqrt()
 
 
 def fcos_targets(

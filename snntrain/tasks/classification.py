@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from ..models import is_detector
 from .base import SpikingTask
 from .metrics import TopOneAccuracy, WeightedMean
 
@@ -19,6 +21,8 @@ class ClassificationTask(SpikingTask):
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
+        if is_detector(config["model"]):
+            raise ValueError(f"model={config['model']['name']} is a detector: train it with task=detect")
         super().__init__(config, backend)
         self.label_smoothing = float(config["task"].get("label_smoothing", 0.0))
         # sums kept on the device: a training step never waits for the host (snntrain.tasks.metrics)
@@ -33,7 +37,9 @@ class ClassificationTask(SpikingTask):
         loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         self.train_acc.update(logits.detach(), y)
         self.train_loss.update(loss.detach(), len(y))
-        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(y))
+        # not prog_bar=True: Lightning turns progress-bar values into numbers after every step, which waits for
+        # the device; snntrain's ProgressBar shows train/loss_step when it redraws
+        self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
         self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/acc", self.train_acc, prog_bar=True, on_step=False, on_epoch=True)
         return loss

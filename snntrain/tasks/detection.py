@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from ..losses import QUALITIES, fcos_loss
+from ..models import is_detector
 from ..validation import one_of
 from .base import SpikingTask
 from .metrics import WeightedMean
-
 
 #: Losses logged per stage (``fcos_loss``'s outputs).
 LOGGED_LOSSES = ("loss", "loss_cls", "loss_box", "loss_ctr", "num_pos")
@@ -87,9 +87,9 @@ class DetectionTask(SpikingTask):
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
         super().__init__(config, backend)
-        if "head" not in config["model"]:
-            raise ValueError("task=detect needs a detector model config (model.head); "
-                             "it is set by task=detect's defaults")
+        if not is_detector(config["model"]):
+            raise ValueError(f"task=detect trains a detector: model=sew_fcos (task=detect's default), not "
+                             f"model={config['model'].get('name')}")
         from torchmetrics.detection import MeanAveragePrecision
 
         task = config["task"]
@@ -121,8 +121,9 @@ class DetectionTask(SpikingTask):
             mean = (self.train_means if train else self.val_means)[name]
             mean.update(value.detach(), weight)
             if train:
-                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, prog_bar=name == "loss",
-                         batch_size=batch_size)
+                # never prog_bar=True on a step value: Lightning turns progress-bar values into numbers after
+                # every step, which waits for the device; snntrain's ProgressBar shows train/loss_step instead
+                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, batch_size=batch_size)
             self.log(f"{stage}/{name}_epoch" if train else f"{stage}/{name}", mean, on_step=False, on_epoch=True,
                      prog_bar=not train and name == "loss")
 

@@ -1,0 +1,247 @@
+"""The host plumbing every op family of :mod:`snntrain.kernels` shares.
+
+Each family file (``lif.py``, ``norm_neuron.py``, ``layer_norm.py``, ``giou.py``) keeps its
+kernels, its host launch functions and its registration; this module holds what they have
+in common, so that there is one way to do each of these things:
+
+* the interpreter switch :data:`INTERPRET`, the 32-bit index limit :data:`INT32_MAX`, the
+  floating dtypes the kernels take (:data:`FLOAT_DTYPES`) and the SM count (:func:`sm_count`);
+* how a host launch function launches: it applies a ``wrap`` to each kernel before indexing
+  it with the grid. :func:`direct` (the eager path) launches the kernel as it is;
+  :data:`op_wrap` (inside a registered operator) is ``torch.library.wrap_triton``, so that
+  ``torch.compile`` and ``torch.export`` see the kernels; :func:`no_launch` (a shape-only
+  fake implementation) launches nothing;
+* operator registration (:func:`register_op`): a ``torch.library.triton_op``; under
+  ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, used by the tests without a GPU) an
+  opaque ``torch.library.custom_op`` with a fake implementation instead, because an
+  interpreted kernel cannot be traced into a graph;
+* the dispatch rule and the eager path. An entry point calls its registered operator when
+  :func:`traced` (``torch.compile``, ``torch.export``), otherwise an ``autograd.Function``
+  that runs the same host functions and kernels without the operator machinery, which costs
+  more host time per call than small kernels take on the GPU (:func:`eager_function` builds
+  it from the operator's forward, ``setup_context`` and backward). While a profiler records,
+  the eager path runs under the operators' names (:func:`profiled`), so traces look the same.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "direct", "FastLaunch", "op_wrap", "no_launch",
+           "register_op", "profiled", "traced", "eager_function"]
+
+#: Triton's CPU interpreter is on (``TRITON_INTERPRET=1``, set by the tests on a machine without CUDA).
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+#: The largest index the kernels form in 32-bit arithmetic.
+INT32_MAX = 2**31 - 1
+#: The input dtypes of the neuron, norm-neuron and layer-norm kernels.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device, cpu: int = 4) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (cached); ``cpu`` for any other device (the
+    interpreter: the caller says how many programs per SM-sized group it wants there)."""
+    if device.type != "cuda":
+        return cpu
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SM_COUNT.get(idx)
+    if n is None:
+        n = _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return n
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive host integers."""
+    return -(-a // b)
+
+
+class FastLaunch:
+    """A ``@triton.jit`` kernel launched with less host work: ``FastLaunch(kernel)[grid](*args, **kwargs)``
+    launches what ``kernel[grid](*args, **kwargs)`` would, but reuses the compiled kernel found for the same
+    specialisation instead of having Triton bind and specialise every argument and hash the result on each
+    call (tens of microseconds per launch, as much as a small kernel runs on the GPU).
+
+    The specialisation key is what Triton specialises on: each tensor's dtype and 16-byte alignment, each
+    integer's being 1, its divisibility by 16 and its 32-bit range, every constexpr's value, the options
+    (``num_warps``, ...), the device. A new key takes Triton's own launch, which compiles or finds the kernel;
+    later calls with that key call the compiled kernel's launcher directly. Anything this version of Triton
+    does not offer, launch hooks (profilers such as Proton set them) or the interpreter take Triton's path.
+    """
+
+    __slots__ = ("kernel", "_cache", "_names", "_defaults", "_constexpr", "_ok")
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self._cache: dict = {}
+        self._ok = True
+        try:
+            import inspect
+
+            params = list(inspect.signature(kernel.fn).parameters.values())
+            self._names = [p.name for p in params]
+            self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+            self._constexpr = frozenset(p.name for p in kernel.params if p.is_constexpr)
+        except (AttributeError, TypeError, ValueError):
+            self._ok = False
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def _key(self, values: list, kwargs: dict, device: int) -> tuple:
+        key: list = [device]
+        for name, a in zip(self._names, values):
+            if name in self._constexpr:
+                key.append(a)
+            elif isinstance(a, Tensor):
+                key.append((a.dtype, a.data_ptr() % 16 == 0))
+            elif isinstance(a, bool) or a is None:
+                key.append(a)
+            elif isinstance(a, int):
+                key.append((a == 1, a % 16 == 0, _int_width(a)))
+            elif isinstance(a, float):
+                key.append(float)
+            else:
+                key.append(a)
+        key.extend(sorted((k, v) for k, v in kwargs.items() if k not in self._defaults and k not in self._names))
+        return tuple(key)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        from triton import knobs
+        from triton.runtime import driver
+
+        hook = knobs.runtime.launch_enter_hook  # a HookChain (empty unless a profiler added hooks) or a function
+        if not self._ok or (hook is not None and getattr(hook, "calls", True)):
+            return self.kernel[grid](*args, **kwargs)
+        try:
+            values = list(args)
+            for name in self._names[len(args):]:
+                values.append(kwargs[name] if name in kwargs else self._defaults[name])
+            device = driver.active.get_current_device()
+            key = self._key(values, kwargs, device)
+        except (KeyError, TypeError):
+            return self.kernel[grid](*args, **kwargs)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            if hasattr(compiled, "result"):
+                compiled = compiled.result()
+            if compiled is not None and hasattr(compiled, "__getitem__"):
+                self._cache[key] = compiled
+            return compiled
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        compiled[grid](*values, stream=driver.active.get_current_stream(device))
+        return compiled
+
+
+def _int_width(a: int) -> int:
+    """The integer types Triton tells apart by value: 32-bit, unsigned 32-bit, 64-bit, unsigned 64-bit."""
+    if -2**31 <= a < 2**31:
+        return 0
+    if 0 <= a < 2**32:
+        return 1
+    return 2 if -2**63 <= a < 2**63 else 3
+
+
+_FAST: dict = {}
+
+
+def direct(kernel):
+    """Launch a kernel as it is (eager calls outside any tracing), through :class:`FastLaunch` where the
+    kernels are compiled (a plain ``@triton.jit`` function, not under the interpreter)."""
+    if INTERPRET or not isinstance(kernel, _jit_function_type()):
+        return kernel
+    fast = _FAST.get(kernel)
+    if fast is None:
+        fast = _FAST[kernel] = FastLaunch(kernel)
+    return fast
+
+
+def _jit_function_type():
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction
+
+
+class _NoLaunch:
+    """Stands in for a kernel in fake (shape-only) runs: indexing by a grid gives a no-op launcher."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+_NO_LAUNCH = _NoLaunch()
+
+
+def no_launch(kernel):
+    """Launch nothing (a fake implementation only allocates the outputs)."""
+    return _NO_LAUNCH
+
+
+if INTERPRET:
+    # An interpreted kernel runs as Python and cannot be recorded into a graph.
+    op_wrap = direct
+else:
+    from torch.library import wrap_triton as op_wrap
+
+
+def register_op(name: str, impl, fake):
+    """``impl`` as the operator ``name`` (``"snntrain::..."``, no mutated arguments): a ``triton_op``
+    (``torch.compile`` sees and optimises the kernels ``impl`` launches through :data:`op_wrap`).
+    Under the interpreter an opaque ``custom_op`` with ``fake`` (shape-only) as its fake implementation."""
+    if INTERPRET:
+        op = torch.library.custom_op(name, impl, mutates_args=())
+        op.register_fake(fake)
+        return op
+    return torch.library.triton_op(name, impl, mutates_args=())
+
+
+class _NullContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _NullContext()
+
+
+def profiled(name: str):
+    """A profiler range named ``name`` while a profiler is recording, else nothing (no host cost)."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return _NULL
+
+
+def traced(*tensors) -> bool:
+    """True inside ``torch.compile`` / ``torch.export`` tracing, where the registered operators must be used
+    (the tensors are then fake or functional tensors, not plain ones)."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(t is not None and type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
+
+
+def eager_function(name: str, forward, setup_context, backward) -> type[torch.autograd.Function]:
+    """The eager twin of the registered operator ``name``: an ``autograd.Function`` whose forward runs
+    ``forward(*inputs)`` (the operator's host function, launching its kernels :func:`direct`) under the
+    operator's profiler name and then ``setup_context(ctx, inputs, output)``, the operator's own; its
+    backward is ``backward(ctx, *grads)``, the operator's autograd backward with the backward host
+    function called directly (under its own profiler name) instead of the backward operator."""
+
+    # forward(ctx, ...) rather than a separate setup_context staticmethod: the latter binds the
+    # arguments through inspect.signature on every call, which costs tens of microseconds.
+    def run_forward(ctx, *inputs):
+        with profiled(name):
+            output = forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    cls_name = "Eager_" + name.split("::")[-1]
+    doc = f"``{name}`` and its backward, launched without the operator machinery (eager calls)."
+    return type(cls_name, (torch.autograd.Function,),
+                {"forward": staticmethod(run_forward), "backward": staticmethod(backward), "__doc__": doc})

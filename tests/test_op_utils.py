@@ -1,0 +1,46 @@
+"""The kernels' shared launch path: :class:`snntrain.kernels.op_utils.FastLaunch` launches what Triton's own
+launch would, for every specialisation (alignment, integers equal to 1 or divisible by 16, constexprs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from snntrain.kernels import op_utils
+
+
+@triton.jit
+def _axpb_kernel(x_ptr, out_ptr, n, a, b, STEP: tl.constexpr, BLOCK: tl.constexpr):
+    # x_ptr, out_ptr: [n] (every STEP-th element of x)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs * STEP, mask=mask)
+    tl.store(out_ptr + offs, x * a + b, mask=mask)
+
+
+def test_direct_is_the_plain_kernel_under_the_interpreter():
+    if not op_utils.INTERPRET:
+        pytest.skip("the interpreter is off (a GPU machine)")
+    assert op_utils.direct(_axpb_kernel) is _axpb_kernel
+
+
+@pytest.mark.gpu
+def test_fast_launch_matches_triton_for_every_specialisation():
+    fast = op_utils.direct(_axpb_kernel)
+    assert isinstance(fast, op_utils.FastLaunch)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(4096 + 7, device="cuda", generator=g)
+    cases = [(0, 1, 1000, 2.0, 1.0), (1, 1, 1000, 2.0, 1.0), (0, 2, 16, 1.0, 0.5), (3, 1, 1, 3.0, 0.0),
+             (0, 1, 4096, -1.5, 2.0), (0, 3, 1234, 0.25, -1.0)]
+    for _ in range(2):  # the second round takes the cached path
+        for offset, step, n, a, b in cases:
+            x = base[offset:]  # offset 1 or 3: not 16-byte aligned
+            out, plain = (torch.full((n,), float("nan"), device="cuda") for _ in range(2))
+            block = 256 if n > 16 else 16
+            fast[(triton.cdiv(n, block),)](x, out, n, a, b, STEP=step, BLOCK=block, num_warps=4)
+            _axpb_kernel[(triton.cdiv(n, block),)](x, plain, n, a, b, STEP=step, BLOCK=block, num_warps=4)
+            assert torch.equal(out, plain)  # the same kernel: bit for bit
+            torch.testing.assert_close(out, x[: n * step: step] * a + b)
+    assert 1 <= len(fast._cache) <= len(cases)
