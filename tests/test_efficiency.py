@@ -287,6 +287,7 @@ def counted(net: nn.Module, batches, backend: str = "torch") -> dict:
     return E.build_report(counter.unpack(counter.totals()), E.static_metrics(net))
 
 
+@pytest.mark.slow  # the Triton interpreter over a network on a CPU
 def test_triton_counting_matches_reference_on_a_network(device):
     net = sew("ADD").to(device)
     batches = [torch.randn(3, 1, 12, 12, generator=torch.Generator().manual_seed(i)).to(device) for i in range(2)]
