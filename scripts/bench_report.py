@@ -80,14 +80,11 @@ def build(task_name: str, overrides: list[str], ckpt: str | None, out: Path):
     return cfg, backend, datamodule, task
 
 
-def validate(cfg, task, datamodule, variant: str, clock: Clock, batches, logdir: Path) -> None:
+def validate(cfg, task, datamodule, variant: str, clock: Clock, monitors: list, batches, logdir: Path) -> None:
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from snntrain.callbacks import FiringRateMonitor
-
-    monitors = {"none": [], "firing-rates": [FiringRateMonitor(efficiency=False)], "report": [FiringRateMonitor()]}
     trainer = L.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
-                        logger=TensorBoardLogger(str(logdir), name=variant), callbacks=[clock, *monitors[variant]],
+                        logger=TensorBoardLogger(str(logdir), name=variant), callbacks=[clock, *monitors],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=batches if batches else 1.0)
     trainer.validate(task, datamodule=datamodule, verbose=False)
@@ -104,6 +101,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=None, help="validation batches per run (default: all)")
     p.add_argument("--ckpt", nargs="*", default=[], help="task=checkpoint: trained weights for that task")
     args = p.parse_args(argv)
+    from snntrain.callbacks import FiringRateMonitor
+
     ckpts = dict(item.split("=", 1) for item in args.ckpt)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,10 +112,14 @@ def main() -> None:
         for task_name in args.tasks:
             cfg, backend, datamodule, task = build(task_name, overrides, ckpts.get(task_name), Path(tmp) / task_name)
             clocks = {v: Clock() for v in VARIANTS}
+            # one monitor per variant for all its runs, as one monitor serves every validation of a fit
+            monitors = {"none": [], "firing-rates": [FiringRateMonitor(efficiency=False)],
+                        "report": [FiringRateMonitor()]}
             for r in range(args.repeats + 1):
                 order = VARIANTS[r % 3:] + VARIANTS[: r % 3]
                 for variant in order:
-                    validate(cfg, task, datamodule, variant, clocks[variant], args.batches, Path(tmp) / "tb")
+                    validate(cfg, task, datamodule, variant, clocks[variant], monitors[variant], args.batches,
+                             Path(tmp) / "tb")
             base = {v: statistics.median(clocks[v].seconds[1:]) for v in VARIANTS}
             for v in VARIANTS:
                 times = clocks[v].seconds[1:]
