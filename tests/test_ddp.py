@@ -285,8 +285,9 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
     run = tmp_path / "run"
     # each process keeps its own batch-norm buffers (no broadcast from rank 0): only precise BN's average
     # over the processes makes them agree before validation
-    cli(*CLASSIFY, "trainer.limit_train_batches=null", "trainer.devices=2", "trainer.limit_val_batches=1", "trainer.ddp.broadcast_buffers=false",
-        "trainer.ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}", cwd=tmp_path)
+    cli(*CLASSIFY, "trainer.limit_train_batches=null", "trainer.devices=2", "trainer.limit_val_batches=1",
+        "trainer.ddp.broadcast_buffers=false", "trainer.ddp.gradient_as_bucket_view=true", f"hydra.run.dir={run}",
+        cwd=tmp_path)
     lines = final_metrics_lines(run)
     assert len(lines) == 2 and lines[0] == lines[1], lines  # the averaged precise-BN statistics agree
     dm = build_datamodule({"name": "digits"}, seed=42)
@@ -328,9 +329,9 @@ def test_two_nodes_of_one_process_each_through_the_command_line(tmp_path):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", JOB_ENV)}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HYDRA_FULL_ERROR="1")
-    args = [a for a in CLASSIFY if not a.startswith("trainer.limit_train_batches")]
-    cmd = [sys.executable, "-m", "snntrain", *args, "trainer.accelerator=cpu", "backend=torch", "trainer.devices=1",
-           "trainer.num_nodes=2", "trainer.limit_val_batches=2", "logger=csv", f"hydra.run.dir={run}"]
+    cmd = [sys.executable, "-m", "snntrain", "debug=tiny", "data.batch_size=60", "trainer.limit_train_batches=null",
+           "trainer.devices=1", "trainer.num_nodes=2", "trainer.limit_val_batches=2", "logger=csv",
+           f"hydra.run.dir={run}"]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env, "NODE_RANK": str(node)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for node in (0, 1)]
     results = [p.communicate(timeout=900) for p in procs]
