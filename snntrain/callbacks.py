@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import lightning as L
@@ -64,38 +63,37 @@ class FiringRateMonitor(L.Callback):
         flat = None if counter is None or trainer.sanity_checking else counter.totals()
         if flat is None:
             return
-        # every process ran the same layers in the same order: one collective adds all counts
+        # every process ran the same layers in the same order: one collective adds all counts, so every
+        # process has the values of the whole validation set
         totals = counter.unpack(trainer.strategy.reduce(flat, reduce_op="sum"))
         tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
         draw = tb is not None and trainer.is_global_zero
-        # the values below are the same on every process; sync_dist (a mean of equal values over
-        # batch_size 1) only tells Lightning that they are
-        log = partial(pl_module.log, on_epoch=True, sync_dist=True, batch_size=1)
+        metrics: dict[str, float] = {}
         total_spikes, total_count = 0.0, 0.0
         for name, layer in totals["spiking"].items():
             rates = layer["channel_spikes"] / (layer["neuron_steps"] / layer["channel_spikes"].numel())
-            log(f"firing_rate/{name}", float(rates.mean()))
+            metrics[f"firing_rate/{name}"] = float(rates.mean())
             total_spikes += layer["spikes"]
             total_count += layer["neuron_steps"]
             if self.histograms and draw:
                 tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.float(), trainer.global_step)
         if total_count:
-            log("firing_rate/mean", total_spikes / total_count)
-        if not self.efficiency:
-            return
-        report = build_report(totals, static_metrics(counter.model))
-        report["global_step"] = trainer.global_step
-        workload = report["workload"]
-        for key, value in workload["SynapticOperations"].items():
-            log(f"efficiency/{key}", value)
-        log("efficiency/ActivationSparsity", workload["ActivationSparsity"])
-        for e in report["energy"]:
-            log(f"efficiency/{e['model']}_uJ", e["snn_uJ"])
-            log(f"efficiency/ann_{e['model']}_uJ", e["ann_uJ"])
-        if draw:
-            tb.experiment.add_image("efficiency/per_layer", layer_chart(report), trainer.global_step,
-                                    dataformats="HWC")
-        self.report = report
+            metrics["firing_rate/mean"] = total_spikes / total_count
+        if self.efficiency:
+            report = build_report(totals, static_metrics(counter.model))
+            report["global_step"] = trainer.global_step
+            workload = report["workload"]
+            for key, value in workload["SynapticOperations"].items():
+                metrics[f"efficiency/{key}"] = value
+            metrics["efficiency/ActivationSparsity"] = workload["ActivationSparsity"]
+            for e in report["energy"]:
+                metrics[f"efficiency/{e['model']}_uJ"] = e["snn_uJ"]
+                metrics[f"efficiency/ann_{e['model']}_uJ"] = e["ann_uJ"]
+            if draw:
+                tb.experiment.add_image("efficiency/per_layer", layer_chart(report), trainer.global_step,
+                                        dataformats="HWC")
+            self.report = report
+        publish(trainer, metrics)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.report is not None:
@@ -175,6 +173,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         with atomic_path(path) as tmp:
             super().save_checkpoint(checkpoint, tmp, storage_options)
+
+
+def publish(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    """Epoch values that every process already holds, written as LearningRateMonitor writes its own: to every
+    logger (rank 0) at the step Lightning logs the epoch at, and into ``trainer.callback_metrics``. Not through
+    ``LightningModule.log``, which builds, moves and reduces a metric object per key (about a millisecond
+    each, dozens of keys per validation)."""
+    if not metrics:
+        return
+    if trainer.is_global_zero:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+    trainer.callback_metrics.update({k: torch.tensor(float(v)) for k, v in metrics.items()})
 
 
 def batch_size(batch: Any) -> int:

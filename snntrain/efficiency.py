@@ -193,16 +193,15 @@ class _Connection:
         self.host = [0, 0, 0, 0, 0, 0]  # calls, frames, input elements, dense ops, ANN ops, ANN input elements
         self._geo: dict[tuple, _Geometry] = {}
         self._plan: dict[tuple, Any] = {}
-        self._fan: dict[tuple, torch.Tensor] = {}
-        self._m: tuple[torch.Tensor, torch.Tensor] | None = None  # per-tap weight counts, their [C, KH, KW] view
+        self._fan: dict[tuple, torch.Tensor] = {}  # fan-out maps (the kernel's: in memory order), read per attach
+        self._m: torch.Tensor | None = None  # per-tap weight counts
         self._row_views: Sequence[torch.Tensor] = ()
 
     def fanin(self) -> torch.Tensor:
         """The weights' per-tap counts, read at the first call after :meth:`ActivityCounter.attach`."""
         if self._m is None:
-            m = weight_fanin(self.module)
-            self._m = (m, m.view(m.shape[0], *(m.shape[1:] if m.dim() == 3 else (1, 1))))
-        return self._m[0]
+            self._m = weight_fanin(self.module)
+        return self._m
 
     def count(self, x: torch.Tensor, batch: int | None, kernel: bool) -> None:
         key = (tuple(x.shape), x.stride())
@@ -216,22 +215,21 @@ class _Connection:
                 self.acc = torch.zeros(4, dtype=torch.int64, device=x.device)
                 self._row_views = self.rows.unbind(0)
         row = self._row_views[self.used]
+        frame = x.shape[geo.channel_dim + 1:] if geo.spatial_dims else ()  # the fan-out map's spatial sizes
+        fan = self._fan.get(key)
+        if fan is None and len(self._fan) >= 8:
+            self._fan.clear()
         if kernel and len(geo.spatial_dims) in (0, 2):
             synops = _synops()
             p = self._plan.get(key)
             if p is None:
-                p = self._plan[key] = synops.plan(
-                    key[0], key[1], tuple(self._m[1].shape[1:]), channel_dim=geo.channel_dim,
-                    spatial_dims=geo.spatial_dims or None, stride=geo.stride or (1, 1),
-                    padding=geo.padding or (0, 0), dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1),
-                    device=x.device)
-            synops.launch(p, x, self._m[1], row)
-        else:
-            fan = self._fan.get(key)
+                p = self._plan[key] = synops.plan(key[0], key[1], x.dim() - geo.channel_dim, device=x.device)
             if fan is None:
-                if len(self._fan) >= 8:
-                    self._fan.clear()
-                fan = self._fan[key] = fanout_map(m, geo, x.shape[2:] if geo.spatial_dims else ())
+                fan = self._fan[key] = synops.fan_block(fanout_map(m, geo, frame), p)
+            synops.launch(p, x, fan, row)
+        else:
+            if fan is None:
+                fan = self._fan[key] = fanout_map(m, geo, frame)
             row.copy_(count_reference(x, m, geo, fan))
         self.used += 1
         if self.used == ROWS:
@@ -268,10 +266,10 @@ class _Spiking:
         self.host = [0, 0, 0]  # calls, neuron-steps, ANN activations (neurons of one step)
         self.steps = 0
         self._row_views: Sequence[torch.Tensor] = ()
+        self._plans: dict[tuple, Any] = {}  # the kernel's launch and channel map per input shape and layout
 
-    def count(self, s: torch.Tensor) -> None:
+    def count(self, s: torch.Tensor, kernel: bool = False) -> None:
         channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
-        dims = [d for d in range(s.dim()) if d != channel_dim]
         channels = s.shape[channel_dim]
         if self.rows is None:
             with torch.inference_mode(False):  # normal tensors: totals() may run outside inference mode
@@ -281,11 +279,25 @@ class _Spiking:
         elif self.rows.shape[1] != channels:
             raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
         if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
-            torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=self._row_views[self.used])
+            row = self._row_views[self.used]
+            if kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
+                key = (tuple(s.shape), s.stride())
+                plan = self._plans.get(key)
+                if plan is None:
+                    if len(self._plans) >= 8:
+                        self._plans.clear()
+                    synops = _synops()
+                    p = synops.plan(key[0], key[1], s.dim() - channel_dim, device=s.device)
+                    plan = self._plans[key] = (p, synops.channel_block(p, s.device))
+                _synops().launch_channel_sums(plan[0], s.detach(), plan[1], row)
+            else:
+                dims = [d for d in range(s.dim()) if d != channel_dim]
+                torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=row)
             self.used += 1
             if self.used == ROWS:
                 self.fold()
         else:
+            dims = [d for d in range(s.dim()) if d != channel_dim]
             self.acc += torch.sum(s.detach(), dim=dims, dtype=torch.float64)
         self.steps = max(self.steps, int(s.shape[0]))
         self.host[0] += 1
@@ -295,7 +307,8 @@ class _Spiking:
     def fold(self) -> None:
         if self.used == 0:
             return
-        self.acc += self.rows[: self.used].sum(0, dtype=torch.float64)  # rows are overwritten, not added to
+        self.acc += self.rows[: self.used].sum(0, dtype=torch.float64)
+        self.rows[: self.used].zero_()  # the kernel adds into its row
         self.used = 0
 
 
@@ -369,7 +382,8 @@ class ActivityCounter:
 
     def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
         self._first(layer.name)
-        layer.count(output[0] if isinstance(output, tuple) else output)
+        s = output[0] if isinstance(output, tuple) else output
+        layer.count(s, self._kernel(s))
 
     def attach(self) -> ActivityCounter:
         self.detach()
@@ -389,7 +403,9 @@ class ActivityCounter:
 
     def reset(self) -> None:
         for name, layer in self.spiking.items():
-            self.spiking[name] = _Spiking(name, layer.module)
+            fresh = _Spiking(name, layer.module)
+            fresh._plans = layer._plans  # shapes decide these
+            self.spiking[name] = fresh
         for name, layer in self.connections.items():
             fresh = _Connection(name, layer.module)
             fresh._geo, fresh._plan = layer._geo, layer._plan  # shapes decide these; the weights are read again

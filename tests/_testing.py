@@ -1,4 +1,8 @@
-"""What the kernel tests share: one tolerance table, one comparison, one CUDA-graph capture.
+"""What the kernel tests share: one device, one tolerance table, one comparison, one CUDA-graph capture.
+
+``DEVICE`` is where kernel tests put their tensors: CUDA when present, else the CPU, where the
+kernels run in Triton's interpreter (``conftest.py`` sets ``TRITON_INTERPRET`` before any kernel
+is imported).
 
 ``TOLERANCES`` gives ``(rtol, atol)`` per dtype for a result that the kernels compute in fp32
 (fp64 for fp64 input) and round to that dtype, compared with a reference that does the same
@@ -14,6 +18,9 @@ test had before this table.
 from __future__ import annotations
 
 import torch
+
+#: where kernel tests run: CUDA when present, else the CPU (Triton's interpreter)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 #: (rtol, atol) per dtype of the compared result.
 TOLERANCES = {

@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+from _testing import DEVICE  # noqa: E402
 
 
 def _compose_run(out: str | os.PathLike | None, *overrides: str):

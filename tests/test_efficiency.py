@@ -4,6 +4,7 @@ the Triton counting kernel against the PyTorch reference, energy arithmetic, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _testing import DEVICE
 from snntrain import efficiency as E
 from snntrain.kernels.synops import count_synops
 from snntrain.models import SpikingFCOS, sew_resnet18
@@ -29,12 +31,11 @@ def definition(layer: nn.Module, x: torch.Tensor, dense: bool = False) -> int:
 
 
 def kernel_counts(layer: nn.Module, x: torch.Tensor) -> list[int]:
+    """The Triton kernel's counts, run where kernel tests run (CUDA when present, else the interpreter)."""
     geo = E.geometry(layer, x.shape)
-    m = E.weight_fanin(layer)
-    out = torch.zeros(3, dtype=torch.int64, device=x.device)
-    count_synops(x, m.view(m.shape[0], *(m.shape[1:] if geo.spatial_dims else (1, 1))).contiguous(), out,
-                 channel_dim=geo.channel_dim, spatial_dims=geo.spatial_dims or None, stride=geo.stride or (1, 1),
-                 padding=geo.padding or (0, 0), dilation=geo.dilation or (1, 1), out_size=geo.out_size or (1, 1))
+    fan = E.fanout_map(E.weight_fanin(layer), geo, x.shape[geo.channel_dim + 1:] if geo.spatial_dims else ())
+    out = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    count_synops(x.to(DEVICE), fan, out, block_dims=x.dim() - geo.channel_dim)
     return out.tolist()
 
 
@@ -239,12 +240,33 @@ def test_kernel_64_bit_offsets(device):
     layer = nn.Conv2d(3, 4, 3, padding=1).to(device)
     x = ((torch.rand(2, 3, 5, 6) < 0.5).float() * 2).to(device)
     geo, m = E.geometry(layer, x.shape), E.weight_fanin(layer)
-    p = synops.plan(tuple(x.shape), x.stride(), (3, 3), channel_dim=1, spatial_dims=(2, 3), padding=(1, 1),
-                    out_size=geo.out_size, device=x.device)
-    assert p.meta == (3, 3, False)  # 64-bit offsets only past 2**31 elements: forced here
+    p = synops.plan(tuple(x.shape), x.stride(), 3, device=x.device)
+    assert not p.int64  # 64-bit offsets only past 2**31 elements: forced here
+    p = dataclasses.replace(p, int64=True)
     out = torch.zeros(3, dtype=torch.int64, device=device)
-    synops.launch(synops.Plan(p.copy, p.grid, p.args, (3, 3, True)), x, m, out)
+    synops.launch(p, x, synops.fan_block(E.fanout_map(m, geo, x.shape[2:]), p), out)
     assert out.tolist() == E.count_reference(x, m, geo).tolist()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5, 6), (2, 2, 3, 4, 4), (3, 7), (2, 2, 5, 1, 3)])
+def test_channel_sums_kernel_in_every_layout(shape, device):
+    """Spikes per channel ([T, B, C, ...] or [T, N]) from the kernel equal torch's sums, for contiguous,
+    channels-last and strided inputs, added over calls into the same row."""
+    from snntrain.kernels import synops
+
+    s = (torch.rand(shape, generator=torch.Generator().manual_seed(len(shape))) < 0.3).float().to(device)
+    layouts = [s]
+    if s.dim() == 5:
+        cl = s.flatten(0, 1).contiguous(memory_format=torch.channels_last).view(s.shape)  # as NormNeuron gives
+        layouts += [cl, s[..., 1:]]
+    cdim = 2 if s.dim() >= 3 else 1
+    for x in layouts:
+        out = torch.zeros(x.shape[cdim], dtype=torch.float32, device=device)
+        p = synops.plan(tuple(x.shape), x.stride(), x.dim() - cdim, device=x.device)
+        for _ in range(2):
+            synops.launch_channel_sums(p, x, synops.channel_block(p, device), out)
+        expected = 2 * x.sum(dim=[d for d in range(x.dim()) if d != cdim])
+        assert out.tolist() == expected.tolist()
 
 
 def test_reference_covers_conv1d_and_conv3d():
@@ -264,8 +286,14 @@ def test_unsupported_layers_and_inputs_are_named():
     with pytest.raises(ValueError, match=r"Linear\(3, 2\) got input of shape \(4,\)"):
         E.geometry(nn.Linear(3, 2), (4,))
     with pytest.raises(ValueError, match="out must be a contiguous int64"):
-        count_synops(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 1, dtype=torch.int32), torch.zeros(3),
-                     channel_dim=1, spatial_dims=(2, 3))
+        count_synops(torch.ones(1, 1, 2, 2), torch.ones(1, 2, 2, dtype=torch.int32), torch.zeros(3), block_dims=3)
+    out = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="fan must hold integers"):
+        count_synops(torch.ones(1, 1, 2, 2), torch.ones(1, 2, 2), out, block_dims=3)
+    with pytest.raises(ValueError, match=r"fan-out of shape \(1, 2, 3\) for frames of shape \(1, 2, 2\)"):
+        count_synops(torch.ones(1, 1, 2, 2), torch.ones(1, 2, 3, dtype=torch.int32), out, block_dims=3)
+    with pytest.raises(ValueError, match="block_dims=5 must be between 1 and the input's 4 dims"):
+        count_synops(torch.ones(1, 1, 2, 2), torch.ones(1, 2, 2, dtype=torch.int32), out, block_dims=5)
 
 
 # ----------------------------------------------------------------------------- whole models

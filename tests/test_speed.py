@@ -112,6 +112,22 @@ def test_compiled_model_same_step_and_keys():
     assert list(model.state_dict()) == keys
 
 
+def test_autograd_cache_off_where_its_key_misses_the_autocast_dtype(monkeypatch):
+    """PyTorch before #181564 keyed AOTAutograd's cache without the autocast dtype: a step compiled under fp16
+    autocast after one under bf16 ran the bf16 graph (measured: the fp16 loss equal to bf16's to the bit)."""
+    import torch._functorch.config as functorch_config
+
+    from snntrain.tasks import speed
+
+    assert isinstance(speed.autograd_cache_knows_autocast_dtype(), bool)
+    for knows in (True, False):
+        monkeypatch.setattr(functorch_config, "enable_autograd_cache", True)
+        monkeypatch.setattr(speed, "autograd_cache_knows_autocast_dtype", lambda k=knows: k)
+        assert compile_model(tiny(), None) is not None and functorch_config.enable_autograd_cache
+        compile_model(tiny(), "default", backend="aot_eager")
+        assert functorch_config.enable_autograd_cache == knows
+
+
 def test_fused_optimizer_only_on_cuda():
     model = torch.nn.Linear(3, 2)
     for name in ("sgd", "adamw"):

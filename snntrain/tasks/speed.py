@@ -13,10 +13,13 @@ saved: checkpoints keep the model's own state-dict keys and row-major tensors.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger("snntrain")
 
 #: ``compile`` modes; None (``null`` in YAML) runs eagerly.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -121,14 +124,39 @@ def check_compile_device(mode: str | None, device: torch.device | str) -> None:
             "Train eagerly there (compile=null, the default), or on a GPU (trainer.accelerator=gpu)")
 
 
+def autograd_cache_knows_autocast_dtype() -> bool:
+    """Whether this PyTorch's AOTAutograd compile cache tells a graph traced under fp16 autocast from one
+    traced under bf16 autocast. Before pytorch/pytorch#181564 its key held only whether autocast was on, so
+    a step compiled under ``16-mixed`` after one under ``bf16-mixed`` (in one process, or through the cache
+    on disk) silently ran the bf16 graph."""
+    import inspect
+
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCacheDetails
+
+        return "get_autocast_dtype" in inspect.getsource(AOTAutogradCacheDetails._record_runtime_state)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+
+
 def compile_model(model: nn.Module, mode: str | None, backend: str | None = None) -> nn.Module:
     """``model`` compiled with ``torch.compile`` in ``mode`` with static shapes (the model itself
     when ``mode`` is None) by ``backend`` (default :data:`BACKEND`). The result shares the model's
-    parameters; keep saving the model."""
+    parameters; keep saving the model.
+
+    Where the AOTAutograd cache cannot tell fp16 from bf16 autocast
+    (:func:`autograd_cache_knows_autocast_dtype`), that cache is turned off for the process: Inductor's
+    own cache, keyed by the traced graph with its casts, still serves later starts."""
     mode = check_compile(mode)
     backend = BACKEND if backend is None else backend
     if mode is None:
         return model
+    import torch._functorch.config as functorch_config
+
+    if functorch_config.enable_autograd_cache and not autograd_cache_knows_autocast_dtype():
+        functorch_config.enable_autograd_cache = False
+        log.info("torch %s: the AOTAutograd compile cache is off (its key misses the autocast dtype)",
+                 torch.__version__)
     if backend != "inductor":  # modes are inductor's; other backends (tests: aot_eager) take none
         return torch.compile(model, dynamic=False, backend=backend)
     return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
