@@ -67,7 +67,7 @@ def run_case(shape, dtype, quick: bool) -> list[bu.Row]:
                            bu.bench_ms(lambda: E.count_reference(x, m, geo, ref_fan), quick), nbytes))
     # spikes per channel of the same maps seen as a spiking layer's output [T, B, C, H, W]
     s = x.view(4, frames // 4, c, h, w)
-    ps = K.plan(tuple(s.shape), s.stride(), 3, device=s.device)
+    ps = K.plan(tuple(s.shape), s.stride(), 3, device=s.device, sums=True)
     chan = K.channel_block(ps, s.device)
     sums = torch.zeros(c, dtype=torch.float32, device="cuda")
     K.launch_channel_sums(ps, s, chan, sums)
@@ -86,36 +86,37 @@ def run_case(shape, dtype, quick: bool) -> list[bu.Row]:
 
 
 def sweep(copy_gbps: float) -> None:
-    """Ours over BLOCK x programs per SM x warps, per case (the module constants are read at each plan/launch)."""
-    saved = K.BLOCK, K.PROGRAMS_PER_SM, K.NUM_WARPS
+    """Ours over BLOCK x programs per SM x warps, per case and kernel (the module constants are read at each
+    plan and launch)."""
+    saved = K.BLOCK, K.PROGRAMS_PER_SM, K.NUM_WARPS, K.SUMS_PROGRAMS_PER_SM, K.SUMS_NUM_WARPS
     for shape in CASES:
         for dtype in (torch.float32, torch.bfloat16):
             x = spikes(*shape, dtype)
             s = x.view(4, shape[0] // 4, *shape[1:])
-            nbytes = x.numel() * x.element_size()
+            roof = x.numel() * x.element_size() / copy_gbps / 1e6
             conv = torch.nn.Conv2d(shape[1], shape[1], 3, padding=1, bias=False).cuda()
             geo, m = E.geometry(conv, x.shape), E.weight_fanin(conv)
-            results = []
+            syn, sums = {}, {}
             for block in (512, 1024, 2048):
                 for per_sm in (4, 8, 16):
                     for warps in (4, 8):
-                        K.BLOCK, K.PROGRAMS_PER_SM, K.NUM_WARPS = block, per_sm, warps
+                        K.BLOCK = block
+                        K.PROGRAMS_PER_SM = K.SUMS_PROGRAMS_PER_SM = per_sm
+                        K.NUM_WARPS = K.SUMS_NUM_WARPS = warps
                         p = K.plan(tuple(x.shape), x.stride(), 3, device=x.device)
                         fan = K.fan_block(E.fanout_map(m, geo, x.shape[2:]), p)
                         out = torch.zeros(3, dtype=torch.int64, device="cuda")
-                        ms_syn = bu.bench_ms(lambda: K.launch(p, x, fan, out), True)
-                        ps = K.plan(tuple(s.shape), s.stride(), 3, device=s.device)
+                        syn[block, per_sm, warps] = roof / bu.bench_ms(lambda: K.launch(p, x, fan, out), True)
+                        ps = K.plan(tuple(s.shape), s.stride(), 3, device=s.device, sums=True)
                         chan = K.channel_block(ps, s.device)
-                        sums = torch.zeros(shape[1], dtype=torch.float32, device="cuda")
-                        ms_sum = bu.bench_ms(lambda: K.launch_channel_sums(ps, s, chan, sums), True)
-                        results.append((ms_syn + ms_sum, ms_syn, ms_sum, block, per_sm, warps))
-            K.BLOCK, K.PROGRAMS_PER_SM, K.NUM_WARPS = saved
-            roof = nbytes / copy_gbps / 1e6
-            best = sorted(results)[:3]
-            now = next(r for r in results if r[3:] == saved)
-            print(f"sweep {shape} {dtype}: now (BLOCK, per SM, warps)={saved} synops {roof / now[1]:.2f} "
-                  f"sums {roof / now[2]:.2f} x roofline; best " + "; ".join(
-                      f"{r[3:]} synops {roof / r[1]:.2f} sums {roof / r[2]:.2f}" for r in best), flush=True)
+                        total = torch.zeros(shape[1], dtype=torch.float32, device="cuda")
+                        sums[block, per_sm, warps] = roof / bu.bench_ms(
+                            lambda: K.launch_channel_sums(ps, s, chan, total), True)
+            K.BLOCK, K.PROGRAMS_PER_SM, K.NUM_WARPS, K.SUMS_PROGRAMS_PER_SM, K.SUMS_NUM_WARPS = saved
+            for name, res, now in (("synops", syn, saved[:3]), ("sums", sums, (saved[0], *saved[3:]))):
+                best = sorted(res.items(), key=lambda kv: -kv[1])[:3]
+                print(f"sweep {name} {shape} {dtype}: now (BLOCK, per SM, warps)={now} {res[now]:.2f} x roofline; "
+                      "best " + "; ".join(f"{k} {v:.2f}" for k, v in best), flush=True)
 
 
 def main() -> None:

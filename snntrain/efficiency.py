@@ -35,6 +35,7 @@ docs/efficiency.md explains every number and where NeuroBench's rules and ours d
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,7 +138,14 @@ def fanout_map(m: torch.Tensor, geo: _Geometry, sizes: Sequence[int]) -> torch.T
     per-tap counts ``m`` of :func:`weight_fanin`: a tap reaches a position when some output reads it there."""
     if not geo.spatial_dims:
         return m.to(torch.int64)
-    device = m.device
+    spec, factors = _tap_factors(geo, tuple(sizes), m.device)
+    return torch.einsum(spec, m.double(), *factors).round().to(torch.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _tap_factors(geo: _Geometry, sizes: tuple[int, ...], device: torch.device) -> tuple[str, list[torch.Tensor]]:
+    """Per spatial dim, which taps reach which positions (float64 ``[k, size]``), and the einsum that applies
+    them: they depend on the shape only, so every validation reuses them."""
     factors, letters = [], []
     for i, size in enumerate(sizes):
         k = torch.arange(geo.kernel[i], device=device)[:, None]
@@ -146,7 +154,7 @@ def fanout_map(m: torch.Tensor, geo: _Geometry, sizes: Sequence[int]) -> torch.T
         letters.append(("klm"[i], "xyz"[i]))
     spec = "c" + "".join(k for k, _ in letters) + "," + ",".join(k + p for k, p in letters)
     spec += "->c" + "".join(p for _, p in letters)
-    return torch.einsum(spec, m.double(), *factors).round().to(torch.int64)
+    return spec, factors
 
 
 def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch.Tensor | None = None
@@ -287,7 +295,7 @@ class _Spiking:
                     if len(self._plans) >= 8:
                         self._plans.clear()
                     synops = _synops()
-                    p = synops.plan(key[0], key[1], s.dim() - channel_dim, device=s.device)
+                    p = synops.plan(key[0], key[1], s.dim() - channel_dim, device=s.device, sums=True)
                     plan = self._plans[key] = (p, synops.channel_block(p, s.device))
                 _synops().launch_channel_sums(plan[0], s.detach(), plan[1], row)
             else:

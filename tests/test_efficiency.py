@@ -262,7 +262,7 @@ def test_channel_sums_kernel_in_every_layout(shape, device):
     cdim = 2 if s.dim() >= 3 else 1
     for x in layouts:
         out = torch.zeros(x.shape[cdim], dtype=torch.float32, device=device)
-        p = synops.plan(tuple(x.shape), x.stride(), x.dim() - cdim, device=x.device)
+        p = synops.plan(tuple(x.shape), x.stride(), x.dim() - cdim, device=x.device, sums=True)
         for _ in range(2):
             synops.launch_channel_sums(p, x, synops.channel_block(p, device), out)
         expected = 2 * x.sum(dim=[d for d in range(x.dim()) if d != cdim])

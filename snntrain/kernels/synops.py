@@ -40,6 +40,7 @@ dispatcher would only add host time to every hooked call. The PyTorch reference 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -52,9 +53,12 @@ from .op_utils import INT32_MAX, INTERPRET, cdiv, direct, sm_count
 __all__ = ["BLOCK", "Plan", "channel_block", "count_synops", "fan_block", "launch", "launch_channel_sums", "plan"]
 
 BLOCK = 1024
-NUM_WARPS = 4
-#: Programs per SM of the launch (rows are shared out among the programs of one frame slice).
-PROGRAMS_PER_SM = 8
+#: Programs per SM and warps per program of each kernel (rows are shared out among the programs of one frame
+#: slice); from ``scripts/bench_synops.py --sweep`` on an H200 (docs/benchmarks.md).
+PROGRAMS_PER_SM = 4
+NUM_WARPS = 8
+SUMS_PROGRAMS_PER_SM = 8
+SUMS_NUM_WARPS = 4
 
 
 @triton.jit
@@ -126,9 +130,10 @@ class Plan:
 
 
 def plan(shape: tuple[int, ...], strides: tuple[int, ...], block_dims: int,
-         device: torch.device | None = None) -> Plan:
+         device: torch.device | None = None, sums: bool = False) -> Plan:
     """The launch for an input of ``shape`` and ``strides`` on ``device`` (None: the CPU) whose trailing
-    ``block_dims`` dimensions are one frame (3 for a ``Conv2d`` input ``[N, C, H, W]``, 1 for ``Linear``)."""
+    ``block_dims`` dimensions are one frame (3 for a ``Conv2d`` input ``[N, C, H, W]``, 1 for ``Linear``),
+    for :func:`launch` (or, with ``sums``, :func:`launch_channel_sums`)."""
     if not 1 <= block_dims <= len(shape):
         raise ValueError(f"block_dims={block_dims} must be between 1 and the input's {len(shape)} dims")
     copy = not _dense_rows(shape, strides, block_dims)
@@ -138,7 +143,8 @@ def plan(shape: tuple[int, ...], strides: tuple[int, ...], block_dims: int,
     S = math.prod(block_shape)
     N = math.prod(shape[: len(shape) - block_dims])
     slices = cdiv(S, BLOCK) if S else 1
-    programs = 4 if INTERPRET or device is None or device.type != "cuda" else PROGRAMS_PER_SM * sm_count(device)
+    per_sm = SUMS_PROGRAMS_PER_SM if sums else PROGRAMS_PER_SM
+    programs = 4 if INTERPRET or device is None or device.type != "cuda" else per_sm * sm_count(device)
     rows = max(1, min(N, cdiv(programs, slices), 65535))
     return Plan(copy, block_shape, tuple(strides[len(shape) - block_dims:]), (slices, rows), (N, S),
                 N * S > INT32_MAX - BLOCK)
@@ -162,15 +168,20 @@ def _in_memory_order(values: torch.Tensor, p: Plan) -> torch.Tensor:
     """``values`` of one frame (logical shape ``p.block_shape``) as int32 ``[S]`` in the frame's memory order."""
     if tuple(values.shape) != p.block_shape:
         raise ValueError(f"fan-out of shape {tuple(values.shape)} for frames of shape {p.block_shape}")
-    device = values.device
-    offsets = torch.zeros(p.block_shape, dtype=torch.int64, device=device)
-    for d, (size, stride) in enumerate(zip(p.block_shape, p.block_strides)):
-        view = [1] * len(p.block_shape)
+    block = torch.empty(p.args[1], dtype=torch.int32, device=values.device)
+    block[_offsets(p.block_shape, p.block_strides, values.device)] = values.flatten().to(torch.int32)
+    return block
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(shape: tuple[int, ...], strides: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The memory offset of every element of a frame, in logical order (flat int64)."""
+    offsets = torch.zeros(shape, dtype=torch.int64, device=device)
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        view = [1] * len(shape)
         view[d] = size
         offsets += torch.arange(size, device=device).view(view) * (stride if size > 1 else 0)
-    block = torch.empty(p.args[1], dtype=torch.int32, device=device)
-    block[offsets.flatten()] = values.flatten().to(torch.int32)
-    return block
+    return offsets.flatten()
 
 
 def launch(p: Plan, x: torch.Tensor, fan: torch.Tensor, out: torch.Tensor) -> None:
@@ -197,7 +208,7 @@ def launch_channel_sums(p: Plan, x: torch.Tensor, chan: torch.Tensor, out: torch
     C, stride = p.block_shape[0], p.block_strides[0]
     period = C if stride == 1 and C & (C - 1) == 0 and C <= BLOCK and len(p.block_shape) > 1 else 0
     direct(_channel_sums_kernel)[p.grid](x, chan, out, N, S, PERIOD=period, INT64=p.int64, BLOCK=BLOCK,
-                                         num_warps=NUM_WARPS)
+                                         num_warps=SUMS_NUM_WARPS)
 
 
 def count_synops(x: torch.Tensor, fan: torch.Tensor, out: torch.Tensor, *, block_dims: int) -> None:
