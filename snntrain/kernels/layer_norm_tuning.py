@@ -25,7 +25,7 @@ __all__ = ["Tuning", "TUNING", "Plan", "find_split", "strides3", "sizes3", "coll
 class Tuning:
     """Launch heuristics (element counts are per program). Tests shrink them to reach the looped path.
 
-    The defaults follow the H200 sweeps recorded in docs/benchmarks.md (layer-norm section);
+    The defaults follow the H200 sweeps recorded in docs/experiments.md (layer-norm);
     where a setting helped one shape class and not another it has a channels-first (``cf_``)
     twin.
     """

@@ -110,7 +110,7 @@ __all__ = ["SURROGATES", "CHUNK", "neuron_multistep", "neuron_flags", "neuron_fw
 # Launch configuration: BLOCK neurons per program, num_warps warps. The forward
 # keeps one state per neuron; the backward also keeps CHUNK charged states (and X
 # for PLIF) per neuron in registers, so it uses smaller blocks. Chosen from a sweep on
-# an H200 at [32, 64, 65536] (scripts/bench_neurons.py --sweep, docs/benchmarks.md):
+# an H200 at [32, 64, 65536] (scripts/bench_neurons.py --sweep, docs/experiments.md):
 # fwd 512/4 was best for fp32 and bf16; bwd 256/4 for fp32, 512/8 for 16-bit input.
 FWD_BLOCK, FWD_WARPS = 512, 4
 BWD_BLOCK, BWD_WARPS = 256, 4

@@ -11,7 +11,7 @@ are read either as the **membrane** potential of a non-leaky integrator averaged
 T (``readout="membrane"``: the mean over T of the convolution output, real-valued), or
 as **rate**s of spiking read-out neurons mapped by a learned per-channel affine map
 (``readout="rate"``). Rates take only T + 1 values per location, which quantises the
-scores and box distances; docs/benchmarks.md records the comparison that made
+scores and box distances; docs/experiments.md records the comparison that made
 ``membrane`` the default.
 
 Everything from the input to the losses is tensor code without host synchronisation;
