@@ -115,17 +115,21 @@ def test_compiled_model_same_step_and_keys():
 def test_autograd_cache_off_where_its_key_misses_the_autocast_dtype(monkeypatch):
     """PyTorch before #181564 keyed AOTAutograd's cache without the autocast dtype: a step compiled under fp16
     autocast after one under bf16 ran the bf16 graph (measured: the fp16 loss equal to bf16's to the bit)."""
-    import torch._functorch.config as functorch_config
+    import types
 
     from snntrain.tasks import speed
 
     assert isinstance(speed.autograd_cache_knows_autocast_dtype(), bool)
     for knows in (True, False):
-        monkeypatch.setattr(functorch_config, "enable_autograd_cache", True)
+        config = types.SimpleNamespace(enable_autograd_cache=True)
+        monkeypatch.setattr(speed, "_functorch_config", lambda c=config: c)
         monkeypatch.setattr(speed, "autograd_cache_knows_autocast_dtype", lambda k=knows: k)
-        assert compile_model(tiny(), None) is not None and functorch_config.enable_autograd_cache
+        assert compile_model(tiny(), None) is not None and config.enable_autograd_cache
         compile_model(tiny(), "default", backend="aot_eager")
-        assert functorch_config.enable_autograd_cache == knows
+        assert config.enable_autograd_cache == knows
+    # a PyTorch without the setting: nothing to turn off
+    monkeypatch.setattr(speed, "_functorch_config", lambda: types.SimpleNamespace())
+    speed.guard_autograd_cache()
 
 
 def test_fused_optimizer_only_on_cuda():

@@ -139,6 +139,29 @@ def autograd_cache_knows_autocast_dtype() -> bool:
         return False
 
 
+def _functorch_config():
+    import torch._functorch.config as functorch_config
+
+    return functorch_config
+
+
+def guard_autograd_cache() -> None:
+    """Turn the AOTAutograd compile cache off where its key misses the autocast dtype
+    (:func:`autograd_cache_knows_autocast_dtype`); where it knows it (or the setting no longer exists), leave
+    it alone."""
+    if autograd_cache_knows_autocast_dtype():
+        return
+    config = _functorch_config()
+    try:
+        enabled = config.enable_autograd_cache
+    except AttributeError:
+        return
+    if enabled:
+        config.enable_autograd_cache = False
+        log.info("torch %s: the AOTAutograd compile cache is off (its key misses the autocast dtype)",
+                 torch.__version__)
+
+
 def compile_model(model: nn.Module, mode: str | None, backend: str | None = None) -> nn.Module:
     """``model`` compiled with ``torch.compile`` in ``mode`` with static shapes (the model itself
     when ``mode`` is None) by ``backend`` (default :data:`BACKEND`). The result shares the model's
@@ -151,12 +174,7 @@ def compile_model(model: nn.Module, mode: str | None, backend: str | None = None
     backend = BACKEND if backend is None else backend
     if mode is None:
         return model
-    import torch._functorch.config as functorch_config
-
-    if functorch_config.enable_autograd_cache and not autograd_cache_knows_autocast_dtype():
-        functorch_config.enable_autograd_cache = False
-        log.info("torch %s: the AOTAutograd compile cache is off (its key misses the autocast dtype)",
-                 torch.__version__)
+    guard_autograd_cache()
     if backend != "inductor":  # modes are inductor's; other backends (tests: aot_eager) take none
         return torch.compile(model, dynamic=False, backend=backend)
     return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
