@@ -19,8 +19,8 @@ Counting (:class:`ActivityCounter`) uses forward hooks on the model's layers:
   count is reported per sample, like NeuroBench, and per time step (per sample / T).
 
 Every count stays on the device (no host synchronisation per batch): a call writes its counts
-into a fresh row of a small per-layer buffer (one Triton launch per connection call on CUDA,
-:mod:`snntrain.kernels.synops`; one reduction per spiking-layer call), and the rows are folded
+into a fresh row of a small per-layer buffer (on CUDA one Triton launch per call, reading the map
+once, :mod:`snntrain.kernels.synops`; the PyTorch reference elsewhere), and the rows are folded
 into totals every few dozen calls and at the end. :meth:`ActivityCounter.totals` packs all
 totals into one float64 tensor (exact below 2**53) so that processes can add theirs in one
 collective; :func:`build_report` turns the reduced totals into the report.
@@ -338,8 +338,8 @@ class ActivityCounter:
 
     Args:
         model: the network (its input is ``[B, ...]``, repeated over T inside, or ``[T, B, C, H, W]``).
-        backend: ``torch``, ``triton`` or ``auto``: how connection-layer inputs are counted (the Triton
-            kernel for ``Conv2d`` and ``Linear`` inputs on CUDA, the PyTorch reference otherwise).
+        backend: ``torch``, ``triton`` or ``auto``: how layers are counted (the Triton kernels for spiking
+            outputs and ``Conv2d`` and ``Linear`` inputs on CUDA, the PyTorch reference otherwise).
         connections: also count synaptic operations (False: spiking layers only, for firing rates).
 
     ``attach()`` registers the hooks and starts from zero; ``detach()`` removes them. The weights are read
