@@ -56,7 +56,7 @@ class FiringRateMonitor(L.Callback):
             self._counter.detach()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from .efficiency import build_report, layer_chart, static_metrics
+        from .efficiency import build_report, layer_chart
 
         self._detach()
         counter = self._counter
@@ -80,7 +80,7 @@ class FiringRateMonitor(L.Callback):
         if total_count:
             metrics["firing_rate/mean"] = total_spikes / total_count
         if self.efficiency:
-            report = build_report(totals, static_metrics(counter.model))
+            report = build_report(totals, counter.static_metrics())
             report["global_step"] = trainer.global_step
             workload = report["workload"]
             for key, value in workload["SynapticOperations"].items():

@@ -449,6 +449,11 @@ class ActivityCounter:
         host += [self.samples, self.passes]
         return torch.cat([*parts, torch.tensor(host, dtype=torch.float64, device=device)])
 
+    def static_metrics(self) -> dict[str, Any]:
+        """:func:`static_metrics` of the model, with the weight counts of every connection layer that ran since
+        :meth:`attach` (read at its first call) instead of a second pass over those weights."""
+        return static_metrics(self.model, {c.name: c._m for c in self.connections.values() if c._m is not None})
+
     def unpack(self, flat: torch.Tensor) -> dict[str, Any]:
         """Reduced totals (from :meth:`totals`, on any device) as plain values: ``spiking`` and ``connections``
         per layer name, ``samples``, ``passes`` and ``order`` (the layers in the order they ran)."""
@@ -486,14 +491,21 @@ def _layer_type(module: nn.Module) -> str:
 # ----------------------------------------------------------------------------- static metrics
 
 
-def static_metrics(model: nn.Module) -> dict[str, Any]:
+def static_metrics(model: nn.Module, fanin: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """NeuroBench's static metrics of ``model``: ``ParameterCount``, ``Footprint`` (bytes of parameters and
-    buffers) and ``ConnectionSparsity`` (zero weights over all weights of the connection layers)."""
+    buffers) and ``ConnectionSparsity`` (zero weights over all weights of the connection layers).
+
+    ``fanin`` (layer name -> :func:`weight_fanin` of its current weights, e.g. what an
+    :class:`ActivityCounter` read this validation) saves reading those layers' weights again: its sum is the
+    layer's nonzero weights."""
+    fanin = fanin or {}
     params = sum(p.numel() for p in model.parameters())
     footprint = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    weights = [m.weight.detach() for _, m in connection_layers(model)]
-    total = sum(w.numel() for w in weights)
-    zeros = int(torch.stack([(w == 0).sum() for w in weights]).sum()) if weights else 0
+    layers = connection_layers(model)
+    total = sum(m.weight.numel() for _, m in layers)
+    nonzero = [fanin[name].sum(dtype=torch.int64) if name in fanin else (m.weight.detach() != 0).sum()
+               for name, m in layers]
+    zeros = total - int(torch.stack([n.to(nonzero[0].device) for n in nonzero]).sum()) if layers else 0
     return {"ParameterCount": params, "Footprint": footprint,
             "ConnectionSparsity": zeros / total if total else 0.0}
 

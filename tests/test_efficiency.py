@@ -372,6 +372,15 @@ def test_static_metrics():
     assert s["ParameterCount"] == 4 + 2 + 2 + 2 + 8
     assert s["Footprint"] == 4 * (4 + 2 + 2 + 2 + 8 + 2 + 2) + 8  # + running mean/var, num_batches_tracked int64
     assert s["ConnectionSparsity"] == pytest.approx(2 / 12)
+    # the counter's weight counts (read at each layer's first call) give the same, without a second read
+    net = sew("ADD")
+    with torch.no_grad():
+        net.get_submodule("layer1.0.conv1.0").weight[:2] = 0
+    counter = E.ActivityCounter(net, backend="torch").attach()
+    with torch.inference_mode():
+        net(torch.randn(2, 1, 12, 12))
+    counter.detach()
+    assert counter.static_metrics() == E.static_metrics(net) and E.static_metrics(net)["ConnectionSparsity"] > 0
 
 
 # ----------------------------------------------------------------------------- NeuroBench's own counters
