@@ -183,10 +183,18 @@ def count_reference(x: torch.Tensor, m: torch.Tensor, geo: _Geometry, fan: torch
 # ----------------------------------------------------------------------------- per-layer state
 
 
-def _synops():
-    from .kernels import synops  # imported at the first kernel launch: CPU-only use never loads Triton
+_SYNOPS = None
 
-    return synops
+
+def _synops():
+    """:mod:`snntrain.kernels.synops`, imported at the first kernel launch (CPU-only use never loads Triton),
+    then kept: the counting hooks call this on every layer call."""
+    global _SYNOPS
+    if _SYNOPS is None:
+        from .kernels import synops
+
+        _SYNOPS = synops
+    return _SYNOPS
 
 
 class _Connection:
