@@ -200,6 +200,13 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     fn = compile_model(model, mode)
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
+    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args)
+    return row(case, provider, precision, c["batch"], first, ms, peak, prof)
+
+
+def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, args):
+    """``(first calls s, ms per step, peak MiB, GPU-time breakdown or None)`` of the training step
+    forward (``fn``), cross-entropy, backward, ``opt`` step."""
 
     def step():
         with autocast(precision):
@@ -209,8 +216,7 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
         opt.zero_grad(set_to_none=True)
 
     first, ms, peak = time_steps(step, args.steps, args.warmup)
-    prof = breakdown(step, ms) if args.profile else None
-    return row(case, provider, precision, c["batch"], first, ms, peak, prof)
+    return first, ms, peak, (breakdown(step, ms) if args.profile else None)
 
 
 def detector(provider, precision, backend, mode, args) -> dict:
@@ -281,16 +287,7 @@ def resnet18(case: str, provider: str, precision: str, args) -> dict:
     x = torch.randn(n, c.get("in_channels", 3), c["size"], c["size"], device="cuda", generator=g)
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, c.get("classes", CLASSES), (n,), device="cuda", generator=g)
-
-    def step():
-        with autocast(precision):
-            loss = torch.nn.functional.cross_entropy(fn(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    first, ms, peak = time_steps(step, args.steps, args.warmup)
-    prof = breakdown(step, ms) if args.profile else None
+    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args)
     # images/s counted per image of our batch (B), so the row compares with ours at the same work
     return row(case, provider, precision, c["batch"], first, ms, peak, prof, note=f"batch T*B={n}")
 

@@ -60,15 +60,20 @@ def compile_kernel(fn, values: dict, options: dict, arch: int):
     return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", arch, 32), options=options)
 
 
-def resource_usage(kernel) -> dict:
-    """Registers, local memory, spill stack and shared memory per thread/program of a compiled kernel."""
+def cuobjdump(kernel, flag: str) -> str:
+    """What Triton's bundled ``cuobjdump <flag>`` prints for a compiled kernel's cubin."""
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
     try:
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def resource_usage(kernel) -> dict:
+    """Registers, local memory, spill stack and shared memory per thread/program of a compiled kernel."""
+    usage = cuobjdump(kernel, "--dump-resource-usage")
 
     def field(name: str) -> int:
         m = re.search(name + r":(\d+)", usage)
@@ -80,13 +85,7 @@ def resource_usage(kernel) -> dict:
 
 def sass_digest(kernel) -> str:
     """A short hash of the kernel's SASS instructions: equal digests mean the same machine code."""
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
-    try:
-        sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True).stdout
-    finally:
-        os.unlink(f.name)
+    sass = cuobjdump(kernel, "--dump-sass")
     code = [line.split(";")[0].strip() for line in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4}\*/", line)]
     return hashlib.sha1("\n".join(code).encode()).hexdigest()[:12]
 
