@@ -40,6 +40,17 @@ def compose_run() -> Callable:
     return _compose_run
 
 
+@pytest.fixture(scope="session")
+def classifier_ckpt(tmp_path_factory) -> Path:
+    """``last.ckpt`` of one ``debug=tiny`` classifier run, shared (read-only) by the tests that need a trained
+    checkpoint."""
+    from snntrain.cli import run
+
+    out = tmp_path_factory.mktemp("cls")
+    run(_compose_run(out, "debug=tiny"))
+    return out / "checkpoints" / "last.ckpt"
+
+
 @pytest.fixture
 def device() -> torch.device:
     """Where kernel tests put their tensors: CUDA when present, else the CPU (interpreter)."""

@@ -23,13 +23,6 @@ ONNX_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def classifier_ckpt(tmp_path_factory, compose_run) -> Path:
-    out = tmp_path_factory.mktemp("cls")
-    run(compose_run(out, "debug=tiny"))
-    return out / "checkpoints" / "last.ckpt"
-
-
-@pytest.fixture(scope="module")
 def detector_ckpt(tmp_path_factory, compose_run) -> Path:
     out = tmp_path_factory.mktemp("det")
     run(compose_run(out, "debug=tiny", "task=detect"))

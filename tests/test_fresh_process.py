@@ -43,17 +43,10 @@ def fresh_python(code: str, env: dict[str, str] | None = None, timeout: int = 60
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, compose_run) -> Path:
-    out = tmp_path_factory.mktemp("cls")
-    run(compose_run(out, "debug=tiny"))
-    return out / "checkpoints" / "last.ckpt"
-
-
-@pytest.fixture(scope="module")
-def triton_program(tiny_ckpt, tmp_path_factory) -> Path:
+def triton_program(classifier_ckpt, tmp_path_factory) -> Path:
     """A classifier exported with ``backend=triton`` (the interpreter on the CPU, CUDA on a GPU)."""
     out = tmp_path_factory.mktemp("export") / "export"
-    card = ex.export_checkpoint(tiny_ckpt, out, formats=["safetensors", "torch_export"], backend="triton")
+    card = ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors", "torch_export"], backend="triton")
     assert card["torch_export_backend"] == "triton"
     assert "needs a CUDA GPU" in card["files"]["model.pt2"]
     return out
@@ -119,14 +112,14 @@ def test_triton_program_without_gpu_names_the_way_out(triton_program):
 
 
 @pytest.mark.slow
-def test_checkpoint_and_export_folder_in_a_fresh_process(tiny_ckpt, triton_program, tmp_path):
+def test_checkpoint_and_export_folder_in_a_fresh_process(classifier_ckpt, triton_program, tmp_path):
     """``load_checkpoint``, ``load_exported`` and ``task=predict`` from an export folder, each in a new
     process on the Triton backend, give the outputs this process computes."""
     from snntrain import load_checkpoint
 
     x = torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        ref = load_checkpoint(tiny_ckpt, backend="torch")(x)
+        ref = load_checkpoint(classifier_ckpt, backend="torch")(x)
     torch.save(x, tmp_path / "x.pt")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     res = fresh_python(f"""
@@ -134,7 +127,7 @@ def test_checkpoint_and_export_folder_in_a_fresh_process(tiny_ckpt, triton_progr
         from snntrain import load_checkpoint, load_exported
         x = torch.load({str(tmp_path / 'x.pt')!r}).to({device!r})
         with torch.no_grad():
-            a = load_checkpoint({str(tiny_ckpt)!r}, backend="triton", map_location={device!r})(x)
+            a = load_checkpoint({str(classifier_ckpt)!r}, backend="triton", map_location={device!r})(x)
             b = load_exported({str(triton_program)!r}, backend="triton", map_location={device!r})(x)
         torch.save([a.cpu(), b.cpu()], {str(tmp_path / 'out.pt')!r})
     """, env={"TRITON_INTERPRET": None if torch.cuda.is_available() else "1"})
