@@ -21,6 +21,13 @@ It also checks that every process of a DDP run reported the same validation metr
     python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 60]
 
 Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
+
+``--comm`` measures the link instead: an NCCL all-reduce over all visible GPUs of a buffer the size
+of a model's gradients (``--comm-mb``, default 47 MB: SEW-ResNet-18's fp32 gradients) in fp32 and
+bf16, the median of 20 after 5 warm-up, with its bus bandwidth (NCCL's definition: 2 (n-1)/n x bytes
+/ time) and ``nvidia-smi topo -m``; written to ``<out>/bench_comm.json``.
+
+    python scripts/bench_ddp.py --out $OUT --comm
 """
 
 from __future__ import annotations
@@ -89,6 +96,60 @@ def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, pre
             "val_metrics": metrics, "run_dir": str(run)}
 
 
+def _comm_worker(rank: int, world: int, port: int, megabytes: float, queue) -> None:
+    torch.cuda.set_device(rank)
+    torch.distributed.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        n = int(megabytes * 1e6) // torch.tensor([], dtype=dtype).element_size()
+        buf = torch.ones(n, dtype=dtype, device="cuda")
+        times = []
+        for i in range(25):
+            torch.distributed.barrier()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.distributed.all_reduce(buf)
+            end.record()
+            end.synchronize()
+            if i >= 5:
+                times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        size = n * buf.element_size()
+        rows.append({"dtype": str(dtype).replace("torch.", ""), "bytes": size, "ms": ms,
+                     "bus_gb_per_s": 2 * (world - 1) / world * size / ms / 1e6})
+    if rank == 0:
+        queue.put(rows)
+    torch.distributed.destroy_process_group()
+
+
+def comm(out: Path, megabytes: float) -> None:
+    """All-reduce time and bus bandwidth over every visible GPU, and the topology nvidia-smi reports."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    world = torch.cuda.device_count()
+    if world < 2:
+        sys.exit(f"--comm needs at least 2 CUDA GPUs; found {world}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(_comm_worker, args=(world, port, megabytes, queue), nprocs=world, start_method="spawn")
+    rows = queue.get()
+    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
+    info = {"gpu": torch.cuda.get_device_name(), "gpus": world, "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "date": time.strftime("%Y-%m-%d"),
+            "rows": rows, "topology": topo}
+    (out / "bench_comm.json").write_text(json.dumps(info, indent=2))
+    print(topo)
+    print(f"all-reduce over {world} x {info['gpu']}, NCCL {info['nccl']}")
+    for r in rows:
+        print(f"  {r['dtype']:9s} {r['bytes'] / 1e6:7.1f} MB  {r['ms']:7.3f} ms  bus {r['bus_gb_per_s']:7.1f} GB/s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench_results"))
@@ -99,8 +160,14 @@ def main() -> None:
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--precision", default="32-true")
     p.add_argument("--accelerator", default="gpu", choices=["gpu", "cpu"], help="cpu: a dry run of the script")
+    p.add_argument("--comm", action="store_true", help="time an NCCL all-reduce over all GPUs instead of runs")
+    p.add_argument("--comm-mb", type=float, default=47.0, help="all-reduce size in MB (--comm)")
     p.add_argument("extra", nargs="*", help="more overrides for every run (e.g. trainer.sync_batchnorm=true)")
     args = p.parse_args()
+    if args.comm:
+        out = Path(args.out).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        return comm(out, args.comm_mb)
     if args.accelerator == "gpu" and torch.cuda.device_count() < max(args.devices):
         sys.exit(f"needs {max(args.devices)} CUDA GPU(s); found {torch.cuda.device_count()}")
     out = Path(args.out).resolve()

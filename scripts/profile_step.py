@@ -10,8 +10,12 @@ The run is ``python -m snntrain <overrides>``; from training step ``--start`` of
   self device time (GPU kernels); cProfile's Python functions by cumulative and by own time.
 * ``trace.json``: the torch.profiler timeline (chrome://tracing or https://ui.perfetto.dev).
 
+Under DDP (``trainer.devices=2``) every process profiles the same steps and writes
+``profile_rank<N>.txt`` and ``trace_rank<N>.json``.
+
     python scripts/profile_step.py --out $OUT -- task=detect data.augment=false backend=triton
     python scripts/profile_step.py --out $OUT --start 20 --steps 20 -- data=synthetic model.stem=imagenet
+    python scripts/profile_step.py --out $OUT --no-python -- data=synthetic trainer.devices=2
 
 Profiling slows the host (cProfile most: compare steps of one profile, not profiled with unprofiled
 times; ``--no-python`` leaves cProfile out). The run's own output goes to ``<out>/run``.
@@ -65,12 +69,13 @@ class StepProfile(L.Callback):
             self._py.disable()
         seconds = synchronized_clock(trainer) - self._t0
         self._prof.__exit__(None, None, None)
-        self.write(batch_idx + 1 - self.start, seconds)
+        self.write(batch_idx + 1 - self.start, seconds, trainer.global_rank, trainer.world_size)
         self._prof = self._py = None
         self.done = True
 
-    def write(self, steps: int, seconds: float) -> None:
+    def write(self, steps: int, seconds: float, rank: int = 0, world: int = 1) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        tag = f"_rank{rank}" if world > 1 else ""  # under DDP every process profiles its own steps
         table = self._prof.key_averages()
         device = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         parts = [f"steps {steps}, wall per step (profiled) {1000 * seconds / steps:.2f} ms\n",
@@ -83,8 +88,8 @@ class StepProfile(L.Callback):
                 buf = io.StringIO()
                 pstats.Stats(self._py, stream=buf).sort_stats(key).print_stats(50)
                 parts += [f"\n## Python functions by {title} time (cProfile)\n", buf.getvalue()]
-        (self.out / "profile.txt").write_text("".join(parts))
-        self._prof.export_chrome_trace(str(self.out / "trace.json"))
+        (self.out / f"profile{tag}.txt").write_text("".join(parts))
+        self._prof.export_chrome_trace(str(self.out / f"trace{tag}.json"))
 
 
 def main() -> None:
@@ -121,7 +126,7 @@ def main() -> None:
     if not profile.done:
         raise SystemExit(f"step {args.start} of epoch {args.epoch} was never reached: the run has fewer steps "
                          "(lower --start/--epoch or give more data)")
-    print(f"profile: {out / 'profile.txt'}  trace: {out / 'trace.json'}")
+    print(f"profile: {sorted(out.glob('profile*.txt'))}  trace: {sorted(out.glob('trace*.json'))}")
 
 
 if __name__ == "__main__":

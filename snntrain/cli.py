@@ -68,7 +68,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     from .checkpoint import read_checkpoint
     from .config_keys import check_moved
     from .data import build_datamodule
-    from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, is_rank_zero, uses_cuda
+    from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, defer_sigterm_check, is_rank_zero, uses_cuda
     from .tasks import TASKS
 
     check_moved(cfg)
@@ -136,6 +136,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         callbacks=run_callbacks,
         plugins=plugins,
     )
+    defer_sigterm_check(trainer)  # no host synchronisation per training step under DDP
     with ddp_job(out):  # with devices x num_nodes > 1, Lightning starts the other processes in here
         if cfg.train:
             trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

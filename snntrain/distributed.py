@@ -21,6 +21,8 @@ that make that right for a Hydra app and for exact validation metrics:
   ``gradient_as_bucket_view``, ``static_graph``) handed to ``DistributedDataParallel``.
 * :func:`convert_sync_batchnorm` and :class:`SyncBatchNorm`: ``trainer.sync_batchnorm``
   in one place, extendable by fused norm modules.
+* :func:`defer_sigterm_check`: Lightning's per-step question "did rank 0 receive SIGTERM?" asked
+  without making every process wait for its GPU at every step.
 
 Nothing here starts processes or talks to the network itself.
 """
@@ -34,7 +36,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -251,6 +255,78 @@ def gather_list_states(metric: Any) -> None:
         parts: list[Any] = [None] * world
         torch.distributed.all_gather_object(parts, [t.cpu() for t in value])
         setattr(metric, name, [t.to(metric.device) for part in parts for t in part])
+
+
+# ----------------------------------------------------------------------------------------- SIGTERM
+
+
+class _SigtermFlag:
+    """Rank 0's SIGTERM flag, broadcast at every training step and read back one step later.
+
+    ``ask(received)`` broadcasts this process's flag from rank 0 (a collective every process makes at the
+    same step) from device memory and copies the answer to (pinned) host memory asynchronously: nothing
+    waits for the device. It returns the answer of the previous call, waiting only for that step's
+    broadcast, which finished long before on any device that is not a whole step behind its host.
+    Every process reads the answer of step ``k`` at step ``k + 1``, so all stop at the same step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        cuda = device.type == "cuda"
+        self.flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self.done = torch.cuda.Event() if cuda else None
+        self.pending = False
+
+    def ask(self, received: bool) -> bool:
+        answer = False
+        if self.pending:
+            if self.done is not None:
+                self.done.synchronize()
+            answer = bool(self.host[0])
+        self.flag.fill_(1 if received else 0)  # a kernel argument: no copy from host memory
+        torch.distributed.broadcast(self.flag, src=0)
+        self.host.copy_(self.flag, non_blocking=True)
+        if self.done is not None:
+            self.done.record()
+        self.pending = True
+        return answer
+
+
+class DeferredSigtermEpochLoop(_TrainingEpochLoop):
+    """Lightning's training epoch loop whose per-step SIGTERM broadcast is a :class:`_SigtermFlag`: the same
+    collective and the same outcome, one step later, without a host synchronisation."""
+
+    def _broadcast_sigterm_tensor(self) -> None:
+        device = torch.device(self.trainer.strategy.root_device)
+        state = getattr(self, "_sigterm_flag", None)
+        if state is None or state.device != device:
+            state = self._sigterm_flag = _SigtermFlag(device)
+        try:
+            stop = state.ask(bool(getattr(self.trainer, "received_sigterm", False)))
+        except Exception:  # noqa: BLE001 - as Lightning's own: a failed broadcast does not stop training
+            return
+        if stop:
+            with contextlib.suppress(Exception):
+                torch.distributed.barrier()  # every process is here at the same step: none is left waiting
+            raise SIGTERMException()
+
+
+def defer_sigterm_check(trainer: Any) -> bool:
+    """Make ``trainer``'s training loop ask for rank 0's SIGTERM without a per-step host synchronisation.
+
+    Under DDP, Lightning (2.6) broadcasts at every training step whether rank 0 received SIGTERM, from a
+    tensor made from host memory and read back with ``.item()``: on CUDA every process then waits at every
+    step until its GPU has finished all queued work, so the host can never queue a step ahead (with CUDA
+    graphs the host work between steps is no longer hidden; in eager mode each process waits for the
+    other's backward). The loop is given :class:`_SigtermFlag` instead: the same broadcast, read one step
+    later. Returns whether the loop was changed (not on a Lightning without that per-step check).
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if type(loop) is not _TrainingEpochLoop or not callable(getattr(loop, "_broadcast_sigterm_tensor", None)):
+        return False  # a loop of its own, or a Lightning without the per-step check
+    loop.__class__ = DeferredSigtermEpochLoop
+    return True
 
 
 # ----------------------------------------------------------------------------------------- batch norm

@@ -34,9 +34,11 @@ from snntrain.distributed import (
     JOB_ENV,
     EvalShardSampler,
     SyncBatchNorm,
+    DeferredSigtermEpochLoop,
     command_line,
     convert_sync_batchnorm,
     ddp_strategy,
+    defer_sigterm_check,
     rank_name,
 )
 
@@ -295,6 +297,40 @@ def test_ddp_processes_split_each_training_epoch(tmp_path):
     per_process = -(-len(dm.train_set) // 2)
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == -(-per_process // 60)  # each process read half of the epoch
+
+
+def _sigterm_worker(rank: int, store: str, received: list, answers) -> None:
+    from snntrain.distributed import _SigtermFlag
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        flag = _SigtermFlag(torch.device("cpu"))
+        answers[rank] = [flag.ask(r) for r in received[rank]]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_sigterm_flag_is_rank_zeros_read_one_step_later_by_every_process(tmp_path):
+    """Lightning's per-step SIGTERM check, deferred (no host synchronisation on CUDA): at every step each
+    process broadcasts, and reads rank 0's flag of the step before; rank 1's own flag is never the answer."""
+    import torch.multiprocessing as mp
+
+    received = [[False, False, True, False, True], [True, False, False, False, False]]
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        mp.start_processes(_sigterm_worker, args=(str(tmp_path / "store"), received, answers), nprocs=2,
+                           start_method="spawn")
+        got = dict(answers)
+    assert got[0] == got[1] == [False, False, False, True, False], got  # every process stops at step 3
+
+
+def test_training_loop_gets_the_deferred_sigterm_check():
+    import lightning as L
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert defer_sigterm_check(trainer)
+    assert type(trainer.fit_loop.epoch_loop) is DeferredSigtermEpochLoop
+    assert not defer_sigterm_check(trainer)  # once
 
 
 def test_ddp_settings_reach_the_strategy():
