@@ -324,6 +324,53 @@ def test_sigterm_flag_is_rank_zeros_read_one_step_later_by_every_process(tmp_pat
     assert got[0] == got[1] == [False, False, False, True, False], got  # every process stops at step 3
 
 
+def _reduce_worker(rank: int, store: str, results) -> None:
+    from snntrain.distributed import all_reduce_gradients, broadcast_from_rank_zero
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        g = torch.Generator().manual_seed(rank)
+        conv = nn.Parameter(torch.zeros(4, 3, 3, 3).contiguous(memory_format=torch.channels_last))
+        lin = nn.Parameter(torch.zeros(5, 6))
+        half = nn.Parameter(torch.zeros(7, dtype=torch.bfloat16))
+        unused = nn.Parameter(torch.zeros(3))  # no gradient on rank 1
+        frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
+        conv.grad = torch.randn(4, 3, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
+        lin.grad = torch.randn(6, 5, generator=g).t()  # neither contiguous nor channels-last
+        half.grad = torch.randn(7, generator=g).to(torch.bfloat16)
+        if rank == 0:
+            unused.grad = torch.randn(3, generator=g)
+        sent = [None if p.grad is None else p.grad.clone() for p in (conv, lin, half, unused)]
+        all_reduce_gradients([conv, lin, half, unused, frozen], world_size=2)
+        buffers = [torch.full((3,), float(rank)), torch.arange(4) + 10 * rank]
+        broadcast_from_rank_zero(buffers)
+        results[rank] = {"sent": sent, "got": [p.grad for p in (conv, lin, half, unused)], "frozen": frozen.grad,
+                         "channels_last": conv.grad.is_contiguous(memory_format=torch.channels_last),
+                         "buffers": buffers}
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_flat_reducer_averages_every_gradient_and_copies_rank_zeros_buffers(tmp_path):
+    """The flat DDP reducer's collectives on two gloo processes: gradients of any layout and dtype (and one
+    parameter that only rank 0 used) are averaged in place; buffers are rank 0's everywhere."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_reduce_worker, args=(str(tmp_path / "store"), results), nprocs=2, start_method="spawn")
+        r = dict(results)
+    for i in range(3):
+        want = (r[0]["sent"][i].float() + r[1]["sent"][i].float()) / 2
+        for rank in (0, 1):
+            torch.testing.assert_close(r[rank]["got"][i].float(), want, rtol=0, atol=1e-2 if i == 2 else 1e-6)
+    for rank in (0, 1):
+        torch.testing.assert_close(r[rank]["got"][3], r[0]["sent"][3] / 2)  # rank 1 contributed zeros
+        assert r[rank]["frozen"] is None and r[rank]["channels_last"]
+        torch.testing.assert_close(r[rank]["buffers"][0], torch.zeros(3))
+        torch.testing.assert_close(r[rank]["buffers"][1], torch.arange(4))
+
+
 def test_training_loop_gets_the_deferred_sigterm_check():
     import lightning as L
 
@@ -336,20 +383,31 @@ def test_training_loop_gets_the_deferred_sigterm_check():
 def test_ddp_settings_reach_the_strategy():
     from lightning.pytorch.strategies import DDPStrategy
 
+    from snntrain.distributed import FlatGradientDDP
+
     two = {"accelerator": "cpu", "devices": 2, "num_nodes": 1, "strategy": "auto"}
-    strategy = ddp_strategy(two, {"broadcast_buffers": False, "static_graph": True})
-    assert isinstance(strategy, DDPStrategy)
-    assert strategy._ddp_kwargs == {"broadcast_buffers": False, "gradient_as_bucket_view": False, "static_graph": True}
-    assert ddp_strategy({**two, "devices": [0, 1]}, {})._ddp_kwargs["broadcast_buffers"] is True
-    assert isinstance(ddp_strategy({**two, "devices": 1, "num_nodes": 2}, {}), DDPStrategy)  # processes over nodes
+    # one node: the flat reducer, with rank 0's buffers copied to all (or not)
+    assert type(ddp_strategy(two, {})) is FlatGradientDDP and ddp_strategy(two, {}).broadcast_buffers
+    assert not ddp_strategy(two, {"broadcast_buffers": False}).broadcast_buffers
+    # torch's reducer: asked for, on several nodes, or when one of its own settings is on
+    strategy = ddp_strategy(two, {"reducer": "buckets", "broadcast_buffers": False})
+    assert type(strategy) is DDPStrategy
+    assert strategy._ddp_kwargs == {"broadcast_buffers": False, "gradient_as_bucket_view": False, "static_graph": False}
+    assert ddp_strategy(two, {"static_graph": True})._ddp_kwargs["static_graph"] is True
+    assert type(ddp_strategy({**two, "devices": 1, "num_nodes": 2}, {})) is DDPStrategy  # processes over nodes
+    assert type(ddp_strategy({**two, "devices": [0, 1]}, {})) is FlatGradientDDP
     assert isinstance(ddp_strategy({**two, "devices": 1, "strategy": "ddp"}, {}), DDPStrategy)  # asked for by name
     assert ddp_strategy({**two, "devices": 1}, {"static_graph": True}) == "auto"  # one process: no DDP
     assert ddp_strategy({**two, "devices": "auto"}, {}) == "auto"  # CPU "auto": one process
     assert ddp_strategy({**two, "strategy": "ddp_spawn"}, {}) == "ddp_spawn"  # other strategies as given
-    with pytest.raises(ValueError, match=r"unknown trainer.ddp setting\(s\) \['bucket_mb'\]; valid: broadcast_buffers"):
+    with pytest.raises(ValueError, match=r"unknown trainer.ddp setting\(s\) \['bucket_mb'\]; valid: reducer, broadcast"):
         ddp_strategy(two, {"bucket_mb": 25})
     with pytest.raises(ValueError, match=r"trainer.ddp.static_graph='yes' must be true or false"):
         ddp_strategy(two, {"static_graph": "yes"})
+    with pytest.raises(ValueError, match=r"trainer.ddp.reducer='fast'; valid: auto, flat, buckets"):
+        ddp_strategy(two, {"reducer": "fast"})
+    with pytest.raises(ValueError, match=r"trainer.ddp.static_graph=true is a setting of reducer=buckets"):
+        ddp_strategy(two, {"reducer": "flat", "static_graph": True})
 
 
 @pytest.mark.slow
