@@ -72,7 +72,7 @@ def test_callbacks_and_ddp_settings_live_in_their_groups(compose_run):
     assert cfg["callbacks"] == {"checkpoint": {"every_n_steps": None, "every_n_minutes": 15},
                                 "precise_bn": {"enabled": True, "num_batches": 50},
                                 "ema": {"enabled": False, "decay": 0.999}, "efficiency": True}
-    assert cfg["trainer"]["ddp"] == {"broadcast_buffers": True, "gradient_as_bucket_view": False,
+    assert cfg["trainer"]["ddp"] == {"reducer": "auto", "broadcast_buffers": True, "gradient_as_bucket_view": False,
                                      "static_graph": False}
     assert not set(MOVED) & set(cfg)
     detect = resolved(compose_run("out", "task=detect"))["callbacks"]
