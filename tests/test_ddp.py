@@ -32,9 +32,9 @@ from torch import nn
 from snntrain.cli import train
 from snntrain.distributed import (
     JOB_ENV,
+    DeferredSigtermEpochLoop,
     EvalShardSampler,
     SyncBatchNorm,
-    DeferredSigtermEpochLoop,
     command_line,
     convert_sync_batchnorm,
     ddp_strategy,
