@@ -17,8 +17,9 @@ that make that right for a Hydra app and for exact validation metrics:
   contiguous block per process with every sample exactly once (Lightning's
   ``DistributedSampler`` pads the last block with repeated samples), so metrics
   reduced over the processes equal the single-process value over the same data.
-* :func:`ddp_strategy`: the ``ddp`` config section (``broadcast_buffers``,
-  ``gradient_as_bucket_view``, ``static_graph``) handed to ``DistributedDataParallel``.
+* :func:`ddp_strategy`: the ``ddp`` config section: ``reducer`` chooses :class:`FlatGradientDDP`
+  (one all-reduce of all gradients after the backward) or torch's ``DistributedDataParallel``, which
+  gets ``broadcast_buffers``, ``gradient_as_bucket_view`` and ``static_graph``.
 * :func:`convert_sync_batchnorm` and :class:`SyncBatchNorm`: ``trainer.sync_batchnorm``
   in one place, extendable by fused norm modules.
 * :func:`defer_sigterm_check`: Lightning's per-step question "did rank 0 receive SIGTERM?" asked
@@ -181,7 +182,8 @@ class EvalShardSampler(DistributedSampler):
         return self.num_samples
 
 
-#: ``ddp`` config settings, each passed to ``torch.nn.parallel.DistributedDataParallel`` (defaults: torch's).
+#: ``ddp`` config settings of ``torch.nn.parallel.DistributedDataParallel`` (defaults: torch's); the flat
+#: reducer uses ``broadcast_buffers`` too.
 DDP_SETTINGS = {"broadcast_buffers": True, "gradient_as_bucket_view": False, "static_graph": False}
 #: How gradients are averaged over the processes (``trainer.ddp.reducer``): ``flat`` (:class:`FlatGradientDDP`),
 #: ``buckets`` (torch's ``DistributedDataParallel``), ``auto`` (flat on one node, buckets on several).
@@ -243,8 +245,6 @@ def ddp_strategy(trainer_cfg: Mapping[str, Any], settings: Mapping[str, Any] | N
             raise ValueError(f"trainer.ddp.{bucket_settings[0]}=true is a setting of reducer=buckets (torch's "
                              "DistributedDataParallel); with reducer=flat leave it false")
         return FlatGradientDDP(broadcast_buffers=settings.get("broadcast_buffers", True))
-    from lightning.pytorch.strategies import DDPStrategy
-
     return DDPStrategy(**{**DDP_SETTINGS, **settings})
 
 
