@@ -238,6 +238,31 @@ def timed(fn, n: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def profile_fed(fed, n: int, device: torch.device, out: Path) -> None:
+    """``n`` iterations of ``fed`` under torch.profiler (host threads and GPU streams): the tables of
+    ``loader_profile.txt`` and the timeline ``loader_trace.json.gz`` (chrome://tracing, Perfetto)."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fed()
+        sync(device)
+    averages = prof.key_averages()
+    with open(out / "loader_profile.txt", "w") as f:
+        f.write(f"{n} iterations of the GPU path feeding the compiled step\n\n")
+        f.write(averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70) + "\n\n")
+        f.write(averages.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70) + "\n")
+    trace = out / "loader_trace.json"
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(str(trace) + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+
+
 # ----------------------------------------------------------------------------- training runs
 
 
@@ -316,6 +341,9 @@ def main() -> None:
         p.add_argument("--budget", type=float, default=240.0, help="seconds; later parts are skipped past it")
         p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a dry run")
         p.add_argument("--folder", default=None, help="where to write the JPEGs (default: <out>/jpegs)")
+        p.add_argument("--profile", type=int, default=0, metavar="N",
+                       help="profile N iterations of the GPU path feeding the step (torch.profiler, host and device): "
+                            "loader_profile.txt and loader_trace.json.gz")
 
     args = bench_utils.parse_args(__doc__.splitlines()[0], extra)
     start = time.time()
@@ -397,7 +425,26 @@ def main() -> None:
                 step(xb, yb)
 
             name = path if ahead or path == "cpu" else f"{path}-in-loop"
+            decoder = dm.decoder
+            if decoder is not None:  # host seconds of each batch's decode, in whichever thread runs it
+                decode, spent = decoder.decode, {"s": 0.0}
+
+                def timed_decode(*a, decode=decode, spent=spent):
+                    t = time.perf_counter()
+                    try:
+                        return decode(*a)
+                    finally:
+                        spent["s"] += time.perf_counter() - t
+
+                decoder.decode = timed_decode
             report["fed"][name] = add("loader+step", name, timed(fed, args.batches, warmup, device))
+            if decoder is not None:
+                report["host_ms"][f"fed-{name}"] = {
+                    "fetch": round(host["fetch"] / host["batches"] * 1e3, 3),
+                    "wait_for_decode": round(host["decode"] / host["batches"] * 1e3, 3),
+                    "decode_call": round(spent["s"] / host["batches"] * 1e3, 3)}
+            if args.profile and name == "gpu" and device.type == "cuda":
+                profile_fed(fed, args.profile, device, out)
             gen.close()
 
     # 3. the real training loop
