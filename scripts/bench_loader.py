@@ -331,7 +331,7 @@ def main() -> None:
         p.add_argument("--batch", type=int, default=32)
         p.add_argument("--size", type=int, default=224)
         p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
-        p.add_argument("--compile", default="default", choices=["default", "none"])
+        p.add_argument("--compile", default="default", choices=["default", "reduce-overhead", "none"])
         p.add_argument("--paths", nargs="+", default=["cpu", "gpu", "dali"], choices=["cpu", "gpu", "dali"])
         p.add_argument("--cpu-workers", type=int, default=max(1, cores - 1))
         p.add_argument("--gpu-workers", type=int, default=max(1, min(8, cores - 1)))

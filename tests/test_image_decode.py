@@ -16,6 +16,7 @@ from snntrain.data import build_datamodule
 from snntrain.data import device_decode as dd
 from snntrain.data.common import BadDataError, derive_seed
 from snntrain.data.device_decode import (
+    DecodeAhead,
     DeviceDecoder,
     EncodedBatch,
     jpeg_info,
@@ -221,6 +222,43 @@ def test_decoding_ahead_gives_the_same_batches(tmp_path):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     dm.teardown("fit")
     assert dm._ahead is None
+
+
+def test_fetching_ahead_keeps_order_and_raises_in_the_loop():
+    """The fetch thread passes every batch on in order, runs at most ``depth`` batches ahead, raises a
+    loader's error in the loop at the batch where it occurred, and stops (closing the loader's iterator)
+    when the loop stops taking batches."""
+    import threading
+
+    ahead = DecodeAhead(DeviceDecoder(8, 3, MEAN, STD), torch.device("cpu"), depth=2)
+    assert list(ahead.wrap(iter(range(7)))) == list(range(7))
+
+    taken, closed = [], threading.Event()
+
+    def source():
+        try:
+            for i in range(100):
+                taken.append(i)
+                yield i
+        finally:
+            closed.set()
+
+    it = ahead.wrap(source())
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()
+    assert closed.is_set() and len(taken) <= 3 + 2 + 1  # the loop's 3, the queue's 2, one blocked in put
+
+    def broken():
+        yield 0
+        yield 1
+        raise BadDataError("image 2 is broken")
+
+    got = []
+    with pytest.raises(BadDataError, match="image 2 is broken"):
+        for b in ahead.wrap(broken()):
+            got.append(b)
+    assert got == [0, 1] and not ahead._stops
+    ahead.close()
 
 
 def test_device_path_shards_epochs_over_processes(tmp_path, monkeypatch):
