@@ -387,13 +387,21 @@ def main() -> None:
         dm = datamodule(root, path, args, workers)
         host = {"fetch": 0.0, "decode": 0.0, "batches": 0}
         helper = DecodeAhead(dm.decoder, device) if ahead and dm.decoder is not None else None
-        # the workers fill 2 batches each before the clock starts: warm up past them to time the steady state
-        return dm, batches(dm, device, xdtype, host, helper), host, 2 * workers + 5
+        # the workers fill 2 batches each before the clock starts: warm up past them to time the steady state;
+        # the timed batches stay in the first epoch (a new epoch starts the loader's processes again, which a
+        # real epoch of thousands of batches spreads thin)
+        warmup = 2 * workers + 5
+        per_epoch = len(dm.train_set) // args.batch
+        n = min(args.batches, per_epoch - warmup)
+        if n < min(10, args.batches):
+            sys.exit(f"bench_loader: an epoch of {per_epoch} batches leaves {n} to time after {warmup} of warm-up "
+                     f"({workers} loader processes); write a larger folder (--images) or use fewer processes")
+        return dm, batches(dm, device, xdtype, host, helper), host, warmup, n
 
     # 1. each path alone
     for path in args.paths:
-        dm, gen, host, warmup = stream(path)
-        seconds = timed(lambda gen=gen: next(gen), args.batches, warmup, device)
+        dm, gen, host, warmup, n = stream(path)
+        seconds = timed(lambda gen=gen: next(gen), n, warmup, device)
         n = host["batches"]
         report["host_ms"][path] = {k: round(host[k] / n * 1e3, 3) for k in ("fetch", "decode")}
         report["alone"][path] = add("loader/alone", path, seconds, f"{dm.num_workers} workers")
@@ -418,7 +426,7 @@ def main() -> None:
         for path, ahead in fed_cases:
             if time.time() > args.deadline:
                 break
-            dm, gen, host, warmup = stream(path, ahead)
+            dm, gen, host, warmup, n = stream(path, ahead)
 
             def fed(gen=gen):
                 xb, yb = next(gen)
@@ -437,7 +445,7 @@ def main() -> None:
                         spent["s"] += time.perf_counter() - t
 
                 decoder.decode = timed_decode
-            report["fed"][name] = add("loader+step", name, timed(fed, args.batches, warmup, device))
+            report["fed"][name] = add("loader+step", name, timed(fed, n, warmup, device))
             if decoder is not None:
                 report["host_ms"][f"fed-{name}"] = {
                     "fetch": round(host["fetch"] / host["batches"] * 1e3, 3),
