@@ -261,6 +261,21 @@ def test_fetching_ahead_keeps_order_and_raises_in_the_loop():
     ahead.close()
 
 
+def test_batches_from_loader_processes_are_the_same(tmp_path):
+    """Batches made in two loader processes (the per-image arrays travel inside the pickle, the encoded bytes
+    in shared memory) decode to the same tensors as batches made in this process."""
+    root = make_folder(tmp_path, n=5)
+    here_dm = modules(root, decodes=("gpu",))["gpu"]
+    here = [decoded(here_dm, b) for b in here_dm.train_dataloader()]
+    there_dm = modules(root, decodes=("gpu",), num_workers=2)["gpu"]
+    batches = list(there_dm.train_dataloader())
+    assert all(b.boxes.dtype == torch.int64 and b.flips.dtype == torch.bool and b.pending is None for b in batches)
+    there = [decoded(there_dm, b) for b in batches]
+    assert len(here) == len(there)
+    for (xa, ya), (xb, yb) in zip(here, there):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
 def test_device_path_shards_epochs_over_processes(tmp_path, monkeypatch):
     import snntrain.data.common as common
 

@@ -135,6 +135,20 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # from a loader process: each tensor would travel as a shared-memory segment of its own, received
+        # through a socket and mapped (about 0.7 ms each, holding up the training process's threads); only
+        # the encoded bytes take that path, the small per-image arrays travel inside the pickle
+        state = dict(self.__dict__, pending=None)
+        for key in ("boxes", "flips", "labels"):
+            state[key] = state[key].numpy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("boxes", "flips", "labels"):
+            state[key] = torch.from_numpy(state[key])
+        self.__dict__.update(state)
+
     @property
     def device(self) -> torch.device:
         return self.labels.device
