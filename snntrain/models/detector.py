@@ -298,9 +298,11 @@ class SpikingFCOS(nn.Module):
 
     def locations(self, sizes: Sequence[tuple[int, int]], device: torch.device):
         """Pixel centres ``[L, 2]``, strides ``[L]`` and scale ranges ``[L, 2]`` of all levels (cached per size;
-        not for the symbolic sizes of an export with dynamic height and width)."""
+        not for the symbolic sizes of an export with dynamic height and width, nor inside ``torch.compile``,
+        where they become part of the graph: a cached tensor made by a CUDA-graph replay would be the graph's
+        output memory, overwritten by the next step)."""
         key = (tuple(sizes), str(device))
-        symbolic = any(not isinstance(v, int) for hw in sizes for v in hw)
+        symbolic = any(not isinstance(v, int) for hw in sizes for v in hw) or torch.compiler.is_compiling()
         if symbolic or key not in self._points_cache:
             pts, strides, ranges = [], [], []
             for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
