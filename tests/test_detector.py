@@ -391,40 +391,21 @@ def test_vote_averages_boxes_and_asks_two_scales_to_agree(monkeypatch):
     torch.testing.assert_close(det["boxes"][1], torch.tensor([150.0, 150.0, 210.0, 210.0]))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_detector_training_steps_compile_and_capture_on_gpu():
-    """The detector's training step (forward, target assignment, loss, backward) compiled and captured in CUDA
-    graphs (``reduce-overhead``) runs step after step and gives the eager step's loss; the point grid is part
-    of the graph there, never a cached graph output that the next replay overwrites."""
-    import copy
-
-    from snntrain.losses import fcos_loss
-    from snntrain.tasks.speed import compile_model, to_channels_last
+@pytest.mark.slow  # torch.compile of a small detector
+def test_compiled_forward_computes_the_point_grid_in_the_graph():
+    """Inside ``torch.compile`` the point grid is computed in the graph, never cached from it (under
+    ``reduce-overhead`` a cached grid would be CUDA-graph output memory that the next replay overwrites); the
+    compiled forward gives the eager outputs, and eager calls still use the cache."""
+    from snntrain.tasks.speed import compile_model
 
     torch._dynamo.reset()
-    g = torch.Generator().manual_seed(0)
-    images = torch.rand(2, 3, 64, 64, generator=g).cuda()
-    boxes = torch.tensor([[[8.0, 8.0, 30.0, 34.0], [0.0, 0.0, 0.0, 0.0]],
-                          [[20.0, 12.0, 52.0, 40.0], [4.0, 40.0, 20.0, 60.0]]]).cuda()
-    labels = torch.zeros(2, 2, dtype=torch.int64).cuda()
-    num_boxes = torch.tensor([1, 2]).cuda()
-    base = to_channels_last(SpikingFCOS(num_classes=1, in_channels=3, T=2, width=4, backend="triton",
-                                        head={"fpn_levels": [1, 2, 3], "fpn_channels": 8, "num_convs": 1}).cuda())
-    losses = {}
-    for mode in (None, "reduce-overhead"):
-        model = copy.deepcopy(base)
-        fn = compile_model(model, mode)
-        got = []
-        for _ in range(3):
-            torch.compiler.cudagraph_mark_step_begin()
-            out = fn(images)
-            assigned = model.targets(out, boxes, labels, num_boxes)
-            loss = fcos_loss(out, assigned, backend="triton")["loss"]
-            loss.backward()
-            got.append(float(loss))
-        losses[mode] = got
-        if mode is not None:
-            assert not model._points_cache
-    assert all(math.isfinite(v) for v in losses[None])
-    assert losses["reduce-overhead"] == pytest.approx(losses[None], rel=1e-4, abs=1e-5)
+    model = tiny_detector().train()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    compiled = compile_model(model, "default", backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(x)
+        assert not model._points_cache
+        want = model(x)
+    assert len(model._points_cache) == 1
+    for key in ("points", "strides", "ranges", "cls_logits", "box_ltrb"):
+        torch.testing.assert_close(got[key], want[key])
