@@ -153,3 +153,34 @@ def test_seeded_items_leave_other_generators_alone(monkeypatch):
     expected = torch.rand((), generator=torch.Generator().manual_seed(derive_seed(5, 1, 7)))
     assert items[1][1] == items[2][1] == expected
     assert items[0][1] != items[1][1]
+
+
+def test_numpy_state_is_seeded_unless_the_dataset_never_reads_it():
+    """NumPy's global state is seeded per item (tonic's transforms read it) and restored after; a dataset
+    declaring ``reads_numpy_random = False`` (also behind a Subset) gets its torch draws as before and
+    leaves NumPy's state untouched."""
+    import numpy as np
+    from torch.utils.data import Subset
+
+    from snntrain.data.common import SeededDataset, derive_seed
+
+    class NumpyItems(RandomItems):
+        def __getitem__(self, i):
+            return float(np.random.rand()), float(torch.rand(()))
+
+    class TorchOnly(NumpyItems):
+        reads_numpy_random = False
+
+    np.random.seed(11)
+    before = np.random.get_state()[1].copy()
+    seeded = SeededDataset(NumpyItems(), seed=5)[(2, 3)]
+    assert np.array_equal(np.random.get_state()[1], before)  # restored
+    assert seeded[0] == np.random.RandomState(derive_seed(5, 2, 3) % 2**32).rand()
+
+    for data in (TorchOnly(), Subset(TorchOnly(), [0, 1, 2, 3])):
+        wrapped = SeededDataset(data, seed=5)
+        assert not wrapped.numpy_random
+        np.random.seed(11)
+        item = wrapped[(2, 3)]
+        assert item[1] == seeded[1]  # the same torch draw
+        assert item[0] == np.random.RandomState(11).rand()  # drawn from the caller's unseeded stream

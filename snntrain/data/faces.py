@@ -502,6 +502,9 @@ class SyntheticFaces(Dataset):
     it is randomly augmented on each access.
     """
 
+    #: items draw only from torch's generator and generators of their own (see SeededDataset)
+    reads_numpy_random = False
+
     def __init__(
         self,
         composer: FaceComposer,

@@ -156,6 +156,9 @@ class EncodedImages(Dataset):
     ``engine``: ``nvjpeg`` (JPEGs that nvJPEG's batched decoder reads travel encoded, everything else as
     pixels) or ``dali`` (every readable file travels encoded; DALI decodes all common formats)."""
 
+    #: items draw only from torch's generator and generators of their own (see SeededDataset)
+    reads_numpy_random = False
+
     def __init__(self, samples: Sequence[tuple[str, int]], augment: Augment, channels: int, engine: str) -> None:
         self.samples, self.augment, self.channels, self.engine = list(samples), augment, channels, engine
 
@@ -304,6 +307,7 @@ class ImageFolderDataModule(L.LightningDataModule):
 
         def folder(root: Path, train: bool) -> Dataset:
             ds = ImageFolder(str(root), transform=self._transform(train), loader=load_rgb)
+            ds.reads_numpy_random = False  # torchvision's transforms and ResizedCrop draw from torch
             if ds.classes != self.classes:
                 raise ValueError(f"class folders of {root} ({ds.classes}) differ from {self.train_root} "
                                  f"({self.classes})")

@@ -286,6 +286,9 @@ class WiderFaceDataset(Dataset):
     :class:`~snntrain.data.detection.TrainTransform`) it is randomly augmented to ``image_size`` instead.
     """
 
+    #: items draw only from torch's generator and generators of their own (see SeededDataset)
+    reads_numpy_random = False
+
     def __init__(
         self,
         root: str | Path,
