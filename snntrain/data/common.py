@@ -159,18 +159,16 @@ class SeededDataset(Dataset):
             return self.dataset[key]
         epoch, index = key
         seed = derive_seed(self.seed, epoch, index)
-        if not self.numpy_random:
-            with torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(seed)
-                return self.dataset[index]
-        np_state = np.random.get_state()
+        np_state = np.random.get_state() if self.numpy_random else None
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.default_generator.manual_seed(seed)
-                np.random.seed(seed % 2**32)
+                if np_state is not None:
+                    np.random.seed(seed % 2**32)
                 return self.dataset[index]
         finally:
-            np.random.set_state(np_state)
+            if np_state is not None:
+                np.random.set_state(np_state)
 
 
 def reads_numpy_random(dataset: Any) -> bool:

@@ -302,8 +302,8 @@ class SpikingFCOS(nn.Module):
         where they become part of the graph: a cached tensor made by a CUDA-graph replay would be the graph's
         output memory, overwritten by the next step)."""
         key = (tuple(sizes), str(device))
-        symbolic = any(not isinstance(v, int) for hw in sizes for v in hw) or torch.compiler.is_compiling()
-        if symbolic or key not in self._points_cache:
+        uncached = any(not isinstance(v, int) for hw in sizes for v in hw) or torch.compiler.is_compiling()
+        if uncached or key not in self._points_cache:
             pts, strides, ranges = [], [], []
             for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
                 ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
@@ -313,7 +313,7 @@ class SpikingFCOS(nn.Module):
                 strides.append(torch.full((h * w,), float(s)))
                 ranges.append(torch.tensor([[lo, hi]]).expand(h * w, 2))
             found = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
-            if symbolic:
+            if uncached:
                 return found
             self._points_cache[key] = found
         return self._points_cache[key]
