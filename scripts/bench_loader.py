@@ -238,6 +238,11 @@ def timed(fn, n: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / n
 
 
+def per_batch_ms(seconds: dict[str, float], batches: int) -> dict[str, float]:
+    """Host milliseconds per batch of each total in ``seconds``."""
+    return {k: round(v / batches * 1e3, 3) for k, v in seconds.items()}
+
+
 def profile_fed(fed, n: int, device: torch.device, out: Path) -> None:
     """``n`` iterations of ``fed`` under torch.profiler (host threads and GPU streams): the tables of
     ``loader_profile.txt`` and the timeline ``loader_trace.json.gz`` (chrome://tracing, Perfetto)."""
@@ -402,8 +407,7 @@ def main() -> None:
     for path in args.paths:
         dm, gen, host, warmup, n = stream(path)
         seconds = timed(lambda gen=gen: next(gen), n, warmup, device)
-        n = host["batches"]
-        report["host_ms"][path] = {k: round(host[k] / n * 1e3, 3) for k in ("fetch", "decode")}
+        report["host_ms"][path] = per_batch_ms({"fetch": host["fetch"], "decode": host["decode"]}, host["batches"])
         report["alone"][path] = add("loader/alone", path, seconds, f"{dm.num_workers} workers")
         if dm.decoder is not None:
             report["fallbacks"][path] = dict(dm.decoder.stats)
@@ -447,10 +451,9 @@ def main() -> None:
                 decoder.decode = timed_decode
             report["fed"][name] = add("loader+step", name, timed(fed, n, warmup, device))
             if decoder is not None:
-                report["host_ms"][f"fed-{name}"] = {
-                    "fetch": round(host["fetch"] / host["batches"] * 1e3, 3),
-                    "wait_for_decode": round(host["decode"] / host["batches"] * 1e3, 3),
-                    "decode_call": round(spent["s"] / host["batches"] * 1e3, 3)}
+                report["host_ms"][f"fed-{name}"] = per_batch_ms(
+                    {"fetch": host["fetch"], "wait_for_decode": host["decode"], "decode_call": spent["s"]},
+                    host["batches"])
             if args.profile and name == "gpu" and device.type == "cuda":
                 profile_fed(fed, args.profile, device, out)
             gen.close()
