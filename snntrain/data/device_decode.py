@@ -499,9 +499,8 @@ class DecodeAhead:
             put((self._END, None))
         except BaseException as err:  # noqa: BLE001 - raised in the training loop's thread
             put((self._END, err))
-        finally:
+        finally:  # a generator over the loader is closed here; the loader's iterator goes with this thread
             close = getattr(batches, "close", None)
-            del batches  # the loader's iterator (and its worker processes) go with this thread
             if close is not None:
                 close()
 
