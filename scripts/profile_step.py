@@ -9,6 +9,8 @@ The run is ``python -m snntrain <overrides>``; from training step ``--start`` of
 * ``profile.txt``: wall time per step; torch.profiler operators by total CPU time (host) and by
   self device time (GPU kernels); cProfile's Python functions by cumulative and by own time.
 * ``trace.json``: the torch.profiler timeline (chrome://tracing or https://ui.perfetto.dev).
+* ``profile.pstats``: cProfile's raw statistics, for callers and callees
+  (``python -m pstats profile.pstats``, then ``callers <function>``; or snakeviz).
 
 Under DDP (``trainer.devices=2``) every process profiles the same steps and writes
 ``profile_rank<N>.txt`` and ``trace_rank<N>.json``.
@@ -88,6 +90,7 @@ class StepProfile(L.Callback):
                 buf = io.StringIO()
                 pstats.Stats(self._py, stream=buf).sort_stats(key).print_stats(50)
                 parts += [f"\n## Python functions by {title} time (cProfile)\n", buf.getvalue()]
+            self._py.dump_stats(str(self.out / f"profile{tag}.pstats"))  # callers: pstats, snakeviz
         (self.out / f"profile{tag}.txt").write_text("".join(parts))
         self._prof.export_chrome_trace(str(self.out / f"trace{tag}.json"))
 

@@ -404,6 +404,18 @@ def ema_decay(decay: float, num_averaged: int) -> float:
     return min(decay, (1.0 + num_averaged) / (10.0 + num_averaged))
 
 
+def _match_layout(averaged: list[torch.Tensor], current: list[torch.Tensor]) -> None:
+    """Give the average's parameters and buffers the memory layout of the model's, in place (``.data``,
+    values unchanged).
+
+    The average is copied from the model before the task turns its convolutions channels-last (and a
+    compiled training step may turn them back): with different strides ``torch._foreach_lerp_`` leaves
+    its multi-tensor path and updates tensor by tensor, a kernel launch per parameter and buffer."""
+    for a, c in zip(averaged, current):
+        if a.stride() != c.stride():
+            a.data = torch.empty_like(c, dtype=a.dtype, device=a.device).copy_(a)
+
+
 class ExponentialMovingAverage(WeightAveraging):
     """An exponential moving average of the weights and buffers (batch-norm statistics), updated
     after every optimizer step with ``decay`` (warmed up by :func:`ema_decay`).
@@ -431,9 +443,9 @@ class ExponentialMovingAverage(WeightAveraging):
         floats = [(a, c) for a, c in zip(averaged, current) if a.is_floating_point()]
         if floats:
             torch._foreach_lerp_([a for a, _ in floats], [c for _, c in floats], weight)
-        for a, c in zip(averaged, current):
-            if not a.is_floating_point():  # counters (num_batches_tracked): the current value
-                a.copy_(c)
+        counters = [(a, c) for a, c in zip(averaged, current) if not a.is_floating_point()]
+        if counters:  # counters (num_batches_tracked): the current value
+            torch._foreach_copy_([a for a, _ in counters], [c for _, c in counters])
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -458,8 +470,11 @@ class ExponentialMovingAverage(WeightAveraging):
         model = self._average_model
         if getattr(self, "_num_updates", None) is None:
             self._num_updates = int(model.n_averaged)  # once per fit (or resume): the checkpoint's count
-        averaged = [t.detach() for t in itertools.chain(model.module.parameters(), model.module.buffers())]
-        current = [t.detach() for t in itertools.chain(pl_module.parameters(), pl_module.buffers())]
+        # the tensors themselves (no_grad allows in-place updates of parameters): a detached view each would
+        # cost the host a few microseconds per tensor and step
+        averaged = list(itertools.chain(model.module.parameters(), model.module.buffers()))
+        current = list(itertools.chain(pl_module.parameters(), pl_module.buffers()))
+        _match_layout(averaged, current)
         if self._num_updates == 0:
             for a, c in zip(averaged, current):
                 a.copy_(c)

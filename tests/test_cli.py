@@ -185,3 +185,46 @@ def test_cli_reads_moved_keys_as_their_new_ones(tmp_path):
     assert "precise_bn" not in cfg and "ddp" not in cfg
     assert "precise_bn.num_batches is now callbacks.precise_bn.num_batches" in res.stderr
     assert "ddp.static_graph is now trainer.ddp.static_graph" in res.stderr
+
+
+@pytest.mark.parametrize("task", ["classify", "detect"])
+def test_step_values_are_logged_on_logging_steps_only(tmp_path, compose_run, monkeypatch, task):
+    # Lightning writes a step's values every trainer.log_every_n_steps; the tasks call log() for them on those
+    # steps only (each call costs host time), and every written step still has them
+    import csv
+
+    import lightning as L
+
+    calls: list[str] = []
+    log = L.LightningModule.log
+
+    def counting_log(self, name, *args, **kwargs):
+        calls.append(name)
+        return log(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(L.LightningModule, "log", counting_log)
+    run(compose_run(tmp_path, "debug=tiny", f"task={task}", "logger=csv", "trainer.limit_train_batches=4",
+                    "data.batch_size=4", "trainer.log_every_n_steps=2", "callbacks.efficiency=false"))
+    assert calls.count("train/loss_step") == calls.count("train/lr") == 2, calls
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for key in ("train/loss_step", "train/lr"):
+        assert {int(r["step"]) for r in rows if r.get(key)} == {1, 3}, key
+    assert [r for r in rows if r.get("train/loss_epoch")], "the epoch's mean is logged"
+
+
+@pytest.mark.parametrize("task, key", [("classify", "loss"), ("detect", "num_pos")])
+def test_epoch_means_are_those_of_their_own_epoch(tmp_path, compose_run, task, key):
+    # the training means are logged once, at the epoch's end: each is the mean of that epoch's steps (equal
+    # batches), not of the run so far
+    import csv
+
+    run(compose_run(tmp_path, "debug=tiny", f"task={task}", "logger=csv", "trainer.max_epochs=2",
+                    "data.batch_size=4", "trainer.limit_train_batches=2", "callbacks.efficiency=false"))
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for epoch in (0, 1):
+        steps = [float(r[f"train/{key}_step"]) for r in rows if r.get(f"train/{key}_step") and int(r["epoch"]) == epoch]
+        means = [float(r[f"train/{key}_epoch"]) for r in rows if r.get(f"train/{key}_epoch") and int(r["epoch"]) == epoch]
+        assert len(steps) == 2 and len(means) == 1, rows
+        assert means[0] == pytest.approx(sum(steps) / 2, rel=1e-5)

@@ -79,3 +79,50 @@ def test_image_folder_train_val_layout_and_errors(tmp_path):
 def test_unknown_dataset_is_named():
     with pytest.raises(ValueError, match="data name='mnist' is not valid; choose one of digits, cifar10, image_folder"):
         build_datamodule({"name": "mnist"})
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "four", None])
+def test_bad_num_workers_is_named(bad):
+    from snntrain.data.common import check_num_workers
+
+    with pytest.raises(ValueError, match=r"data.num_workers=.* must be an integer >= 0 or auto"):
+        check_num_workers(bad)
+
+
+def test_auto_workers_only_where_the_step_runs_on_a_gpu(monkeypatch):
+    import os
+
+    from snntrain.data.common import check_num_workers, resolve_num_workers
+
+    assert check_num_workers("auto") == "auto" and check_num_workers(0) == 0
+    assert resolve_num_workers("auto", None) == 0  # no trainer yet
+    assert resolve_num_workers("auto", torch.device("cpu")) == 0
+    assert resolve_num_workers(3, torch.device("cpu")) == 3  # a number is kept anywhere
+    for cores, expected in ((16, 4), (3, 2), (1, 0)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
+        assert resolve_num_workers("auto", torch.device("cuda", 0)) == expected
+
+
+class _ImagesAndTargets(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((3, 64, 64), float(i)), {"boxes": torch.full((2, 4), float(i)), "image_id": i}
+
+
+def test_small_tensors_leave_loader_processes_inside_the_pickle():
+    # a shared-memory segment per tensor costs the training process a socket hand-over each; only the images
+    # (above INLINE_BYTES) take that path, the batch is the same as without loader processes
+    from snntrain.data.common import DeviceLoader
+
+    single = list(DeviceLoader(_ImagesAndTargets(), batch_size=4, num_workers=0))
+    multi = list(DeviceLoader(_ImagesAndTargets(), batch_size=4, num_workers=2))
+    assert len(single) == len(multi) == 2
+    for (xa, ta), (xb, tb) in zip(single, multi):
+        assert type(ta) is type(tb) is dict and ta.keys() == tb.keys()
+        torch.testing.assert_close(xa, xb)
+        for key in ta:
+            torch.testing.assert_close(ta[key], tb[key])
+    images, targets = multi[0]
+    assert images.is_shared() and not targets["boxes"].is_shared() and not targets["image_id"].is_shared()

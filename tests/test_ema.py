@@ -41,6 +41,32 @@ def test_update_is_the_warmed_up_average_of_every_step():
     assert int(averaged.module.num_batches_tracked) == int(model.num_batches_tracked) == 6  # counters copied
 
 
+def test_the_average_takes_the_layout_the_model_takes_after_it_was_copied():
+    # the average is copied before the task turns the model channels-last; the update gives it the model's
+    # strides (so foreach_lerp_ stays on its one-launch path) and keeps the values
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    callback = ExponentialMovingAverage(decay=0.9)
+    callback._average_model = AveragedModel(model, use_buffers=True, multi_avg_fn=callback._update)
+    callback._num_updates = None
+    model.to(memory_format=torch.channels_last)
+    weights = []
+    for _ in range(3):
+        with torch.no_grad():
+            model[0].weight.add_(torch.randn_like(model[0].weight))
+        model(torch.randn(2, 3, 6, 6))  # moves the statistics and the counter
+        weights.append(model[0].weight.detach().clone())
+        callback._update_average(model)
+    average = callback._average_model.module
+    assert average[0].weight.stride() == model[0].weight.stride() != torch.empty(4, 3, 3, 3).stride()
+    expected = weights[0]
+    for n, w in enumerate(weights[1:], start=1):
+        d = ema_decay(0.9, n)
+        expected = d * expected + (1 - d) * w
+    torch.testing.assert_close(average[0].weight, expected, rtol=1e-6, atol=1e-7)
+    assert int(average[1].num_batches_tracked) == int(model[1].num_batches_tracked) == 3
+
+
 @pytest.mark.parametrize("decay", [0, 1, 1.5, -0.1, "x", True])
 def test_bad_decay_is_named(decay):
     with pytest.raises(ValueError, match="ema.decay"):

@@ -9,7 +9,15 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from .common import check_fraction, eval_sampler, positive_int, train_loader
+from .common import (
+    check_fraction,
+    check_num_workers,
+    eval_sampler,
+    loader_device,
+    positive_int,
+    resolve_num_workers,
+    train_loader,
+)
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -25,7 +33,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         root: str = "data/cifar10",
         image_size: int = 32,
         batch_size: int = 128,
-        num_workers: int = 4,
+        num_workers: int | str = 4,
         download: bool = True,
         augment: bool = True,
         seed: int = 0,
@@ -35,7 +43,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.root = Path(root).expanduser()
         self.image_size = positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
-        self.num_workers = int(num_workers)
+        self.num_workers = check_num_workers(num_workers)
         self.download = bool(download)
         self.augment = bool(augment)
         self.seed = int(seed)
@@ -87,10 +95,13 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.train_set = Subset(self._dataset(True, train_tf), train_idx)
             self.val_set = Subset(self._dataset(True, eval_tf), val_idx)
 
+    def _workers(self) -> int:
+        return resolve_num_workers(self.num_workers, loader_device(self))
+
     def train_dataloader(self) -> DataLoader:
         return train_loader(self, self.train_set, self.batch_size, self.seed, drop_last=True,
-                            num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+                            num_workers=self._workers(), persistent_workers=self._workers() > 0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, sampler=eval_sampler(self.val_set))
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
+                          persistent_workers=self._workers() > 0, sampler=eval_sampler(self.val_set))

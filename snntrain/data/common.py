@@ -12,6 +12,7 @@ every checkpoint) lets a resumed run continue an epoch where the checkpoint left
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,6 +64,29 @@ def check_fraction(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
         raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
     return float(value)
+
+
+def check_num_workers(value: object) -> int | str:
+    """``data.num_workers``: an integer >= 0, or ``auto`` (:func:`resolve_num_workers`)."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"data.num_workers={value!r} must be an integer >= 0 or auto (loader processes per "
+                         "training process on a GPU, none on the CPU)")
+    return value
+
+
+def resolve_num_workers(value: int | str, device: torch.device | None) -> int:
+    """``auto``: loader processes only where the training step runs on a GPU, whose host would otherwise
+    prepare each batch while the GPU waits; there ``min(4, cores / processes on this machine - 1)``. On the
+    CPU the step itself uses every core, and the batches are prepared in the training process (0)."""
+    if value != "auto":
+        return int(value)
+    if device is None or device.type != "cuda":
+        return 0
+    local = max(1, torch.cuda.device_count()) if process_group_shape()[0] > 1 else 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cores // local - 1))
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -239,12 +263,85 @@ def loader_device(datamodule: Any) -> torch.device | None:
         return None
 
 
+#: Tensors of at most this many bytes leave a loader process inside the batch's pickle (:class:`InlineSmallTensors`).
+INLINE_BYTES = 1 << 16
+_NUMPY_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16,
+                           torch.int32, torch.int64, torch.bool})
+
+
+class _Array:
+    """A small tensor's values inside a pickled batch (a NumPy array travels by value)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return _Array, (self.array,)
+
+
+def _pack(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        small = obj.device.type == "cpu" and obj.nbytes <= INLINE_BYTES and obj.dtype in _NUMPY_DTYPES
+        return _Array(obj.detach().numpy()) if small and not obj.requires_grad else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(_pack(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_pack(o) for o in obj)
+    if type(obj) is dict:
+        return {k: _pack(v) for k, v in obj.items()}
+    return obj
+
+
+def _unpack(obj: Any) -> Any:
+    if isinstance(obj, _Array):
+        return torch.from_numpy(obj.array)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_unpack(o) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unpack(o) for o in obj)
+    if type(obj) is dict:
+        return {k: _unpack(v) for k, v in obj.items()}
+    return obj
+
+
+class _PackedBatch:
+    """A batch on its way out of a loader process; unpickled, it is the batch again (tuples, lists, dicts)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __reduce__(self):
+        return _unpack, (_pack(self.batch),)
+
+
+class InlineSmallTensors:
+    """A ``collate_fn`` for loader processes: each tensor of a batch would otherwise leave the process as a
+    shared-memory segment of its own, handed over through a socket and mapped by the training process's
+    threads (about 1 ms each, holding the interpreter lock the training loop needs); a detection batch has
+    eight. Tensors up to :data:`INLINE_BYTES` travel inside the batch's pickle instead (as NumPy arrays),
+    larger ones (the images) as before. In the training process (``num_workers=0``) nothing changes."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: Any) -> Any:
+        from torch.utils.data import get_worker_info
+
+        batch = self.collate_fn(samples)
+        return _PackedBatch(batch) if get_worker_info() is not None else batch
+
+
 class DeviceLoader(DataLoader):
     """A DataLoader that, given a CUDA ``device``, pins its batches and hands them out already on the
     device, copied one batch ahead on a side stream (:func:`prefetch_to_device`): the host never waits
     for a copy, and the copy of the next batch overlaps the current step. Without a CUDA device it is a
     plain DataLoader. ``device_transform(batch)``, if given, is applied to every batch where it lands (on
-    the device, after the copy; on the host without one): work better done there than in the workers."""
+    the device, after the copy; on the host without one): work better done there than in the workers.
+    With loader processes, small tensors leave them inside the batch's pickle (:class:`InlineSmallTensors`)."""
 
     def __init__(self, *args: Any, device: torch.device | str | None = None,
                  device_transform: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
@@ -253,6 +350,12 @@ class DeviceLoader(DataLoader):
         self.device_transform = device_transform
         if self.device is not None:
             kwargs.setdefault("pin_memory", True)
+        if kwargs.get("num_workers", 0) > 0 and not isinstance(kwargs.get("collate_fn"), InlineSmallTensors):
+            from torch.utils.data import default_collate, default_convert
+
+            batched = kwargs.get("batch_size", 1) is not None or kwargs.get("batch_sampler") is not None
+            kwargs["collate_fn"] = InlineSmallTensors(kwargs.get("collate_fn")
+                                                      or (default_collate if batched else default_convert))
         super().__init__(*args, **kwargs)
 
     def __iter__(self):

@@ -39,7 +39,16 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from .common import eval_sampler, open_image, positive_int, train_loader
+from .common import (
+    DeviceLoader,
+    check_num_workers,
+    eval_sampler,
+    loader_device,
+    open_image,
+    positive_int,
+    resolve_num_workers,
+    train_loader,
+)
 
 #: Per-channel mean and standard deviation of the normalisation, on the [0, 1] pixel scale.
 IMAGE_MEAN = 0.5
@@ -564,13 +573,12 @@ class DetectionDataModule(L.LightningDataModule):
     #: Evaluation batches of images with different sizes are padded to a multiple of this.
     size_divisor = 1
 
-    def __init__(self, image_size: int, batch_size: int, num_workers: int, max_boxes: int | None, seed: int) -> None:
+    def __init__(self, image_size: int, batch_size: int, num_workers: int | str, max_boxes: int | None,
+                 seed: int) -> None:
         super().__init__()
         self.image_size = positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-        self.num_workers = num_workers
+        self.num_workers = check_num_workers(num_workers)
         self.max_boxes = optional_max_boxes(max_boxes)
         self.seed = int(seed)
         self.train_set: Dataset | None = None
@@ -580,17 +588,18 @@ class DetectionDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        workers = resolve_num_workers(self.num_workers, loader_device(self))
         if train:
-            return train_loader(self, dataset, self.batch_size, self.seed, num_workers=self.num_workers,
-                                persistent_workers=self.num_workers > 0,
+            return train_loader(self, dataset, self.batch_size, self.seed, num_workers=workers,
+                                persistent_workers=workers > 0,
                                 collate_fn=DetectionCollate(self.max_boxes, drop=True))
-        return DataLoader(
+        return DeviceLoader(  # no device: Lightning moves evaluation batches
             dataset,
             batch_size=self.batch_size,
             shuffle=False,
             drop_last=False,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=workers,
+            persistent_workers=workers > 0,
             collate_fn=DetectionCollate(self.max_boxes, drop=False, size_divisor=self.size_divisor),
             sampler=eval_sampler(dataset),
         )

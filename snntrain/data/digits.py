@@ -13,7 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from .common import check_fraction, eval_sampler, positive_int, train_loader
+from .common import (
+    check_fraction,
+    check_num_workers,
+    eval_sampler,
+    loader_device,
+    positive_int,
+    resolve_num_workers,
+    train_loader,
+)
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -26,14 +34,14 @@ class DigitsDataModule(L.LightningDataModule):
         image_size: int = 16,
         batch_size: int = 64,
         val_fraction: float = 0.2,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         seed: int = 0,
     ) -> None:
         super().__init__()
         self.image_size = positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
         self.val_fraction = check_fraction("val_fraction", val_fraction)
-        self.num_workers = int(num_workers)
+        self.num_workers = check_num_workers(num_workers)
         self.seed = int(seed)
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
@@ -58,9 +66,12 @@ class DigitsDataModule(L.LightningDataModule):
         self.train_set = TensorDataset(images[train_idx], labels[train_idx])
         self.val_set = TensorDataset(images[val_idx], labels[val_idx])
 
+    def _workers(self) -> int:
+        return resolve_num_workers(self.num_workers, loader_device(self))
+
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers)
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
                           sampler=eval_sampler(self.val_set))

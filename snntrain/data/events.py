@@ -35,7 +35,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from ..validation import number, one_of
-from .common import check_fraction, positive_int, split_indices, train_loader
+from .common import (
+    check_fraction,
+    check_num_workers,
+    loader_device,
+    positive_int,
+    resolve_num_workers,
+    split_indices,
+    train_loader,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +167,7 @@ class EventFrames(Dataset):
             return []
         return [i for i in range(len(self)) if not self._path(i).is_file()]
 
-    def fill_cache(self, num_workers: int = 0, desc: str = "frames") -> int:
+    def fill_cache(self, num_workers: int | str = 0, desc: str = "frames") -> int:
         """Build and store the frames of every sample not cached yet (in index order, so generators that
         make recordings in blocks stay fast); returns how many were built."""
         todo = self.missing()
@@ -256,7 +264,7 @@ class EventDataModule(L.LightningDataModule):
         denoise_us: float | None = None,
         image_size: int | None = None,
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         cache: bool = True,
         augment: bool = True,
         flip: float = 0.5,
@@ -273,7 +281,7 @@ class EventDataModule(L.LightningDataModule):
         self.denoise_us = None if denoise_us is None else _nonneg("denoise_us", denoise_us)
         self.image_size = None if image_size is None else positive_int("image_size", image_size)
         self.batch_size = positive_int("batch_size", batch_size)
-        self.num_workers = int(num_workers)
+        self.num_workers = check_num_workers(num_workers)
         self.cache = bool(cache)
         self.augment = bool(augment)
         self.frame_augment = FrameAugment(flip, crop_padding) if self.augment else None
@@ -340,17 +348,20 @@ class EventDataModule(L.LightningDataModule):
         self.train_set = self._framed(train, "train", train=True)
         self.val_set = self._framed(val, "val", train=False)
         for name, split in (("train", self.train_set), ("val", self.val_set)):
-            built = split.fill_cache(self.num_workers, desc=f"{type(self).__name__} {name}")
+            built = split.fill_cache(self._workers(), desc=f"{type(self).__name__} {name}")
             if built:
                 log.info("snntrain: cached the frames of %d %s recordings in %s", built, name, split.cache_dir)
 
+    def _workers(self) -> int:
+        return resolve_num_workers(self.num_workers, loader_device(self))
+
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
-                            persistent_workers=self.num_workers > 0, collate_fn=collate_time_first)
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers(),
+                            persistent_workers=self._workers() > 0, collate_fn=collate_time_first)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, collate_fn=collate_time_first)
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
+                          persistent_workers=self._workers() > 0, collate_fn=collate_time_first)
 
 
 # ----------------------------------------------------------------------------- recorded datasets

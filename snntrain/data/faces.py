@@ -588,7 +588,7 @@ class FacesDataModule(DetectionDataModule):
         min_visibility: float = 0.5,
         min_box_size: float = 2.0,
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         max_boxes: int | None = None,
         cache: bool = True,
         seed: int = 0,

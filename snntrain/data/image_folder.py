@@ -43,7 +43,17 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
 from ..validation import flag, number, one_of
-from .common import BadDataError, check_fraction, eval_sampler, open_image, positive_int, split_indices, train_loader
+from .common import (
+    BadDataError,
+    check_fraction,
+    check_num_workers,
+    eval_sampler,
+    open_image,
+    positive_int,
+    resolve_num_workers,
+    split_indices,
+    train_loader,
+)
 from .device_decode import (
     DALI_MISSING,
     DecodeAhead,
@@ -194,7 +204,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         in_channels: int = 3,
         batch_size: int = 64,
         val_fraction: float = 0.2,
-        num_workers: int = 2,
+        num_workers: int | str = 2,
         augment: bool = True,
         crop_scale: Sequence[float] = (0.5, 1.0),
         val_resize: int | None = None,
@@ -216,9 +226,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.in_channels = in_channels
         self.batch_size = positive_int("batch_size", batch_size)
         self.val_fraction = check_fraction("val_fraction", val_fraction)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-        self.num_workers = num_workers
+        self.num_workers = check_num_workers(num_workers)
         self.augment = bool(augment)
         self.crop_scale = _crop_scale(crop_scale)
         self.val_resize = self.image_size if val_resize is None else positive_int("val_resize", val_resize)
@@ -285,7 +293,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         mean, std = self._mean_std()
         return DeviceDecoder(self.image_size, self.in_channels, mean, std,
                              engine="dali" if self.path == "dali" else "nvjpeg", dtype=dtype,
-                             channels_last=channels_last, threads=max(1, self.num_workers), batch_size=self.batch_size)
+                             channels_last=channels_last, threads=max(1, self._workers()), batch_size=self.batch_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -327,11 +335,14 @@ class ImageFolderDataModule(L.LightningDataModule):
             log.info("snntrain: image_folder decodes on %s with %s", self._device(),
                      "DALI" if self.path == "dali" else "nvJPEG" if self._device().type == "cuda" else "torchvision")
 
+    def _workers(self) -> int:
+        return resolve_num_workers(self.num_workers, self._device())
+
     def _collate(self):
         return collate_encoded if self.path in ("gpu", "dali") else None
 
     def train_dataloader(self) -> DataLoader:
-        loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self.num_workers,
+        loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers(),
                               collate_fn=self._collate())
         if self.path in ("gpu", "dali") and self.decode_ahead and self.trainer is not None:
             if self.decoder is None:
@@ -344,7 +355,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
                           sampler=eval_sampler(self.val_set), collate_fn=self._collate())
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

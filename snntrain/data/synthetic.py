@@ -17,7 +17,15 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .common import DeviceLoader, eval_sampler, loader_device, loader_generator, positive_int
+from .common import (
+    DeviceLoader,
+    check_num_workers,
+    eval_sampler,
+    loader_device,
+    loader_generator,
+    positive_int,
+    resolve_num_workers,
+)
 
 
 class _Pool(Dataset):
@@ -70,7 +78,7 @@ class SyntheticDataModule(L.LightningDataModule):
         num_classes: int = 10,
         pool_size: int = 64,
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         seed: int = 0,
         frames: int | None = None,
     ) -> None:
@@ -82,9 +90,7 @@ class SyntheticDataModule(L.LightningDataModule):
         self.num_classes = positive_int("num_classes", num_classes)
         self.pool_size = positive_int("pool_size", pool_size)
         self.batch_size = positive_int("batch_size", batch_size)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be an integer >= 0")
-        self.num_workers = num_workers
+        self.num_workers = check_num_workers(num_workers)
         self.seed = int(seed)
         self.frames = None if frames is None else positive_int("frames", frames)
         self.classes = [str(i) for i in range(self.num_classes)]
@@ -115,13 +121,15 @@ class SyntheticDataModule(L.LightningDataModule):
         # sequences: a batch [B, T, C, H, W] of the pool turned time-first where it lands (on the GPU: the host
         # copies nothing)
         time_first = _time_first if self.frames is not None else None
-        return DeviceLoader(self.train_batches, batch_size=None, shuffle=True, num_workers=self.num_workers,
+        return DeviceLoader(self.train_batches, batch_size=None, shuffle=True,
+                            num_workers=resolve_num_workers(self.num_workers, device),
                             generator=loader_generator(self.seed), device=device, pin_memory=False,
                             device_transform=time_first)
 
     def val_dataloader(self) -> DataLoader:
         from .events import collate_time_first
 
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False,
+                          num_workers=resolve_num_workers(self.num_workers, loader_device(self)),
                           collate_fn=collate_time_first if self.frames is not None else None,
                           sampler=eval_sampler(self.val_set))

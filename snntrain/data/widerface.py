@@ -402,7 +402,7 @@ class WiderFaceDataModule(DetectionDataModule):
         eval_max_side: int | None = None,
         size_divisor: int = 32,
         batch_size: int = 16,
-        num_workers: int = 4,
+        num_workers: int | str = 4,
         max_boxes: int | None = 256,
         seed: int = 0,
         bad_boxes: str = "error",

@@ -101,8 +101,27 @@ class SpikingTask(L.LightningModule):
             self._compile_started = time.perf_counter()
         # every parameter group follows the same schedule: log the first one's rate, as a host tensor (a
         # Python number would be copied to the device, and that copy waits for the device every step)
-        lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-        self.log("train/lr", torch.tensor(float(lr), dtype=torch.float32), on_step=True, on_epoch=False)
+        if self.logs_this_step():
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            self.log("train/lr", torch.tensor(float(lr), dtype=torch.float32), on_step=True, on_epoch=False)
+
+    def epoch_metrics(self) -> dict[str, tuple[Any, bool]]:
+        """The training epoch's metrics (``name: (torchmetrics Metric, show in the progress bar)``), updated
+        by every training step and logged once, at the epoch's end: a ``log`` call per step would cost
+        host time on every step for a value written once per epoch."""
+        return {}
+
+    def on_train_epoch_end(self) -> None:
+        for name, (metric, prog_bar) in self.epoch_metrics().items():
+            if metric.update_called:  # every batch of the epoch skipped: nothing to report
+                self.log(name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar)
+
+    def logs_this_step(self) -> bool:
+        """Whether the logger writes this training step's values (every ``trainer.log_every_n_steps``).
+        Values of a single step (``on_step`` only) are logged on those steps alone: Lightning's ``log`` costs
+        host time on every call, and the values of the other steps are never written."""
+        connector = getattr(self.trainer, "_logger_connector", None)
+        return connector is None or connector.should_update_logs or bool(self.trainer.fast_dev_run)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if self._compile_started is not None and self._compile_started > 0:

@@ -39,10 +39,12 @@ class ClassificationTask(SpikingTask):
         self.train_loss.update(loss.detach(), len(y))
         # not prog_bar=True: Lightning turns progress-bar values into numbers after every step, which waits for
         # the device; snntrain's ProgressBar shows train/loss_step when it redraws
-        self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
-        self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True)
-        self.log("train/acc", self.train_acc, prog_bar=True, on_step=False, on_epoch=True)
+        if self.logs_this_step():
+            self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
         return loss
+
+    def epoch_metrics(self):
+        return {"train/loss_epoch": (self.train_loss, False), "train/acc": (self.train_acc, True)}
 
     def validation_step(self, batch, batch_idx: int) -> None:
         x, y = batch

@@ -113,6 +113,7 @@ class DetectionTask(SpikingTask):
     def _log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int) -> None:
         num_pos = losses["num_pos"]
         train = stage == "train"
+        step_values = train and self.logs_this_step()
         for name in LOGGED_LOSSES:
             if name == "num_pos":  # per image
                 value, weight = num_pos / batch_size, batch_size
@@ -120,12 +121,15 @@ class DetectionTask(SpikingTask):
                 value, weight = losses[name], num_pos
             mean = (self.train_means if train else self.val_means)[name]
             mean.update(value.detach(), weight)
-            if train:
+            if step_values:
                 # never prog_bar=True on a step value: Lightning turns progress-bar values into numbers after
                 # every step, which waits for the device; snntrain's ProgressBar shows train/loss_step instead
                 self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, batch_size=batch_size)
-            self.log(f"{stage}/{name}_epoch" if train else f"{stage}/{name}", mean, on_step=False, on_epoch=True,
-                     prog_bar=not train and name == "loss")
+            if not train:  # the training means: epoch_metrics
+                self.log(f"val/{name}", mean, on_step=False, on_epoch=True, prog_bar=name == "loss")
+
+    def epoch_metrics(self):
+        return {f"train/{name}_epoch": (self.train_means[name], False) for name in LOGGED_LOSSES}
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
