@@ -281,29 +281,30 @@ class _Array:
         return _Array, (self.array,)
 
 
-def _pack(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        small = obj.device.type == "cpu" and obj.nbytes <= INLINE_BYTES and obj.dtype in _NUMPY_DTYPES
-        return _Array(obj.detach().numpy()) if small and not obj.requires_grad else obj
+def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to every leaf of a batch's tuples, named tuples, lists and dicts."""
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
-        return type(obj)(*(_pack(o) for o in obj))
+        return type(obj)(*(_map_leaves(o, fn) for o in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_pack(o) for o in obj)
+        return type(obj)(_map_leaves(o, fn) for o in obj)
     if type(obj) is dict:
-        return {k: _pack(v) for k, v in obj.items()}
+        return {k: _map_leaves(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _pack(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.nbytes <= INLINE_BYTES \
+            and obj.dtype in _NUMPY_DTYPES and not obj.requires_grad:
+        return _Array(obj.numpy())
     return obj
 
 
 def _unpack(obj: Any) -> Any:
-    if isinstance(obj, _Array):
-        return torch.from_numpy(obj.array)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_unpack(o) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_unpack(o) for o in obj)
-    if type(obj) is dict:
-        return {k: _unpack(v) for k, v in obj.items()}
-    return obj
+    return torch.from_numpy(obj.array) if isinstance(obj, _Array) else obj
+
+
+def _unpack_batch(batch: Any) -> Any:
+    return _map_leaves(batch, _unpack)
 
 
 class _PackedBatch:
@@ -315,7 +316,7 @@ class _PackedBatch:
         self.batch = batch
 
     def __reduce__(self):
-        return _unpack, (_pack(self.batch),)
+        return _unpack_batch, (_map_leaves(self.batch, _pack),)
 
 
 class InlineSmallTensors:
