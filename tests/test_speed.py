@@ -164,6 +164,35 @@ def test_cli_compile_keeps_checkpoint_keys(tmp_path: Path, monkeypatch, caplog, 
     assert sorted(ckpt["state_dict"]) == sorted(expected)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "detect"])
+def test_validation_ema_and_precise_bn_never_recompile_the_training_step(task, tmp_path: Path, monkeypatch,
+                                                                          compose_run):
+    """compile=default over two epochs with the weight average, batch-norm re-estimation and validation
+    (with the efficiency report) between them: the training step is compiled in the first step and never
+    again (aot_eager counts each graph it is given)."""
+    import lightning as L
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from snntrain.cli import train
+    from snntrain.tasks import speed
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(speed, "BACKEND", counter)
+    torch._dynamo.reset()
+    seen: list[int] = []
+
+    class Count(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(counter.frame_count)
+
+    cfg = compose_run(tmp_path, "debug=tiny", f"task={task}", "compile=default", "trainer.max_epochs=2",
+                      "callbacks.ema.enabled=true", "callbacks.precise_bn.num_batches=2")
+    train(cfg, callbacks=[Count()])
+    assert len(seen) == 4 and seen[0] >= 1, seen
+    assert seen == [seen[0]] * 4, f"graphs compiled by the end of each training step: {seen}"
+
+
 def test_partial_batch_skipped_only_when_compiled(compose_run):
     from omegaconf import OmegaConf
 
