@@ -13,9 +13,8 @@ from .common import (
     check_fraction,
     check_num_workers,
     eval_sampler,
-    loader_device,
+    loader_workers,
     positive_int,
-    resolve_num_workers,
     train_loader,
 )
 
@@ -95,13 +94,12 @@ class CIFAR10DataModule(L.LightningDataModule):
             self.train_set = Subset(self._dataset(True, train_tf), train_idx)
             self.val_set = Subset(self._dataset(True, eval_tf), val_idx)
 
-    def _workers(self) -> int:
-        return resolve_num_workers(self.num_workers, loader_device(self))
-
     def train_dataloader(self) -> DataLoader:
+        workers = loader_workers(self)
         return train_loader(self, self.train_set, self.batch_size, self.seed, drop_last=True,
-                            num_workers=self._workers(), persistent_workers=self._workers() > 0)
+                            num_workers=workers, persistent_workers=workers > 0)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
-                          persistent_workers=self._workers() > 0, sampler=eval_sampler(self.val_set))
+        workers = loader_workers(self)
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=workers,
+                          persistent_workers=workers > 0, sampler=eval_sampler(self.val_set))

@@ -25,7 +25,7 @@ from ..distributed import eval_sampler, process_group_shape
 from ..validation import positive_int
 
 __all__ = ["BadDataError", "DeviceLoader", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction",
-           "derive_seed", "eval_sampler", "loader_device", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
+           "derive_seed", "eval_sampler", "loader_device", "loader_workers", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
            "reads_numpy_random", "split_indices", "train_loader"]
 
 
@@ -87,6 +87,12 @@ def resolve_num_workers(value: int | str, device: torch.device | None) -> int:
     local = max(1, torch.cuda.device_count()) if process_group_shape()[0] > 1 else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(0, min(4, cores // local - 1))
+
+
+def loader_workers(datamodule: Any) -> int:
+    """The loader processes of ``datamodule``'s loaders: its ``num_workers`` resolved for the device its
+    trainer trains on (:func:`resolve_num_workers`)."""
+    return resolve_num_workers(datamodule.num_workers, loader_device(datamodule))
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:

@@ -43,10 +43,9 @@ from .common import (
     DeviceLoader,
     check_num_workers,
     eval_sampler,
-    loader_device,
+    loader_workers,
     open_image,
     positive_int,
-    resolve_num_workers,
     train_loader,
 )
 
@@ -588,7 +587,7 @@ class DetectionDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
-        workers = resolve_num_workers(self.num_workers, loader_device(self))
+        workers = loader_workers(self)
         if train:
             return train_loader(self, dataset, self.batch_size, self.seed, num_workers=workers,
                                 persistent_workers=workers > 0,

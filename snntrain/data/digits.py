@@ -17,9 +17,8 @@ from .common import (
     check_fraction,
     check_num_workers,
     eval_sampler,
-    loader_device,
+    loader_workers,
     positive_int,
-    resolve_num_workers,
     train_loader,
 )
 
@@ -66,12 +65,9 @@ class DigitsDataModule(L.LightningDataModule):
         self.train_set = TensorDataset(images[train_idx], labels[train_idx])
         self.val_set = TensorDataset(images[val_idx], labels[val_idx])
 
-    def _workers(self) -> int:
-        return resolve_num_workers(self.num_workers, loader_device(self))
-
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers())
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=loader_workers(self))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=loader_workers(self),
                           sampler=eval_sampler(self.val_set))

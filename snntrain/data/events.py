@@ -38,9 +38,8 @@ from ..validation import number, one_of
 from .common import (
     check_fraction,
     check_num_workers,
-    loader_device,
+    loader_workers,
     positive_int,
-    resolve_num_workers,
     split_indices,
     train_loader,
 )
@@ -167,7 +166,7 @@ class EventFrames(Dataset):
             return []
         return [i for i in range(len(self)) if not self._path(i).is_file()]
 
-    def fill_cache(self, num_workers: int | str = 0, desc: str = "frames") -> int:
+    def fill_cache(self, num_workers: int = 0, desc: str = "frames") -> int:
         """Build and store the frames of every sample not cached yet (in index order, so generators that
         make recordings in blocks stay fast); returns how many were built."""
         todo = self.missing()
@@ -348,20 +347,19 @@ class EventDataModule(L.LightningDataModule):
         self.train_set = self._framed(train, "train", train=True)
         self.val_set = self._framed(val, "val", train=False)
         for name, split in (("train", self.train_set), ("val", self.val_set)):
-            built = split.fill_cache(self._workers(), desc=f"{type(self).__name__} {name}")
+            built = split.fill_cache(loader_workers(self), desc=f"{type(self).__name__} {name}")
             if built:
                 log.info("snntrain: cached the frames of %d %s recordings in %s", built, name, split.cache_dir)
 
-    def _workers(self) -> int:
-        return resolve_num_workers(self.num_workers, loader_device(self))
-
     def train_dataloader(self) -> DataLoader:
-        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers(),
-                            persistent_workers=self._workers() > 0, collate_fn=collate_time_first)
+        workers = loader_workers(self)
+        return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=workers,
+                            persistent_workers=workers > 0, collate_fn=collate_time_first)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
-                          persistent_workers=self._workers() > 0, collate_fn=collate_time_first)
+        workers = loader_workers(self)
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=workers,
+                          persistent_workers=workers > 0, collate_fn=collate_time_first)
 
 
 # ----------------------------------------------------------------------------- recorded datasets

@@ -48,9 +48,9 @@ from .common import (
     check_fraction,
     check_num_workers,
     eval_sampler,
+    loader_workers,
     open_image,
     positive_int,
-    resolve_num_workers,
     split_indices,
     train_loader,
 )
@@ -293,7 +293,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         mean, std = self._mean_std()
         return DeviceDecoder(self.image_size, self.in_channels, mean, std,
                              engine="dali" if self.path == "dali" else "nvjpeg", dtype=dtype,
-                             channels_last=channels_last, threads=max(1, self._workers()), batch_size=self.batch_size)
+                             channels_last=channels_last, threads=max(1, loader_workers(self)), batch_size=self.batch_size)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -335,14 +335,11 @@ class ImageFolderDataModule(L.LightningDataModule):
             log.info("snntrain: image_folder decodes on %s with %s", self._device(),
                      "DALI" if self.path == "dali" else "nvJPEG" if self._device().type == "cuda" else "torchvision")
 
-    def _workers(self) -> int:
-        return resolve_num_workers(self.num_workers, self._device())
-
     def _collate(self):
         return collate_encoded if self.path in ("gpu", "dali") else None
 
     def train_dataloader(self) -> DataLoader:
-        loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=self._workers(),
+        loader = train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=loader_workers(self),
                               collate_fn=self._collate())
         if self.path in ("gpu", "dali") and self.decode_ahead and self.trainer is not None:
             if self.decoder is None:
@@ -355,7 +352,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=self._workers(),
+        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=loader_workers(self),
                           sampler=eval_sampler(self.val_set), collate_fn=self._collate())
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -23,8 +23,8 @@ from .common import (
     eval_sampler,
     loader_device,
     loader_generator,
+    loader_workers,
     positive_int,
-    resolve_num_workers,
 )
 
 
@@ -122,7 +122,7 @@ class SyntheticDataModule(L.LightningDataModule):
         # copies nothing)
         time_first = _time_first if self.frames is not None else None
         return DeviceLoader(self.train_batches, batch_size=None, shuffle=True,
-                            num_workers=resolve_num_workers(self.num_workers, device),
+                            num_workers=loader_workers(self),
                             generator=loader_generator(self.seed), device=device, pin_memory=False,
                             device_transform=time_first)
 
@@ -130,6 +130,6 @@ class SyntheticDataModule(L.LightningDataModule):
         from .events import collate_time_first
 
         return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False,
-                          num_workers=resolve_num_workers(self.num_workers, loader_device(self)),
+                          num_workers=loader_workers(self),
                           collate_fn=collate_time_first if self.frames is not None else None,
                           sampler=eval_sampler(self.val_set))
