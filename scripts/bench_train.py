@@ -220,14 +220,15 @@ def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: s
 
 
 def detector(provider, precision, backend, mode, args) -> dict:
+    """The default detector's training step as the task computes it (``DetectionTask.objective``: network,
+    target assignment and loss; with ``compile`` all of it in one graph), without Lightning around it."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
     from snntrain.data import build_datamodule
-    from snntrain.losses import fcos_loss
-    from snntrain.models import build_model
+    from snntrain.tasks import TASKS
     from snntrain.tasks.optim import build_optimizer
-    from snntrain.tasks.speed import compile_model, to_channels_last
+    from snntrain.tasks.speed import TrainingObjective, compile_model, to_channels_last
 
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["task=detect", "paths.output_dir=/tmp/bench_train"])
@@ -235,21 +236,22 @@ def detector(provider, precision, backend, mode, args) -> dict:
     dm = build_datamodule({**cfg["data"], "num_train": 64, "num_val": 8, "num_test": 8, "augment": False}, seed=0)
     dm.setup()
     images, targets = next(iter(dm.train_dataloader()))
-    images = images.cuda()
-    targets = {k: v.cuda() for k, v in targets.items() if torch.is_tensor(v)}
+    inputs = [t.cuda() for t in (images, targets["boxes"], targets["labels"], targets["num_boxes"])]
     torch.manual_seed(0)
-    model = build_model(cfg["model"], backend=backend).cuda()
+    task = TASKS["detect"](cfg, backend=backend)
+    model = task.model.cuda()
     if "nchw" not in provider:
         to_channels_last(model)
     unfuse(model, provider)
-    fn = compile_model(model, mode)
+    fn = compile_model(TrainingObjective(model, task.objective), mode)
     opt = build_optimizer(model, cfg["task"]["optimizer"])
+    graphs = mode == "reduce-overhead"
 
     def step():
+        if graphs:  # as the task does: a new iteration, the graphs may reuse the last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(precision):
-            out = fn(images)
-            assigned = model.targets(out, targets["boxes"], targets["labels"], targets["num_boxes"])
-            loss = fcos_loss(out, assigned, backend=backend)["loss"]
+            loss = fn(*inputs)["loss"]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -454,7 +456,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="GPU-time breakdown by kind for every row")
     p.add_argument("--cli-steps", type=int, default=60, help="training steps per epoch of the cli-* runs")
     p.add_argument("--cli-pythonpath", nargs="*", default=[],
-                   help="other checkouts whose eager command line to run as well (cli-eager@<folder> rows)")
+                   help="other checkouts whose command line to run as well, in every cli-* provider's mode "
+                        "(cli-*@<folder> rows)")
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -478,8 +481,7 @@ def main() -> None:
                     elif prov.startswith("resnet18"):
                         new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
                     elif prov.startswith("cli-"):
-                        others = args.cli_pythonpath if prov == "cli-eager" else []  # compiled: this checkout only
-                        new = [command_line(case, prov, prec, args, path) for path in [None, *others]]
+                        new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
                     else:
                         new = [ours(case, prov, prec, args)]
                 except Exception as err:  # noqa: BLE001 - report and go on with the other rows

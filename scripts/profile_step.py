@@ -7,7 +7,10 @@ The run is ``python -m snntrain <overrides>``; from training step ``--start`` of
 ``--steps`` steps are recorded, the device synchronised at both ends. Written to ``--out``:
 
 * ``profile.txt``: wall time per step; torch.profiler operators by total CPU time (host) and by
-  self device time (GPU kernels); cProfile's Python functions by cumulative and by own time.
+  self device time (GPU kernels); cProfile's Python functions by cumulative and by own time; with
+  ``--stacks`` (in place of cProfile), where the host waits for the device: every synchronising CUDA
+  call (``cudaStreamSynchronize``, a blocking ``cudaMemcpy``, ...) grouped by the Python stack that
+  made it.
 * ``trace.json``: the torch.profiler timeline (chrome://tracing or https://ui.perfetto.dev).
 * ``profile.pstats``: cProfile's raw statistics, for callers and callees
   (``python -m pstats profile.pstats``, then ``callers <function>``; or snakeviz).
@@ -18,6 +21,7 @@ Under DDP (``trainer.devices=2``) every process profiles the same steps and writ
     python scripts/profile_step.py --out $OUT -- task=detect data.augment=false backend=triton
     python scripts/profile_step.py --out $OUT --start 20 --steps 20 -- data=synthetic model.stem=imagenet
     python scripts/profile_step.py --out $OUT --no-python -- data=synthetic trainer.devices=2
+    python scripts/profile_step.py --out $OUT --stacks -- task=detect compile=reduce-overhead
 
 Profiling slows the host (cProfile most: compare steps of one profile, not profiled with unprofiled
 times; ``--no-python`` leaves cProfile out). The run's own output goes to ``<out>/run``.
@@ -42,8 +46,10 @@ from snntrain.callbacks import synchronized_clock
 class StepProfile(L.Callback):
     """Records training steps ``start .. start+steps-1`` of epoch ``epoch`` and writes the tables."""
 
-    def __init__(self, out: Path, epoch: int, start: int, steps: int, python: bool = True) -> None:
-        self.out, self.epoch, self.start, self.steps, self.python = out, epoch, start, steps, python
+    def __init__(self, out: Path, epoch: int, start: int, steps: int, python: bool = True,
+                 stacks: bool = False) -> None:
+        self.out, self.epoch, self.start, self.steps = out, epoch, start, steps
+        self.python, self.stacks = python and not stacks, stacks
         self.done = False
         self._prof = self._py = None
 
@@ -54,7 +60,9 @@ class StepProfile(L.Callback):
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         synchronized_clock(trainer)  # the device idle before the profiled window opens
-        self._prof = torch.profiler.profile(activities=activities)
+        # Python stacks (for the table of host waits) come from Python's profiling hook, which cProfile also
+        # needs: one or the other
+        self._prof = torch.profiler.profile(activities=activities, with_stack=self.stacks)
         self._prof.__enter__()
         if self.python:
             self._py = cProfile.Profile()
@@ -85,6 +93,9 @@ class StepProfile(L.Callback):
                  table.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=80),
                  f"\n## operators by {device.replace('_', ' ')}\n",
                  table.table(sort_by=device, row_limit=25, max_name_column_width=80)]
+        if self.stacks:
+            parts += ["\n## where the host waits for the device (synchronising calls by Python stack)\n",
+                      host_waits(self._prof)]
         if self._py is not None:
             for key, title in (("cumulative", "cumulative"), ("tottime", "own")):
                 buf = io.StringIO()
@@ -95,6 +106,24 @@ class StepProfile(L.Callback):
         self._prof.export_chrome_trace(str(self.out / f"trace{tag}.json"))
 
 
+#: CUDA runtime calls that block the host until the device (or a stream) has finished its queued work.
+WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_waits(prof, depth: int = 12) -> str:
+    """The synchronising CUDA calls of ``prof`` grouped by the innermost ``depth`` frames of their Python stack
+    (recorded with ``with_stack=True``): count, total host time, and the stack."""
+    rows = [e for e in prof.key_averages(group_by_stack_n=depth) if e.key in WAITS]
+    rows.sort(key=lambda e: -e.cpu_time_total)
+    if not rows:
+        return "none\n"
+    lines = []
+    for e in rows:
+        lines.append(f"{e.key}: {e.count} calls, {e.cpu_time_total / 1e3:.2f} ms\n")
+        lines += [f"    {frame}\n" for frame in e.stack if "profile_step.py" not in frame]
+    return "".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("profile_step"))
@@ -102,6 +131,9 @@ def main() -> None:
     p.add_argument("--start", type=int, default=10, help="first profiled training step of that epoch")
     p.add_argument("--steps", type=int, default=10, help="steps to record")
     p.add_argument("--no-python", action="store_true", help="leave cProfile out")
+    p.add_argument("--stacks", action="store_true",
+                   help="record Python stacks with torch.profiler (in place of cProfile) and write where the host "
+                        "waits for the device")
     p.add_argument("overrides", nargs="*", help="command-line overrides of the run")
     args = p.parse_args()
     for name in ("epoch", "start"):
@@ -124,7 +156,7 @@ def main() -> None:
         overrides.append(f"trainer.max_epochs={args.epoch + 1}")
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    profile = StepProfile(out, args.epoch, args.start, args.steps, python=not args.no_python)
+    profile = StepProfile(out, args.epoch, args.start, args.steps, python=not args.no_python, stacks=args.stacks)
     train(cfg, callbacks=[profile])
     if not profile.done:
         raise SystemExit(f"step {args.start} of epoch {args.epoch} was never reached: the run has fewer steps "

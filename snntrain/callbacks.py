@@ -450,10 +450,12 @@ class ExponentialMovingAverage(WeightAveraging):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         self._num_updates: int | None = None  # read from the average model's counter once, when first needed
+        self._pairs = None
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         super().on_load_checkpoint(trainer, pl_module, checkpoint)
         self._num_updates = None
+        self._pairs = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -463,18 +465,35 @@ class ExponentialMovingAverage(WeightAveraging):
             self._update_average(pl_module)
             self._latest_update_step = trainer.global_step
 
-    @torch.no_grad()
-    def _update_average(self, pl_module: L.LightningModule) -> None:
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._pairs = None  # the tensors are looked up again at the epoch's first update
+
+    def _tensor_pairs(self, pl_module: L.LightningModule) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The average's parameters and buffers and the model's, in the same order and memory layout: looked up
+        at the first update of every epoch and kept for its other steps (walking the module tree costs the
+        host about a millisecond per step). Within an epoch the tensors stay the same objects: layouts change
+        (channels-last at setup, NCHW at the first compiled step) before the first update, and swapping the
+        average in for validation copies values, not tensors."""
         import itertools
 
+        pairs = getattr(self, "_pairs", None)
+        if pairs is None:
+            model = self._average_model
+            averaged = list(itertools.chain(model.module.parameters(), model.module.buffers()))
+            current = list(itertools.chain(pl_module.parameters(), pl_module.buffers()))
+            _match_layout(averaged, current)
+            pairs = self._pairs = (averaged, current)
+        return pairs
+
+    @torch.no_grad()
+    def _update_average(self, pl_module: L.LightningModule) -> None:
         model = self._average_model
         if getattr(self, "_num_updates", None) is None:
             self._num_updates = int(model.n_averaged)  # once per fit (or resume): the checkpoint's count
         # the tensors themselves (no_grad allows in-place updates of parameters): a detached view each would
         # cost the host a few microseconds per tensor and step
-        averaged = list(itertools.chain(model.module.parameters(), model.module.buffers()))
-        current = list(itertools.chain(pl_module.parameters(), pl_module.buffers()))
-        _match_layout(averaged, current)
+        averaged, current = self._tensor_pairs(pl_module)
         if self._num_updates == 0:
             for a, c in zip(averaged, current):
                 a.copy_(c)

@@ -67,6 +67,36 @@ def test_the_average_takes_the_layout_the_model_takes_after_it_was_copied():
     assert int(average[1].num_batches_tracked) == int(model[1].num_batches_tracked) == 3
 
 
+def test_tensors_are_looked_up_once_an_epoch_and_again_after_the_model_replaced_them(monkeypatch):
+    # the update keeps the average's and the model's tensors for the epoch instead of walking the module tree
+    # every step; a layout change between epochs (new buffer objects, as .to(memory_format=...) makes) is
+    # picked up at the next epoch's first update
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    callback = ExponentialMovingAverage(decay=0.9)
+    callback._average_model = AveragedModel(model, use_buffers=True, multi_avg_fn=callback._update)
+    callback._num_updates = None
+    walks = []
+    original = nn.Module.buffers
+    monkeypatch.setattr(nn.Module, "buffers", lambda self, *a, **k: walks.append(1) or original(self, *a, **k))
+    stats = []
+    for _epoch in range(2):
+        callback.on_train_epoch_start(None, model)
+        walks.clear()
+        for _ in range(3):
+            model(torch.randn(2, 3, 6, 6))  # moves the statistics
+            stats.append(model[1].running_mean.clone())
+            callback._update_average(model)
+        assert len(walks) == 2, walks  # the average's and the model's tensors, once for the epoch's 3 updates
+        model.to(memory_format=torch.channels_last)
+        model[1].running_mean = model[1].running_mean.clone()  # a new buffer object
+    expected = stats[0]
+    for n, m in enumerate(stats[1:], start=1):
+        d = ema_decay(0.9, n)
+        expected = d * expected + (1 - d) * m
+    torch.testing.assert_close(callback._average_model.module[1].running_mean, expected, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("decay", [0, 1, 1.5, -0.1, "x", True])
 def test_bad_decay_is_named(decay):
     with pytest.raises(ValueError, match="ema.decay"):

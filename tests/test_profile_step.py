@@ -37,3 +37,44 @@ def test_a_step_the_run_never_reaches_is_an_error(tmp_path):
     assert res.returncode != 0 and "step 9 of epoch 0 was never reached" in res.stderr
     res = profile(tmp_path, "--steps", "0")
     assert res.returncode != 0 and "--steps=0 must be >= 1" in res.stderr
+
+
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_host_waits_section_is_written(tmp_path):
+    res = profile(tmp_path, "--epoch", "0", "--start", "1", "--steps", "1", "--stacks")
+    assert res.returncode == 0, res.stderr[-3000:]
+    text = (tmp_path / "p" / "profile.txt").read_text()
+    # a CPU run never waits for a device; --stacks takes the place of cProfile
+    assert "(cProfile)" not in text
+    assert "## where the host waits for the device (synchronising calls by Python stack)\nnone\n" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_host_waits_name_the_python_line_that_waits():
+    import torch
+
+    host_waits = _load_script().host_waits
+    x = torch.randn(1 << 20, device="cuda")
+
+    def reads_a_number_back():
+        return (x * 2).sum().item()  # a device-to-host copy: the host waits
+
+    def queues_only():
+        return (x * 3).sum()
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA], with_stack=True) as prof:
+        queues_only()
+        reads_a_number_back()
+    text = host_waits(prof)
+    assert "reads_a_number_back" in text and "queues_only" not in text, text

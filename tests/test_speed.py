@@ -425,3 +425,41 @@ def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path, compos
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert NoSync.steps == 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, loss_op", [("classify", "cross_entropy"), ("detect", "binary_cross_entropy_with_logits")])
+def test_compile_captures_the_loss_with_the_network_in_one_graph(task, loss_op, tmp_path: Path, monkeypatch,
+                                                                 compose_run):
+    """With compile the training step's loss is computed inside the compiled graph, with the network (for the
+    detector also the target assignment), not as eager kernels around a compiled network: one graph, no
+    breaks, and the step's losses are those of the eager step."""
+    import lightning as L
+
+    from snntrain.cli import train
+    from snntrain.tasks import speed
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    losses = {}
+
+    class Losses(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            losses.setdefault(pl_module.compile_mode, []).append(float(outputs["loss"]))
+
+    monkeypatch.setattr(speed, "BACKEND", backend)
+    torch._dynamo.reset()
+    for mode in ("null", "default"):
+        cfg = compose_run(tmp_path / mode, "debug=tiny", f"task={task}", f"compile={mode}", "trainer.max_epochs=1",
+                          "trainer.limit_train_batches=3", "callbacks.precise_bn.enabled=false")
+        train(cfg, callbacks=[Losses()])
+    assert len(graphs) == 1, [str(g.graph)[:2000] for g in graphs]
+    code = graphs[0].code
+    assert loss_op in code, code
+    if task == "detect":
+        assert "torch.isfinite" in code  # fcos_targets: locations with an assigned box
+    assert losses[None] == pytest.approx(losses["default"], rel=1e-5), losses

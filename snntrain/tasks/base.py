@@ -27,8 +27,9 @@ class SpikingTask(L.LightningModule):
 
     Speed settings from the config's top level (:mod:`snntrain.tasks.speed`): with
     ``channels_last`` the model's weights are NHWC on CUDA; with ``compile`` the training
-    forward runs through ``torch.compile`` (validation and prediction stay eager), and a
-    last partial training batch is skipped so that shapes stay static.
+    objective (forward and loss, :meth:`train_objective`) runs through ``torch.compile``
+    (validation and prediction stay eager), and a last partial training batch is skipped so
+    that shapes stay static.
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
@@ -39,9 +40,9 @@ class SpikingTask(L.LightningModule):
         self.model = build_model(config["model"], backend=backend)
         self.channels_last = check_channels_last(config.get("channels_last", "auto"))
         self.compile_mode = check_compile(config.get("compile"))
-        # Outside the module tree: the compiled wrapper shares the model's parameters, and
+        # Outside the module tree: the compiled objective shares the model's parameters, and
         # checkpoints keep the model's own keys.
-        self.__dict__["_train_model"] = None
+        self.__dict__["_train_objective"] = None
         self._train_batch: int | None = None
         self._compile_started: float | None = None  # wall clock at the first compiled step
 
@@ -53,23 +54,40 @@ class SpikingTask(L.LightningModule):
             to_channels_last(self.model)
 
     def forward(self, x):
-        # the compiled graph is the training step's (training mode, gradients on); anything else (validation,
-        # batch-norm re-estimation without gradients, prediction) runs eagerly and never recompiles it
-        if self.compile_mode is not None and self.training and torch.is_grad_enabled():
-            return self._compiled(x)(x)
         return self.model(x)
 
-    def _compiled(self, x: torch.Tensor):
-        """The compiled training model, made at the first training step, when the input's size is known:
+    def training_inputs(self, batch) -> tuple[torch.Tensor, ...]:
+        """The tensors of a training batch that :meth:`objective` reads, the model's input first."""
+        raise NotImplementedError
+
+    def objective(self, model: torch.nn.Module, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A training step's computation from ``inputs`` (:meth:`training_inputs`) to the loss (``"loss"``) and
+        the values the step logs, all on the device and without host synchronisation. With ``compile`` this
+        whole function, not the model alone, is what gets compiled (:meth:`train_objective`)."""
+        raise NotImplementedError
+
+    def train_objective(self, batch) -> dict[str, torch.Tensor]:
+        """:meth:`objective` of a training batch: eagerly, or with ``compile`` as one compiled graph (with
+        CUDA graphs one replay forward and one backward) that holds the loss and what it needs beside the
+        network (the detector's target assignment, the focal and GIoU terms). Validation, batch-norm
+        re-estimation and prediction run the model eagerly and never recompile it."""
+        inputs = self.training_inputs(batch)
+        if self.compile_mode is None:
+            return self.objective(self.model, *inputs)
+        return self._compiled(inputs[0])(*inputs)
+
+    def _compiled(self, x: torch.Tensor) -> torch.nn.Module:
+        """The compiled training objective, made at the first training step, when the input's size is known:
         compiled channels-last convolutions whose maps shrink to 1x1 fail in PyTorch's compiled backward
         (a stride assertion), so such a model is compiled in NCHW (:func:`speed.compile_layout`)."""
-        compiled = self.__dict__["_train_model"]
+        compiled = self.__dict__["_train_objective"]
         if compiled is None:
             if speed.is_channels_last(self.model) and not speed.compile_layout(self.model, x):
                 speed.to_contiguous(self.model)
                 log.info("snntrain: compile: feature maps reach 1x1 at this input size, where compiled "
                          "channels-last convolutions fail; this model trains in NCHW")
-            compiled = self.__dict__["_train_model"] = speed.compile_model(self.model, self.compile_mode)
+            compiled = speed.compile_model(speed.TrainingObjective(self.model, self.objective), self.compile_mode)
+            self.__dict__["_train_objective"] = compiled
         return compiled
 
     def configure_optimizers(self):

@@ -32,16 +32,24 @@ class ClassificationTask(SpikingTask):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
             return None  # skipped: static shapes under compile
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
-        self.train_acc.update(logits.detach(), y)
+        _, y = batch
+        out = self.train_objective(batch)
+        loss = out["loss"]
+        self.train_acc.update(out["logits"], y)
         self.train_loss.update(loss.detach(), len(y))
         # not prog_bar=True: Lightning turns progress-bar values into numbers after every step, which waits for
         # the device; snntrain's ProgressBar shows train/loss_step when it redraws
         if self.logs_this_step():
             self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
         return loss
+
+    def training_inputs(self, batch) -> tuple[torch.Tensor, ...]:
+        return tuple(batch)
+
+    def objective(self, model, x, y) -> dict[str, torch.Tensor]:
+        """Cross-entropy (with ``task.label_smoothing``) of the model's logits; the logits for the accuracy."""
+        logits = model(x)
+        return {"loss": F.cross_entropy(logits, y, label_smoothing=self.label_smoothing), "logits": logits.detach()}
 
     def epoch_metrics(self):
         return {"train/loss_epoch": (self.train_loss, False), "train/acc": (self.train_acc, True)}

@@ -105,10 +105,18 @@ class DetectionTask(SpikingTask):
         self._shown: tuple[torch.Tensor, list, list] | None = None
         self._wider = None  # WiderFaceAP for the epoch, when the val set has the official difficulty lists
 
-    def _losses(self, images: torch.Tensor, targets: dict[str, torch.Tensor]):
-        outputs = self(images)
-        assigned = self.model.targets(outputs, targets["boxes"], targets["labels"], targets["num_boxes"])
-        return outputs, fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
+    def training_inputs(self, batch) -> tuple[torch.Tensor, ...]:
+        images, targets = batch
+        return images, targets["boxes"], targets["labels"], targets["num_boxes"]
+
+    def objective(self, model, images, boxes, labels, num_boxes) -> dict[str, torch.Tensor]:
+        """The network's outputs, FCOS targets assigned to its locations and :func:`fcos_loss` (one graph
+        under ``compile``)."""
+        return self._loss(model, model(images), boxes, labels, num_boxes)
+
+    def _loss(self, model, outputs, boxes, labels, num_boxes) -> dict[str, torch.Tensor]:
+        assigned = model.targets(outputs, boxes, labels, num_boxes)
+        return fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
 
     def _log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int) -> None:
         num_pos = losses["num_pos"]
@@ -134,9 +142,8 @@ class DetectionTask(SpikingTask):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
             return None  # skipped: static shapes under compile
-        images, targets = batch
-        _, losses = self._losses(images, targets)
-        self._log_losses("train", losses, images.shape[0])
+        losses = self.train_objective(batch)
+        self._log_losses("train", losses, batch[0].shape[0])
         return losses["loss"]
 
     def _difficulty_records(self) -> list | None:
@@ -167,8 +174,10 @@ class DetectionTask(SpikingTask):
         self._wider.update(targets["image_id"].tolist(), boxes, [p["scores"].float() for p in preds])
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        images, targets = batch
-        outputs, losses = self._losses(images, targets)
+        images, boxes, labels, num_boxes = self.training_inputs(batch)
+        targets = batch[1]
+        outputs = self(images)
+        losses = self._loss(self.model, outputs, boxes, labels, num_boxes)
         self._log_losses("val", losses, images.shape[0])
         preds = self.model.detect(images, outputs)
         gts = padded_to_list(targets)

@@ -7,13 +7,15 @@ saved: checkpoints keep the model's own state-dict keys and row-major tensors.
   are stored NHWC, so convolutions, batch norms, pooling and the neuron kernels all read
   and write NHWC maps in place and cuDNN never transposes.
 * ``compile``: ``null`` (eager), ``default``, ``reduce-overhead`` (CUDA graphs) or
-  ``max-autotune``, the ``mode`` of ``torch.compile`` for the training forward (and, through
-  AOTAutograd, its backward). Shapes are static: the task skips a last partial batch.
+  ``max-autotune``, the ``mode`` of ``torch.compile`` for the training objective, the forward
+  with the loss (:class:`TrainingObjective`; and, through AOTAutograd, its backward). Shapes are
+  static: the task skips a last partial batch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -160,6 +162,20 @@ def guard_autograd_cache() -> None:
         config.enable_autograd_cache = False
         log.info("torch %s: the AOTAutograd compile cache is off (its key misses the autocast dtype)",
                  torch.__version__)
+
+
+class TrainingObjective(nn.Module):
+    """``objective(model, *inputs)`` as a module over ``model``: a training step's forward and loss, which
+    :func:`compile_model` turns into one graph (the loss and what it needs beside the network run inside it,
+    not as eager kernels around a compiled network)."""
+
+    def __init__(self, model: nn.Module, objective: Callable[..., Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.objective(self.model, *inputs)
 
 
 def compile_model(model: nn.Module, mode: str | None, backend: str | None = None) -> nn.Module:
