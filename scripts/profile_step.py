@@ -33,6 +33,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import re
 import sys
 import time
 from pathlib import Path
@@ -110,17 +111,38 @@ class StepProfile(L.Callback):
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
-def host_waits(prof, depth: int = 12) -> str:
-    """The synchronising CUDA calls of ``prof`` grouped by the innermost ``depth`` frames of their Python stack
-    (recorded with ``with_stack=True``): count, total host time, and the stack."""
-    rows = [e for e in prof.key_averages(group_by_stack_n=depth) if e.key in WAITS]
-    rows.sort(key=lambda e: -e.cpu_time_total)
-    if not rows:
+_OWN_FRAME = re.compile(r"(^|/)profile_step\.py\(")  # this script's frames, not those of the run
+
+
+def _python_stack(event) -> list[str]:
+    """The Python frames (innermost first) around a profiler event: its own recorded stack, or the Python-function
+    events that enclose it (how ``with_stack=True`` records them on newer PyTorch; a CUDA runtime call sits
+    under the operator that made it, and that under the Python frames)."""
+    if event.stack:
+        return list(event.stack)
+    frames, parent = [], event.cpu_parent
+    while parent is not None:
+        if "(" in parent.name and "): " in parent.name:  # "file.py(123): function"
+            frames.append(parent.name)
+        parent = parent.cpu_parent
+    return frames
+
+
+def host_waits(prof, names: tuple[str, ...] = WAITS, depth: int = 12) -> str:
+    """The calls named ``names`` (default: the synchronising CUDA calls) of ``prof`` (recorded with
+    ``with_stack=True``), grouped by the innermost ``depth`` frames of their Python stack: count, total host
+    time, and the stack."""
+    groups: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+    for event in prof.events():
+        if event.name in names:
+            stack = tuple(f for f in _python_stack(event) if not _OWN_FRAME.search(f))[:depth]
+            groups.setdefault((event.name, stack), []).append(event.cpu_time_total)
+    if not groups:
         return "none\n"
     lines = []
-    for e in rows:
-        lines.append(f"{e.key}: {e.count} calls, {e.cpu_time_total / 1e3:.2f} ms\n")
-        lines += [f"    {frame}\n" for frame in e.stack if "profile_step.py" not in frame]
+    for (name, stack), times in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"{name}: {len(times)} calls, {sum(times) / 1e3:.2f} ms\n")
+        lines += [f"    {frame}\n" for frame in stack]
     return "".join(lines)
 
 

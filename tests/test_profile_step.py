@@ -58,6 +58,27 @@ def test_host_waits_section_is_written(tmp_path):
     assert "## where the host waits for the device (synchronising calls by Python stack)\nnone\n" in text
 
 
+def test_host_waits_group_calls_by_the_python_function_that_made_them():
+    import torch
+
+    host_waits = _load_script().host_waits
+    x = torch.randn(1000)
+
+    def doubles():
+        return x * 2
+
+    def adds():
+        return x + 3
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
+        doubles()
+        doubles()
+        adds()
+    text = host_waits(prof, names=("aten::mul",))
+    assert text.startswith("aten::mul: 2 calls") and "doubles" in text and "adds" not in text, text
+    assert host_waits(prof, names=("aten::nonexistent",)) == "none\n"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_host_waits_name_the_python_line_that_waits():
