@@ -207,6 +207,15 @@ def test_partial_batch_skipped_only_when_compiled(compose_run):
     assert compiled.training_step(batch(5), 2) is None
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graphs_with_gradient_accumulation_are_refused_up_front(mode, tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", f"compile={mode}", "+trainer.accumulate_grad_batches=2")
+    with pytest.raises(ValueError, match=rf"compile={mode} captures the training step in CUDA graphs.*"
+                                         r"accumulate_grad_batches=2.*compile=default"):
+        run(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_bad_compile_setting_through_cli(tmp_path: Path, compose_run):
     cfg = compose_run(tmp_path, "debug=tiny", "compile=fastest")
     with pytest.raises(ValueError, match="compile='fastest' is not valid"):

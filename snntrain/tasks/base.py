@@ -49,6 +49,7 @@ class SpikingTask(L.LightningModule):
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device
         if stage == "fit":
+            speed.check_accumulation(self.compile_mode, int(self.trainer.accumulate_grad_batches))
             speed.check_compile_device(self.compile_mode, device)
         if use_channels_last(self.channels_last, device):
             to_channels_last(self.model)
@@ -112,7 +113,7 @@ class SpikingTask(L.LightningModule):
         return size != self._train_batch
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if self.compile_mode in ("reduce-overhead", "max-autotune"):
+        if self.compile_mode in speed.GRAPH_MODES:
             # a new training iteration: the CUDA graphs may reuse the last step's output memory
             torch.compiler.cudagraph_mark_step_begin()
         if self.compile_mode is not None and self._compile_started is None:

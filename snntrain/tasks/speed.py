@@ -126,6 +126,23 @@ def check_compile_device(mode: str | None, device: torch.device | str) -> None:
             "Train eagerly there (compile=null, the default), or on a GPU (trainer.accelerator=gpu)")
 
 
+#: ``compile`` modes that capture the step in CUDA graphs.
+GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def check_accumulation(mode: str | None, accumulate_grad_batches: int) -> None:
+    """Refuse CUDA graphs with gradient accumulation: the backward graph's outputs become the parameters'
+    ``.grad`` tensors, and the next micro-batch's replay writes into the same memory, so the accumulated
+    gradient is lost (PyTorch 2.11 raises "accessing tensor output of CUDAGraphs that has been overwritten"
+    or, where nothing reads it first, sums the wrong values; pytorch/pytorch#169545)."""
+    if mode in GRAPH_MODES and accumulate_grad_batches > 1:
+        raise ValueError(
+            f"compile={mode} captures the training step in CUDA graphs, which cannot accumulate gradients "
+            f"(trainer.accumulate_grad_batches={accumulate_grad_batches}): each micro-batch's replay overwrites the "
+            "gradients of the one before (pytorch/pytorch#169545). Use compile=default (compiled, no CUDA graphs) "
+            "or trainer.accumulate_grad_batches=1 with a larger data.batch_size")
+
+
 def autograd_cache_knows_autocast_dtype() -> bool:
     """Whether this PyTorch's AOTAutograd compile cache tells a graph traced under fp16 autocast from one
     traced under bf16 autocast. Before pytorch/pytorch#181564 its key held only whether autocast was on, so
