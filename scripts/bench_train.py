@@ -228,7 +228,7 @@ def detector(provider, precision, backend, mode, args) -> dict:
     from snntrain.data import build_datamodule
     from snntrain.tasks import TASKS
     from snntrain.tasks.optim import build_optimizer
-    from snntrain.tasks.speed import TrainingObjective, compile_model, to_channels_last
+    from snntrain.tasks.speed import GRAPH_MODES, TrainingObjective, compile_model, to_channels_last
 
     with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["task=detect", "paths.output_dir=/tmp/bench_train"])
@@ -245,7 +245,7 @@ def detector(provider, precision, backend, mode, args) -> dict:
     unfuse(model, provider)
     fn = compile_model(TrainingObjective(model, task.objective), mode)
     opt = build_optimizer(model, cfg["task"]["optimizer"])
-    graphs = mode == "reduce-overhead"
+    graphs = mode in GRAPH_MODES
 
     def step():
         if graphs:  # as the task does: a new iteration, the graphs may reuse the last step's outputs
