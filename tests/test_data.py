@@ -104,16 +104,19 @@ def test_auto_workers_only_where_the_step_runs_on_a_gpu(monkeypatch):
 
 
 class _ImagesAndTargets(torch.utils.data.Dataset):
+    def __init__(self, side: int = 160) -> None:
+        self.side = side
+
     def __len__(self):
         return 8
 
     def __getitem__(self, i):
-        return torch.full((3, 64, 64), float(i)), {"boxes": torch.full((2, 4), float(i)), "image_id": i}
+        return torch.full((3, self.side, self.side), float(i)), {"boxes": torch.full((2, 4), float(i)), "image_id": i}
 
 
 def test_small_tensors_leave_loader_processes_inside_the_pickle():
     # a shared-memory segment per tensor costs the training process a socket hand-over each; only the images
-    # (above INLINE_BYTES) take that path, the batch is the same as without loader processes
+    # (4 x 3 x 160 x 160 float32, above INLINE_BYTES) take that path, the batch is the same as without loader processes
     from snntrain.data.common import DeviceLoader
 
     single = list(DeviceLoader(_ImagesAndTargets(), batch_size=4, num_workers=0))
@@ -126,3 +129,7 @@ def test_small_tensors_leave_loader_processes_inside_the_pickle():
             torch.testing.assert_close(ta[key], tb[key])
     images, targets = multi[0]
     assert images.is_shared() and not targets["boxes"].is_shared() and not targets["image_id"].is_shared()
+    # a detector's batch of small images (4 x 3 x 64 x 64 float32, 192 KiB) travels inside the pickle as a whole
+    images, targets = next(iter(DeviceLoader(_ImagesAndTargets(64), batch_size=4, num_workers=1)))
+    assert not images.is_shared() and not targets["boxes"].is_shared()
+    torch.testing.assert_close(images, single[0][0][:, :, :64, :64])

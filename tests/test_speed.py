@@ -328,6 +328,20 @@ def test_device_metrics_match_their_definitions():
     assert mean.compute().item() == pytest.approx(sum(v * w for v, w in zip(values, weights)) / sum(weights))
     with pytest.raises(ValueError, match=r"expected logits \[B, K\] and labels \[B\]"):
         acc.update(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+    # several means in one metric: one update of a vector of values and a vector of weights per step
+    means = WeightedMean(["a", "b"])
+    rows = [(torch.rand(2, generator=g), torch.tensor([float(n), 1.0])) for n in (5, 7, 3)]
+    for v, w in rows:
+        means.update(v, w)
+    got = means.compute()
+    assert list(got) == ["a", "b"]
+    for i, name in enumerate(("a", "b")):
+        want = sum(float(v[i] * w[i]) for v, w in rows) / sum(float(w[i]) for _, w in rows)
+        assert got[name].item() == pytest.approx(want)
+    with pytest.raises(ValueError, match=r"value has shape \(3,\); this mean takes shape \(2,\) \(one value per name"):
+        means.update(torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match=r"names=\['a', 'a'\] is not valid"):
+        WeightedMean(["a", "a"])
 
 
 @pytest.mark.slow

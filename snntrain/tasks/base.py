@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 import lightning as L
@@ -126,14 +127,32 @@ class SpikingTask(L.LightningModule):
 
     def epoch_metrics(self) -> dict[str, tuple[Any, bool]]:
         """The training epoch's metrics (``name: (torchmetrics Metric, show in the progress bar)``), updated
-        by every training step and logged once, at the epoch's end: a ``log`` call per step would cost
-        host time on every step for a value written once per epoch."""
+        by every training step and logged once, at the epoch's end (:meth:`log_epoch`): a ``log`` call per step
+        would cost host time on every step for a value written once per epoch."""
         return {}
 
     def on_train_epoch_end(self) -> None:
         for name, (metric, prog_bar) in self.epoch_metrics().items():
-            if metric.update_called:  # every batch of the epoch skipped: nothing to report
-                self.log(name, metric, on_step=False, on_epoch=True, prog_bar=prog_bar)
+            self.log_epoch(name, metric, prog_bar)
+
+    def log_epoch(self, name: str, metric: Any, prog_bar: bool | Collection[str] = False) -> None:
+        """Log ``metric``'s value for the epoch, if anything updated it (with every batch skipped there is nothing
+        to report). A :class:`~snntrain.tasks.metrics.WeightedMean` of several ``names`` logs one value per name
+        under ``name.format(name_i)``, shown in the progress bar where ``prog_bar`` holds ``name_i``; its
+        ``compute`` adds the states of all processes, so every process logs the same values."""
+        if not metric.update_called:
+            return
+        names = getattr(metric, "names", None)
+        if names is None:
+            self.log(name, metric, on_step=False, on_epoch=True, prog_bar=bool(prog_bar))
+            return
+        values = metric.compute()
+        metric.reset()
+        for key, value in values.items():
+            show = key in prog_bar if isinstance(prog_bar, Collection) else bool(prog_bar)
+            # equal on every process already: sync_dist (a mean of equal values) only tells Lightning so
+            self.log(name.format(key), value, on_step=False, on_epoch=True, prog_bar=show, sync_dist=True,
+                     batch_size=1)
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this training step's values (every ``trainer.log_every_n_steps``).

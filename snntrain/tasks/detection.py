@@ -100,8 +100,7 @@ class DetectionTask(SpikingTask):
         self.val_map = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend=_map_backend(),
                                             sync_on_compute=False)
         # sums kept on the device: a training step never waits for the host (snntrain.tasks.metrics)
-        self.train_means = torch.nn.ModuleDict({name: WeightedMean() for name in LOGGED_LOSSES})
-        self.val_means = torch.nn.ModuleDict({name: WeightedMean() for name in LOGGED_LOSSES})
+        self.train_means, self.val_means = WeightedMean(LOGGED_LOSSES), WeightedMean(LOGGED_LOSSES)
         self._shown: tuple[torch.Tensor, list, list] | None = None
         self._wider = None  # WiderFaceAP for the epoch, when the val set has the official difficulty lists
 
@@ -110,40 +109,44 @@ class DetectionTask(SpikingTask):
         return images, targets["boxes"], targets["labels"], targets["num_boxes"]
 
     def objective(self, model, images, boxes, labels, num_boxes) -> dict[str, torch.Tensor]:
-        """The network's outputs, FCOS targets assigned to its locations and :func:`fcos_loss` (one graph
-        under ``compile``)."""
+        """The network's outputs, FCOS targets assigned to its locations, :func:`fcos_loss` and the logged
+        values (:meth:`_loss`), as one graph under ``compile``."""
         return self._loss(model, model(images), boxes, labels, num_boxes)
 
     def _loss(self, model, outputs, boxes, labels, num_boxes) -> dict[str, torch.Tensor]:
+        """:func:`fcos_loss`'s terms, and under ``"logged"`` the values of :data:`LOGGED_LOSSES` with their
+        weights (``[2, 5]``, detached) for the means: the losses per positive location (they are normalised by
+        the batch's positives) and ``num_pos`` per image."""
         assigned = model.targets(outputs, boxes, labels, num_boxes)
-        return fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
+        losses = fcos_loss(outputs, assigned, **self.loss_cfg, backend=self.backend)
+        num_pos, batch_size = losses["num_pos"], boxes.shape[0]  # boxes: [B, max boxes, 4]
+        values = [losses[name] for name in LOGGED_LOSSES[:-1]] + [num_pos / batch_size]
+        weights = [num_pos] * (len(LOGGED_LOSSES) - 1) + [torch.full_like(num_pos, batch_size)]
+        losses["logged"] = torch.stack([torch.stack(values), torch.stack(weights)]).detach()
+        return losses
 
-    def _log_losses(self, stage: str, losses: dict[str, torch.Tensor], batch_size: int) -> None:
-        num_pos = losses["num_pos"]
-        train = stage == "train"
-        step_values = train and self.logs_this_step()
-        for name in LOGGED_LOSSES:
-            if name == "num_pos":  # per image
-                value, weight = num_pos / batch_size, batch_size
-            else:  # per positive: the loss is normalised by the batch's positives
-                value, weight = losses[name], num_pos
-            mean = (self.train_means if train else self.val_means)[name]
-            mean.update(value.detach(), weight)
-            if step_values:
+    def _log_losses(self, stage: str, logged: torch.Tensor, batch_size: int) -> None:
+        """Add a batch's values (``_loss(...)["logged"]``) to the stage's means; on the training steps the
+        logger writes, log them as step values too."""
+        values, weights = logged.unbind()
+        if stage == "val":
+            self.val_means.update(values, weights)
+            return
+        self.train_means.update(values, weights)
+        if self.logs_this_step():
+            for name, value in zip(LOGGED_LOSSES, values.unbind()):
                 # never prog_bar=True on a step value: Lightning turns progress-bar values into numbers after
                 # every step, which waits for the device; snntrain's ProgressBar shows train/loss_step instead
                 self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, batch_size=batch_size)
-            if not train:  # the training means: epoch_metrics
-                self.log(f"val/{name}", mean, on_step=False, on_epoch=True, prog_bar=name == "loss")
 
     def epoch_metrics(self):
-        return {f"train/{name}_epoch": (self.train_means[name], False) for name in LOGGED_LOSSES}
+        return {"train/{}_epoch": (self.train_means, False)}
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor | None:
         if self.partial_batch(batch):
             return None  # skipped: static shapes under compile
         losses = self.train_objective(batch)
-        self._log_losses("train", losses, batch[0].shape[0])
+        self._log_losses("train", losses["logged"], batch[0].shape[0])
         return losses["loss"]
 
     def _difficulty_records(self) -> list | None:
@@ -178,7 +181,7 @@ class DetectionTask(SpikingTask):
         targets = batch[1]
         outputs = self(images)
         losses = self._loss(self.model, outputs, boxes, labels, num_boxes)
-        self._log_losses("val", losses, images.shape[0])
+        self._log_losses("val", losses["logged"], images.shape[0])
         preds = self.model.detect(images, outputs)
         gts = padded_to_list(targets)
         self.val_map.update(preds, gts)
@@ -194,6 +197,7 @@ class DetectionTask(SpikingTask):
 
         # every process scores every process's detections, in the data's order: the values are the same
         # on all of them, and sync_dist (a mean of equal values, batch_size 1) only tells Lightning so
+        self.log_epoch("val/{}", self.val_means, prog_bar={"loss"})
         gather_list_states(self.val_map)
         result = self.val_map.compute()
         self.val_map.reset()

@@ -10,34 +10,48 @@ Lightning logs them) adds the states over all processes, like any torchmetrics `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 
 class WeightedMean(Metric):
-    """The weighted mean of scalar values: ``sum(value * weight) / sum(weight)``.
+    """The weighted mean of values: ``sum(value * weight) / sum(weight)``, of one scalar or, with ``names``,
+    of several at once: one update adds a vector of values (one per name) with a vector of weights, so a step
+    that logs several means launches a handful of kernels, not a handful per mean, and ``compute`` returns
+    ``{name: mean}``.
 
-    ``weight`` is a Python number or a scalar tensor on the value's device. Accumulated in float64.
+    ``weight`` is a Python number or a tensor on the value's device (a scalar, or one weight per name).
+    Accumulated in float64.
     """
 
     full_state_update = False
     higher_is_better = None
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, names: Sequence[str] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.names = None if names is None else tuple(names)
+        if self.names is not None and (not self.names or len(set(self.names)) != len(self.names)):
+            raise ValueError(f"names={list(self.names)} is not valid: give one or more distinct names")
+        shape = () if self.names is None else (len(self.names),)
+        self.add_state("total", default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, value: Tensor, weight: Tensor | float = 1.0) -> None:
+        if value.shape != self.total.shape:
+            raise ValueError(f"value has shape {tuple(value.shape)}; this mean takes shape {tuple(self.total.shape)}"
+                             + ("" if self.names is None else f" (one value per name of {list(self.names)})"))
         value = value.detach().to(torch.float64)
         if isinstance(weight, Tensor):
             weight = weight.detach().to(torch.float64)
         self.total += value * weight
         self.weight += weight
 
-    def compute(self) -> Tensor:
-        return (self.total / self.weight).float()
+    def compute(self) -> Tensor | dict[str, Tensor]:
+        mean = (self.total / self.weight).float()
+        return mean if self.names is None else dict(zip(self.names, mean.unbind()))
 
 
 class TopOneAccuracy(Metric):
