@@ -63,7 +63,7 @@ import triton.language as tl
 
 from . import layer_norm_tuning as tuning
 from .layer_norm_tuning import TUNING, Tuning
-from .op_utils import direct, eager_function, no_launch, op_wrap, profiled, register_op, traced
+from .op_utils import cdiv, direct, eager_function, next_pow2, no_launch, op_wrap, profiled, register_op, traced
 
 __all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd"]
 
@@ -464,9 +464,9 @@ def _finish_dwdb(part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, need_dw
                  wrap=direct) -> None:
     """dW, dB = fixed-order sums of the partials ``part`` [G, 2, C] over G, in one small kernel."""
     G, _, C = part.shape
-    block_n = min(triton.next_power_of_2(C), 16 if C <= 256 else 32)
-    block_g = min(triton.next_power_of_2(G), max(1, TUNING.finish_tile // block_n))
-    grid = (triton.cdiv(C, block_n), int(need_dw) + int(need_db))
+    block_n = min(next_pow2(C), 16 if C <= 256 else 32)
+    block_g = min(next_pow2(G), max(1, TUNING.finish_tile // block_n))
+    grid = (cdiv(C, block_n), int(need_dw) + int(need_db))
     wrap(_ln_bwd_finish_kernel)[grid](
         part, dw if need_dw else db, db if need_db else dw, G, C,
         FIRST=0 if need_dw else 1, BLOCK_G=block_g, BLOCK_N=block_n,

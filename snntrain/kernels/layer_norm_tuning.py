@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import triton
 
-from .op_utils import INTERPRET, sm_count
+from .op_utils import INTERPRET, cdiv, next_pow2, sm_count
 
 __all__ = ["Tuning", "TUNING", "Plan", "find_split", "strides3", "sizes3", "collapse", "geometry", "warps_for",
            "floor_pow2", "tile_plan", "plan_fwd", "plan_bwd", "plan_dwdb", "bwd_stages", "reg_cap", "direct_launch",
@@ -146,8 +145,8 @@ def floor_pow2(n: int) -> int:
 def tile_plan(B0: int, S: int, C: int, s_unit: bool, tile: int) -> tuple[bool, int, int, int]:
     """(single, block_s, block_c, tiles_per_b) for a target of ``tile`` elements per program."""
     tn = TUNING
-    bc = triton.next_power_of_2(C)
-    s_cap = triton.next_power_of_2(S)
+    bc = next_pow2(C)
+    s_cap = next_pow2(S)
     min_s = floor_pow2(tn.cf_min_block_s) if s_unit else 1
     bs = min(s_cap, max(min_s, floor_pow2(tile // bc)))
     single = bs * bc <= tn.max_tile
@@ -156,7 +155,7 @@ def tile_plan(B0: int, S: int, C: int, s_unit: bool, tile: int) -> tuple[bool, i
         bc = min(bc, max(16, tn.loop_tile // bs))
         if bs * bc > tn.loop_tile:
             bc = max(1, tn.loop_tile // bs)
-    return single, bs, bc, triton.cdiv(S, bs)
+    return single, bs, bc, cdiv(S, bs)
 
 
 def geometry(x: torch.Tensor, dim: int, split: int) -> tuple[int, int, int, bool]:
@@ -211,11 +210,11 @@ def plan_dwdb(p: Plan, n_sm: int) -> tuple[int, int, int, int, int]:
     double the pass's time.
     """
     tn = TUNING
-    bc = min(triton.next_power_of_2(p.C), floor_pow2(tn.dw_block_c))
+    bc = min(next_pow2(p.C), floor_pow2(tn.dw_block_c))
     min_s = floor_pow2(tn.cf_min_block_s) if p.s_unit else 1
-    bs = min(triton.next_power_of_2(p.S), max(min_s, floor_pow2(tn.dw_tile // bc)))
-    tiles_per_b = triton.cdiv(p.S, bs)
-    n_col = triton.cdiv(p.C, bc)
+    bs = min(next_pow2(p.S), max(min_s, floor_pow2(tn.dw_tile // bc)))
+    tiles_per_b = cdiv(p.S, bs)
+    n_col = cdiv(p.C, bc)
     G = max(1, min(p.B0 * tiles_per_b, tn.dw_programs_per_sm * n_sm // n_col))
     return bs, bc, tiles_per_b, n_col, G
 
@@ -267,7 +266,7 @@ def separate_dwdb(x: torch.Tensor, dim: int, split: int) -> bool:
     fused kernel was x1.23 faster on the H200 despite the spills.
     """
     B0, S, C, s_unit = geometry(x, dim, split)
-    if triton.next_power_of_2(C) > TUNING.fused_dw_max_c:
+    if next_pow2(C) > TUNING.fused_dw_max_c:
         return True
     return s_unit and S % 4 != 0 and TUNING.cf_unaligned_separate_dw
 

@@ -102,7 +102,7 @@ from .norm_neuron_tuning import (
     ln_tiles,
     tile_groups,
 )
-from .op_utils import FLOAT_DTYPES, INT32_MAX, direct, eager_function, op_wrap, profiled, register_op, traced
+from .op_utils import FLOAT_DTYPES, INT32_MAX, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["bn_neuron", "ln_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd"]
 
@@ -806,18 +806,18 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     cl = sc < ss
     if batch:
         bs, bc = bn_tiles(C, S, cl, STATS_TILE)
-        groups, tpp = tile_groups(B, S, bs, triton.cdiv(C, bc), dev)
+        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), dev)
         g0 = B * groups
         part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
-        wrap(_bn_stats_kernel)[(g0, triton.cdiv(C, bc))](
+        wrap(_bn_stats_kernel)[(g0, cdiv(C, bc))](
             xk, part, 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
             BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
-        wrap(_bn_stats_finish_kernel)[(triton.cdiv(C, FINISH_C),)](
+        wrap(_bn_stats_finish_kernel)[(cdiv(C, FINISH_C),)](
             part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
     bs, bc = bn_tiles(C, S, cl, FWD_TILE)
-    s_tiles = triton.cdiv(S, bs)
+    s_tiles = cdiv(S, bs)
     so = _strides(spikes, False)
-    wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, triton.cdiv(C, bc))](
+    wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, cdiv(C, bc))](
         xk, mean, rstd, weight, bias, k_tensor, spikes, ckpt,
         T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
         k, v_threshold, v_reset,
@@ -867,7 +867,7 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
     cl = sc < ss
     bs, bc = bn_tiles(C, S, cl, BWD_TILE)
-    g1 = triton.cdiv(C, bc)
+    g1 = cdiv(C, bc)
     groups, tpp = tile_groups(B, S, bs, g1, x.device)
     g0 = B * groups
     k, v_threshold, v_reset, alpha, _eps = params
@@ -883,7 +883,7 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
         wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
             xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, part, gk_part, *args,
             PASS=1, STORE_GK=need_k, **common)
-        wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
+        wrap(_pair_sum_kernel)[(cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
                                                             BLOCK_C=FINISH_C, num_warps=4)
         if need_k:
             wrap(sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
@@ -906,7 +906,7 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
         return spikes, ckpt
     k, v_threshold, v_reset, _alpha, eps = params
     bs, bc = ln_tiles(C, LN_FWD_TILE)
-    s_tiles = triton.cdiv(S, bs)
+    s_tiles = cdiv(S, bs)
     so = _strides(spikes, False)
     wrap(_ln_neuron_fwd_kernel)[(B * s_tiles,)](
         xk, weight, bias, k_tensor, spikes, ckpt,
@@ -935,7 +935,7 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded)
     bs, bc = ln_tiles(C, LN_BWD_TILE)
-    s_tiles = triton.cdiv(S, bs)
+    s_tiles = cdiv(S, bs)
     g0 = B * s_tiles
     part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
     gk_part = torch.empty((g0 if need_k else 1,), dtype=torch.float32, device=x.device)
@@ -949,7 +949,7 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
         NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
     )
     if need_wb:
-        wrap(_pair_sum_kernel)[(triton.cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
+        wrap(_pair_sum_kernel)[(cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
                                                             BLOCK_C=FINISH_C, num_warps=4)
     if need_k:
         wrap(sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)

@@ -13,12 +13,11 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
-from .op_utils import sm_count
+from .op_utils import cdiv, next_pow2, sm_count
 
 __all__ = ["FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C",
-           "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "p2", "block_s", "tile_groups", "bn_tiles",
+           "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "next_pow2", "block_s", "tile_groups", "bn_tiles",
            "ln_tiles"]
 
 FWD_TILE, FWD_WARPS = 1024, 4
@@ -31,17 +30,12 @@ PROGRAMS_PER_SM = 8
 LN_FWD_TILE, LN_BWD_TILE, LN_WARPS = 2048, 1024, 8
 
 
-def p2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def block_s(S: int, tile: int) -> int:
     """Positions per tile for an NCHW map: the largest power of two (16 .. tile) that pads
     S by at most 7%, else the one that pads least (56x56: 64, 28x28: 64, 14x14: 16)."""
     if S <= 16:
-        return p2(S)
+        return next_pow2(S)
     cands = [b for b in (1 << k for k in range(4, tile.bit_length())) if b <= tile]
     waste = {b: -(-S // b) * b / S - 1.0 for b in cands}
     good = [b for b in cands if waste[b] <= 0.07]
@@ -54,23 +48,23 @@ def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tup
     consecutive position tiles, so that about ``PROGRAMS_PER_SM`` programs per SM remain and the
     finishing kernel has few rows to add."""
     sms = sm_count(dev, cpu=1)
-    s_tiles = triton.cdiv(S, block_s)
+    s_tiles = cdiv(S, block_s)
     tpp = max(1, min(s_tiles, (B * s_tiles * g1) // (PROGRAMS_PER_SM * sms)))
-    return triton.cdiv(s_tiles, tpp), tpp
+    return cdiv(s_tiles, tpp), tpp
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
     if cl:
-        block_c = min(p2(C), 64)
+        block_c = min(next_pow2(C), 64)
         return max(1, tile // block_c), block_c
     bs = block_s(S, tile)
-    return bs, max(1, min(p2(C), tile // bs))
+    return bs, max(1, min(next_pow2(C), tile // bs))
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
 def ln_tiles(C: int, tile: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C) of the layer-norm kernels: all C channels, positions to fill ``tile``."""
-    block_c = p2(C)
+    block_c = next_pow2(C)
     return max(1, tile // block_c), block_c

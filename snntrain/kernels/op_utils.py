@@ -30,7 +30,7 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "direct", "FastLaunch", "op_wrap", "no_launch",
+__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "next_pow2", "direct", "FastLaunch", "op_wrap", "no_launch",
            "register_op", "profiled", "traced", "eager_function"]
 
 #: Triton's CPU interpreter is on (``TRITON_INTERPRET=1``, set by the tests on a machine without CUDA).
@@ -56,15 +56,22 @@ def sm_count(device: torch.device, cpu: int = 4) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` for positive host integers."""
+    """``ceil(a / b)`` for positive host integers (``triton.cdiv`` is a constexpr function: several microseconds
+    a call on the host, a dozen calls per layer and step)."""
     return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), on the host (``triton.next_power_of_2`` is slower there)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 class FastLaunch:
     """A ``@triton.jit`` kernel launched with less host work: ``FastLaunch(kernel)[grid](*args, **kwargs)``
     launches what ``kernel[grid](*args, **kwargs)`` would, but reuses the compiled kernel found for the same
     specialisation instead of having Triton bind and specialise every argument and hash the result on each
-    call (tens of microseconds per launch, as much as a small kernel runs on the GPU).
+    call (tens of microseconds per launch, as much as a small kernel runs on the GPU), and calls the compiled
+    kernel's launcher itself.
 
     The specialisation key is what Triton specialises on: each tensor's dtype and 16-byte alignment, each
     integer's being 1, its divisibility by 16 and its 32-bit range, every constexpr's value, the options
@@ -73,7 +80,7 @@ class FastLaunch:
     does not offer, launch hooks (profilers such as Proton set them) or the interpreter take Triton's path.
     """
 
-    __slots__ = ("kernel", "_cache", "_names", "_defaults", "_constexpr", "_ok")
+    __slots__ = ("kernel", "_cache", "_names", "_defaults", "_const", "_known", "_ok")
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
@@ -83,9 +90,11 @@ class FastLaunch:
             import inspect
 
             params = list(inspect.signature(kernel.fn).parameters.values())
-            self._names = [p.name for p in params]
+            self._names = tuple(p.name for p in params)
             self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-            self._constexpr = frozenset(p.name for p in kernel.params if p.is_constexpr)
+            constexpr = {p.name for p in kernel.params if p.is_constexpr}
+            self._const = tuple(name in constexpr for name in self._names)  # per position
+            self._known = frozenset(self._names) | frozenset(self._defaults)
         except (AttributeError, TypeError, ValueError):
             self._ok = False
 
@@ -94,47 +103,63 @@ class FastLaunch:
 
     def _key(self, values: list, kwargs: dict, device: int) -> tuple:
         key: list = [device]
-        for name, a in zip(self._names, values):
-            if name in self._constexpr:
-                key.append(a)
-            elif isinstance(a, Tensor):
-                key.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif isinstance(a, bool) or a is None:
-                key.append(a)
-            elif isinstance(a, int):
-                key.append((a == 1, a % 16 == 0, _int_width(a)))
-            elif isinstance(a, float):
-                key.append(float)
+        append = key.append
+        for const, a in zip(self._const, values):
+            if const:
+                append(a)
+                continue
+            t = type(a)
+            if t is int:
+                append((a == 1, a % 16 == 0, 0 if -2**31 <= a < 2**31 else _int_width(a)))
+            elif t is Tensor or t is torch.nn.Parameter or isinstance(a, Tensor):
+                append((a.dtype, a.data_ptr() % 16 == 0))
+            elif t is float:
+                append(float)
+            elif t is bool or a is None:
+                append(a)
+            elif isinstance(a, int):  # an int subclass (not bool)
+                append((a == 1, a % 16 == 0, _int_width(a)))
             else:
-                key.append(a)
-        key.extend(sorted((k, v) for k, v in kwargs.items() if k not in self._defaults and k not in self._names))
+                append(a)
+        known = self._known
+        for k, v in kwargs.items():  # the options (num_warps, ...); a call site passes them in a fixed order
+            if k not in known:
+                append((k, v))
         return tuple(key)
 
     def launch(self, grid, args: tuple, kwargs: dict):
         from triton import knobs
-        from triton.runtime import driver
 
-        hook = knobs.runtime.launch_enter_hook  # a HookChain (empty unless a profiler added hooks) or a function
-        if not self._ok or (hook is not None and getattr(hook, "calls", True)):
+        runtime = knobs.runtime
+        # HookChains (empty unless a profiler such as Proton added hooks) or functions
+        enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if not self._ok or (enter is not None and getattr(enter, "calls", True)) \
+                or (exit_ is not None and getattr(exit_, "calls", True)):
             return self.kernel[grid](*args, **kwargs)
         try:
             values = list(args)
-            for name in self._names[len(args):]:
-                values.append(kwargs[name] if name in kwargs else self._defaults[name])
-            device = driver.active.get_current_device()
+            if len(values) < len(self._names):
+                defaults = self._defaults
+                for name in self._names[len(args):]:
+                    values.append(kwargs[name] if name in kwargs else defaults[name])
+            device = torch.cuda.current_device()
             key = self._key(values, kwargs, device)
         except (KeyError, TypeError):
             return self.kernel[grid](*args, **kwargs)
-        compiled = self._cache.get(key)
-        if compiled is None:
+        entry = self._cache.get(key)
+        if entry is None:
             compiled = self.kernel[grid](*args, **kwargs)
             if hasattr(compiled, "result"):
                 compiled = compiled.result()
-            if compiled is not None and hasattr(compiled, "__getitem__"):
-                self._cache[key] = compiled
+            if compiled is not None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+                compiled.run  # noqa: B018 (loads the binary: function and launcher exist from here on)
+                self._cache[key] = (compiled, compiled.run, compiled.function, compiled.packed_metadata)
             return compiled
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        compiled[grid](*values, stream=driver.active.get_current_stream(device))
+        compiled, run, function, metadata = entry
+        n = len(grid)
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        # what CompiledKernel's runner does, without hooks (none is set) and so without launch metadata
+        run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None, *values)
         return compiled
 
 

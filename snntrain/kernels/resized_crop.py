@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .op_utils import cdiv
+
 #: columns of the per-image ``meta`` rows
 META = ("offset", "height", "width", "top", "left", "box_height", "box_width", "flip")
 BLOCK = 256
@@ -125,6 +127,6 @@ def resized_crop(src: torch.Tensor, meta: torch.Tensor, norm: torch.Tensor, out:
         raise TypeError(f"out must be float32 or bfloat16; got {out.dtype}")
     if B == 0:
         return out
-    grid = (triton.cdiv(S * S, BLOCK), B * C)
+    grid = (cdiv(S * S, BLOCK), B * C)
     _resized_crop_kernel[grid](src, meta, norm, out, *out.stride(), S, C=C, BLOCK=BLOCK)
     return out
