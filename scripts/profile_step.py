@@ -94,9 +94,11 @@ class StepProfile(L.Callback):
                  table.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=80),
                  f"\n## operators by {device.replace('_', ' ')}\n",
                  table.table(sort_by=device, row_limit=25, max_name_column_width=80)]
+        trace = self.out / f"trace{tag}.json"
+        self._prof.export_chrome_trace(str(trace))
         if self.stacks:
             parts += ["\n## where the host waits for the device (synchronising calls by Python stack)\n",
-                      host_waits(self._prof)]
+                      host_waits(trace_events(trace))]
         if self._py is not None:
             for key, title in (("cumulative", "cumulative"), ("tottime", "own")):
                 buf = io.StringIO()
@@ -104,7 +106,6 @@ class StepProfile(L.Callback):
                 parts += [f"\n## Python functions by {title} time (cProfile)\n", buf.getvalue()]
             self._py.dump_stats(str(self.out / f"profile{tag}.pstats"))  # callers: pstats, snakeviz
         (self.out / f"profile{tag}.txt").write_text("".join(parts))
-        self._prof.export_chrome_trace(str(self.out / f"trace{tag}.json"))
 
 
 #: CUDA runtime calls that block the host until the device (or a stream) has finished its queued work.
@@ -114,29 +115,42 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 _OWN_FRAME = re.compile(r"(^|/)profile_step\.py\(")  # this script's frames, not those of the run
 
 
-def _python_stack(event) -> list[str]:
-    """The Python frames (innermost first) around a profiler event: its own recorded stack, or the Python-function
-    events that enclose it (how ``with_stack=True`` records them on newer PyTorch; a CUDA runtime call sits
-    under the operator that made it, and that under the Python frames)."""
-    if event.stack:
-        return list(event.stack)
-    frames, parent = [], event.cpu_parent
-    while parent is not None:
-        if "(" in parent.name and "): " in parent.name:  # "file.py(123): function"
-            frames.append(parent.name)
-        parent = parent.cpu_parent
-    return frames
+def trace_events(path: Path) -> list[dict]:
+    """The events of a Chrome trace that torch.profiler exported (``export_chrome_trace``, once per profile). With
+    ``with_stack=True`` it holds every Python function call as an interval (``cat: python_function``) beside the
+    operators and CUDA runtime calls, on every PyTorch version (whether ``prof.events()`` links operators to
+    their Python frames differs between versions)."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def host_waits(prof, names: tuple[str, ...] = WAITS, depth: int = 12) -> str:
-    """The calls named ``names`` (default: the synchronising CUDA calls) of ``prof`` (recorded with
-    ``with_stack=True``), grouped by the innermost ``depth`` frames of their Python stack: count, total host
-    time, and the stack."""
+def host_waits(events: list[dict], names: tuple[str, ...] = WAITS, depth: int = 12) -> str:
+    """The calls named ``names`` (default: the synchronising CUDA calls) among ``events`` (:func:`trace_events`
+    of a profile recorded with ``with_stack=True``), grouped by the innermost ``depth`` Python frames that
+    enclose them: count, total host time, and the stack."""
+    by_thread: dict = {}
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        python = e.get("cat") == "python_function"
+        if python or e.get("name") in names:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     groups: dict[tuple[str, tuple[str, ...]], list[float]] = {}
-    for event in prof.events():
-        if event.name in names:
-            stack = tuple(f for f in _python_stack(event) if not _OWN_FRAME.search(f))[:depth]
-            groups.setdefault((event.name, stack), []).append(event.cpu_time_total)
+    for thread in by_thread.values():
+        # outer intervals first where two start together: a sweep keeps the Python frames open at each call
+        thread.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        open_frames: list[tuple[float, str]] = []  # (end, name), outermost first
+        for e in thread:
+            ts, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+            while open_frames and open_frames[-1][0] < ts:
+                open_frames.pop()
+            if e.get("cat") == "python_function":
+                open_frames.append((end, e["name"]))
+                continue
+            stack = tuple(f for _, f in reversed(open_frames) if not _OWN_FRAME.search(f))[:depth]
+            groups.setdefault((e["name"], stack), []).append(float(e["dur"]))
     if not groups:
         return "none\n"
     lines = []
