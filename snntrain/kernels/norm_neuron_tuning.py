@@ -17,8 +17,7 @@ import torch
 from .op_utils import cdiv, next_pow2, sm_count
 
 __all__ = ["FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C",
-           "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "next_pow2", "block_s", "tile_groups", "bn_tiles",
-           "ln_tiles"]
+           "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles", "ln_tiles"]
 
 FWD_TILE, FWD_WARPS = 1024, 4
 BWD_TILE, BWD_WARPS = 512, 4

@@ -94,7 +94,7 @@ class FastLaunch:
             self._defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
             constexpr = {p.name for p in kernel.params if p.is_constexpr}
             self._const = tuple(name in constexpr for name in self._names)  # per position
-            self._known = frozenset(self._names) | frozenset(self._defaults)
+            self._known = frozenset(self._names)  # every argument name (those with defaults among them)
         except (AttributeError, TypeError, ValueError):
             self._ok = False
 

@@ -195,9 +195,9 @@ class DetectionTask(SpikingTask):
     def on_validation_epoch_end(self) -> None:
         from ..distributed import gather_list_states
 
+        self.log_epoch("val/{}", self.val_means, prog_bar={"loss"})
         # every process scores every process's detections, in the data's order: the values are the same
         # on all of them, and sync_dist (a mean of equal values, batch_size 1) only tells Lightning so
-        self.log_epoch("val/{}", self.val_means, prog_bar={"loss"})
         gather_list_states(self.val_map)
         result = self.val_map.compute()
         self.val_map.reset()
