@@ -15,16 +15,19 @@ Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-e
 same without the fused norm-neuron op: ``NormNeuron.fused = False``), ``snntrain-eager-nchw`` and
 ``snntrain-eager-nchw-unfused`` (contiguous NCHW maps),
 ``snntrain-compile`` and ``snntrain-reduce-overhead`` (``torch.compile`` of the model; the
-second captures forward and backward in CUDA graphs), ``snntrain-torch`` (the PyTorch
+second captures forward and backward in CUDA graphs), ``snntrain-graph`` and ``snntrain-compile-graph`` (the
+whole step, optimizer included, captured in one CUDA graph over the eager or the compiled model: what
+``cuda_graph=true`` runs), ``snntrain-torch`` (the PyTorch
 reference backend), and SpikingJelly 2.0.0's ``sew_resnet18`` in a child process per
 implementation (``SJ_LIF_CUDA_IMPLEMENTATION=triton``; bf16 through its precision API,
 ``prepare_model_for_precision(..., PrecisionConfig(neuron_storage="bf16"))``). Every
 provider uses a fused optimizer. Precision: fp32, or bf16 autocast.
 
-The floor: ``resnet18-eager`` and ``resnet18-reduce-overhead``, torchvision's ResNet-18 (the same
+The floor: ``resnet18-eager``, ``resnet18-reduce-overhead`` and ``resnet18-graph``, torchvision's ResNet-18 (the same
 convolutions and norms, ReLU instead of spiking neurons, channels-last) at batch T x B, the batch our
 convolutions see. The run users launch: ``cli-eager`` and ``cli-reduce-overhead`` run ``python -m
-snntrain`` on the same network, batch, optimizer and precision (``data=synthetic``, ``frames=T`` for the
+snntrain`` (``cli-graph``: ``cuda_graph=true``; ``cli-compile-graph``: with ``compile=default``) on the same
+network, batch, optimizer and precision (``data=synthetic``, ``frames=T`` for the
 event case; the detector its default ``task=detect`` run) and report its ``perf/train_images_per_s``
 (the last epoch's steps after 5 warm-up steps, Lightning's loop, data transfer, metrics, logging and
 callbacks included); ms/step there is batch / rate. ``--cli-pythonpath DIR`` runs another checkout's
@@ -82,8 +85,12 @@ def case_input(case: str, generator) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoid"}
 PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-eager-nchw-unfused",
-             "snntrain-compile", "snntrain-reduce-overhead", "snntrain-torch",
-             "cli-eager", "cli-reduce-overhead", "resnet18-eager", "resnet18-reduce-overhead", "spikingjelly")
+             "snntrain-compile", "snntrain-reduce-overhead", "snntrain-graph", "snntrain-compile-graph",
+             "snntrain-torch", "cli-eager", "cli-reduce-overhead", "cli-graph", "cli-compile-graph",
+             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly")
+#: ``*-graph`` providers: the whole step (forward, loss, backward, optimizer) captured in one CUDA graph
+#: (``snntrain.tasks.step_graph``, ``cuda_graph=true`` on the command line); ``*-compile-graph`` over the
+#: ``compile=default`` objective.
 KINDS = ("convolution", "norm", "neuron", "pooling", "layout", "elementwise", "optimizer", "idle/host")
 
 
@@ -187,7 +194,8 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     from snntrain.tasks.speed import compile_model, to_channels_last
 
     backend = "torch" if provider == "snntrain-torch" else "triton"
-    mode = {"snntrain-compile": "default", "snntrain-reduce-overhead": "reduce-overhead"}.get(provider)
+    mode = {"snntrain-compile": "default", "snntrain-reduce-overhead": "reduce-overhead",
+            "snntrain-compile-graph": "default"}.get(provider)
     torch._dynamo.reset()
     if case == "detector":
         return detector(provider, precision, backend, mode, args)
@@ -200,20 +208,31 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     fn = compile_model(model, mode)
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
-    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args)
+    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args, graph=provider.endswith("-graph"))
     return row(case, provider, precision, c["batch"], first, ms, peak, prof)
 
 
-def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, args):
+def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, args, graph: bool = False):
     """``(first calls s, ms per step, peak MiB, GPU-time breakdown or None)`` of the training step
-    forward (``fn``), cross-entropy, backward, ``opt`` step."""
+    forward (``fn``), cross-entropy, backward, ``opt`` step; with ``graph`` all of it one CUDA graph."""
+    if graph:
+        from snntrain.tasks.step_graph import StepGraph, training_step_fn
 
-    def step():
-        with autocast(precision):
-            loss = torch.nn.functional.cross_entropy(fn(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        def objective(x, y):
+            with autocast(precision):
+                return {"loss": torch.nn.functional.cross_entropy(fn(x), y)}
+
+        captured = StepGraph(training_step_fn(objective, opt), opt)
+
+        def step():
+            captured(x, y)
+    else:
+        def step():
+            with autocast(precision):
+                loss = torch.nn.functional.cross_entropy(fn(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     first, ms, peak = time_steps(step, args.steps, args.warmup)
     return first, ms, peak, (breakdown(step, ms) if args.profile else None)
@@ -246,15 +265,26 @@ def detector(provider, precision, backend, mode, args) -> dict:
     fn = compile_model(TrainingObjective(model, task.objective), mode)
     opt = build_optimizer(model, cfg["task"]["optimizer"])
     graphs = mode in GRAPH_MODES
+    if provider.endswith("-graph"):  # the whole step in one CUDA graph, as cuda_graph=true runs it
+        from snntrain.tasks.step_graph import StepGraph, training_step_fn
 
-    def step():
-        if graphs:  # as the task does: a new iteration, the graphs may reuse the last step's outputs
-            torch.compiler.cudagraph_mark_step_begin()
-        with autocast(precision):
-            loss = fn(*inputs)["loss"]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        def objective(*x):
+            with autocast(precision):
+                return fn(*x)
+
+        captured = StepGraph(training_step_fn(objective, opt), opt)
+
+        def step():
+            captured(*inputs)
+    else:
+        def step():
+            if graphs:  # as the task does: a new iteration, the graphs may reuse the last step's outputs
+                torch.compiler.cudagraph_mark_step_begin()
+            with autocast(precision):
+                loss = fn(*inputs)["loss"]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     first, ms, peak = time_steps(step, args.steps, args.warmup)
     prof = breakdown(step, ms) if args.profile else None
@@ -289,7 +319,7 @@ def resnet18(case: str, provider: str, precision: str, args) -> dict:
     x = torch.randn(n, c.get("in_channels", 3), c["size"], c["size"], device="cuda", generator=g)
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, c.get("classes", CLASSES), (n,), device="cuda", generator=g)
-    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args)
+    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args, graph=provider.endswith("-graph"))
     # images/s counted per image of our batch (B), so the row compares with ours at the same work
     return row(case, provider, precision, c["batch"], first, ms, peak, prof, note=f"batch T*B={n}")
 
@@ -318,10 +348,13 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
     """``python -m snntrain`` on the case: the rate its speed monitor logs for the last epoch."""
     import csv
 
-    mode = "reduce-overhead" if provider.endswith("reduce-overhead") else "null"
+    mode = ("reduce-overhead" if provider.endswith("reduce-overhead") else
+            "default" if provider == "cli-compile-graph" else "null")
+    graph = "true" if provider.endswith("-graph") else "false"
     tag = Path(pythonpath).name if pythonpath else "this"
     run = Path(args.out).resolve() / "runs" / f"{case}-{provider}-{precision}-{tag}"
     cmd = [sys.executable, "-m", "snntrain", *cli_overrides(case, precision, args.cli_steps), f"compile={mode}",
+           *([f"cuda_graph={graph}"] if graph == "true" else []),
            "backend=triton", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=csv",
            "callbacks.precise_bn.num_batches=2", f"hydra.run.dir={run}"]
     env = dict(os.environ)

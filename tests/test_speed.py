@@ -412,7 +412,8 @@ def test_gpu_prefetch_hands_out_each_batch_ready_on_the_device():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["classify", "detect"])
-def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path, compose_run):
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_training_steps_never_wait_for_the_host(task, cuda_graph, tmp_path: Path, compose_run):
     """From the fourth training step to the last (data transfer, forward, loss, backward, optimizer, metric
     updates, EMA, the callbacks, Lightning's bookkeeping between steps), nothing synchronises with the host:
     ``torch.cuda.set_sync_debug_mode("error")`` raises on any synchronising call."""
@@ -439,7 +440,7 @@ def test_gpu_training_steps_never_wait_for_the_host(task, tmp_path: Path, compos
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
                  "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
                  "callbacks.precise_bn.num_batches=2", "callbacks.ema.enabled=true",
-                 "trainer.precision=bf16-mixed", "logger=none"]
+                 "trainer.precision=bf16-mixed", "logger=none", f"cuda_graph={str(cuda_graph).lower()}"]
     if task == "classify":
         overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]
     cfg = compose_run(tmp_path, *overrides)
@@ -486,3 +487,169 @@ def test_compile_captures_the_loss_with_the_network_in_one_graph(task, loss_op, 
     if task == "detect":
         assert "torch.isfinite" in code  # fcos_targets: locations with an assigned box
     assert losses[None] == pytest.approx(losses["default"], rel=1e-5), losses
+
+
+# ----------------------------------------------------------------------------------- the step in one CUDA graph
+
+
+def test_cuda_graph_setting_and_runs_it_cannot_hold_are_refused_by_name():
+    from snntrain.tasks.speed import check_cuda_graph, check_cuda_graph_run
+
+    assert check_cuda_graph(True) is True and check_cuda_graph(False) is False
+    for bad in ("yes", 1, None, "step"):
+        with pytest.raises(ValueError, match=r"cuda_graph=.* is not valid; choose false \(default\) or true"):
+            check_cuda_graph(bad)
+    ok = dict(mode=None, device="cuda", world_size=1, accumulate_grad_batches=1, gradient_clip_val=None,
+              precision="bf16-mixed")
+    check_cuda_graph_run(**ok)  # nothing refused: checks the settings, not the machine
+    check_cuda_graph_run(**{**ok, "mode": "default", "precision": "32-true", "gradient_clip_val": 0})
+    refused = [({"device": "cpu"}, r"this run trains on cpu.*trainer.accelerator=gpu"),
+               ({"world_size": 2}, r"2 processes.*compile=reduce-overhead"),
+               ({"accumulate_grad_batches": 4}, r"accumulate_grad_batches=4"),
+               ({"gradient_clip_val": 1.0}, r"gradient_clip_val=1.0.*gradient_clip_val=null"),
+               ({"precision": "16-mixed"}, r"precision=16-mixed.*bf16-mixed"),
+               ({"mode": "reduce-overhead"}, r"compile=reduce-overhead already captures.*compile=default")]
+    for change, message in refused:
+        with pytest.raises(ValueError, match=message):
+            check_cuda_graph_run(**{**ok, **change})
+
+
+def test_cuda_graph_refused_on_cpu_before_anything_is_written(tmp_path: Path, compose_run):
+    cfg = compose_run(tmp_path, "debug=tiny", "cuda_graph=true")
+    with pytest.raises(ValueError, match="cuda_graph=true captures the whole training step.*trains on cpu"):
+        run(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_cuda_graph_task_optimizes_manually_and_skips_partial_batches(compose_run):
+    from omegaconf import OmegaConf
+
+    cfg = compose_run("unused", "model.width=4")
+    config = OmegaConf.to_container(cfg, resolve=False)
+    config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
+    batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
+    assert TASKS["classify"](config, backend="torch").automatic_optimization
+    graphed = TASKS["classify"]({**config, "cuda_graph": True}, backend="torch")
+    assert not graphed.automatic_optimization
+    assert [graphed.partial_batch(batch(n)) for n in (8, 8, 5)] == [False, False, True]
+
+
+def test_step_graph_checks_its_arguments():
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = training_step_fn(lambda x: {"loss": model(x).sum()}, opt)
+    with pytest.raises(ValueError, match="warmup=0 must be >= 1"):
+        StepGraph(step, opt, warmup=0)
+    with pytest.raises(ValueError, match="a CUDA graph needs CUDA tensors; the step's first input is on cpu"):
+        StepGraph(step, opt)(torch.ones(2, 3))
+
+
+def test_checkpoint_of_a_graphed_optimizer_resumes_without_graphs():
+    """The optimizer state saved by a ``cuda_graph`` run (learning rates as device tensors, ``capturable``) is
+    written as without graphs and loads into a plain optimizer that then steps (here on the CPU)."""
+    from snntrain.tasks.step_graph import plain_optimizer_state, prepare_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    prepare_optimizer(opt, torch.device("cpu"))
+    group = opt.param_groups[0]
+    assert torch.is_tensor(group["lr"]) and group["capturable"] is True
+    saved = plain_optimizer_state(opt.state_dict())
+    assert saved["param_groups"][0]["lr"] == pytest.approx(0.01) and saved["param_groups"][0]["capturable"] is False
+    assert torch.is_tensor(opt.param_groups[0]["lr"])  # the live optimizer is left as it was
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.5)
+    fresh.load_state_dict(saved)
+    assert fresh.param_groups[0]["lr"] == pytest.approx(0.01)
+    model(torch.ones(1, 3)).sum().backward()
+    fresh.step()
+    assert int(fresh.state[model.weight]["step"]) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("mode", [None, "default"])
+def test_step_graph_trains_like_the_eager_step_on_gpu(optimizer, mode):
+    """Eight steps of a channels-last SEW-ResNet on eight different batches, with a learning rate that changes
+    every step: through :class:`StepGraph` (two eager warm-up steps, a capture, replays) the losses and the
+    weights follow the eager steps (fp32; the same kernels in the same order)."""
+    from snntrain.tasks.optim import build_scheduler
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 3, 64, 64, generator=g).cuda(), torch.randint(0, 5, (4,), generator=g).cuda())
+               for _ in range(8)]
+    base = to_channels_last(tiny("triton", width=8).cuda())
+    runs = {}
+    for graphed in (False, True):
+        model = copy.deepcopy(base)
+        opt = build_optimizer(model, {"name": optimizer, "lr": 0.05, "weight_decay": 1e-4})
+        sched = build_scheduler(opt, {"name": "cosine", "warmup_epochs": 1, "min_lr_ratio": 0.1}, 8, 3)
+        fn = compile_model(model, mode)
+
+        def objective(x, y, f=fn):
+            return {"loss": torch.nn.functional.cross_entropy(f(x), y)}
+
+        step = training_step_fn(objective, opt)
+        run_step = StepGraph(step, opt) if graphed else None
+        losses = []
+        for x, y in batches:
+            if graphed:
+                out = run_step(x, y)
+            else:
+                opt.zero_grad(set_to_none=True)
+                out = step(x, y)
+            losses.append(out["loss"].clone())
+            sched.step()
+        assert run_step is None or run_step.captured
+        runs[graphed] = (torch.stack(losses), {n: p.detach().clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(runs[True][0], runs[False][0], rtol=1e-4, atol=1e-5)
+    for name, p in runs[False][1].items():
+        err = rel_err(runs[True][1][name], p)
+        assert err <= 1e-4, f"{name}: relative error {err:.2e} after 8 steps"
+    moved = max(rel_err(runs[True][1][n], p) for n, p in base.named_parameters())
+    assert moved > 1e-3  # the weights did train
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classify", "detect"])
+def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Path, compose_run):
+    """``python -m snntrain cuda_graph=true`` (fp32, the weight average and batch-norm re-estimation on, two
+    epochs with validation) counts the same optimizer steps and ends at the eager run's weights and learning
+    rate; its checkpoint resumes a third epoch with and without the graph."""
+    from snntrain.cli import train
+
+    common = [f"task={task}", "backend=triton", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
+              "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "callbacks.precise_bn.num_batches=2",
+              "callbacks.ema.enabled=true", "trainer.precision=32-true", "logger=none"]
+    if task == "classify":
+        common += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32", "model.width=8"]
+    else:
+        common += ["data.num_train=96", "data.num_val=16"]
+    states = {}
+    for graphed in (False, True):
+        out = tmp_path / f"graph_{graphed}"
+        train(compose_run(out, *common, f"cuda_graph={str(graphed).lower()}"))
+        ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        states[graphed] = ckpt
+    eager, graphed = states[False], states[True]
+    assert graphed["global_step"] == eager["global_step"] == 12
+    lr = [c["optimizer_states"][0]["param_groups"][0]["lr"] for c in (eager, graphed)]
+    assert isinstance(lr[1], float) and lr[1] == pytest.approx(lr[0], rel=1e-6)
+    for name, ref in eager["state_dict"].items():
+        if ref.is_floating_point():
+            err = rel_err(graphed["state_dict"][name], ref)
+            assert err <= 1e-2, f"{name}: relative error {err:.2e} against the eager run"
+    for graphed_resume in (True, False):
+        out = tmp_path / f"resume_{graphed_resume}"
+        train(compose_run(out, *[o for o in common if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=3",
+                          f"ckpt_path={tmp_path / 'graph_True' / 'checkpoints' / 'last.ckpt'}",
+                          f"cuda_graph={str(graphed_resume).lower()}"))
+        resumed = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert resumed["global_step"] == 18

@@ -15,6 +15,7 @@ from ..models import build_model
 from . import speed
 from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
+from .step_graph import StepGraph, plain_optimizer_state, training_step_fn
 
 log = logging.getLogger("snntrain")
 
@@ -30,7 +31,9 @@ class SpikingTask(L.LightningModule):
     ``channels_last`` the model's weights are NHWC on CUDA; with ``compile`` the training
     objective (forward and loss, :meth:`train_objective`) runs through ``torch.compile``
     (validation and prediction stay eager), and a last partial training batch is skipped so
-    that shapes stay static.
+    that shapes stay static. With ``cuda_graph`` the whole training step (objective, backward, optimizer
+    update) is one CUDA graph (:mod:`snntrain.tasks.step_graph`): the task then optimizes manually
+    (``automatic_optimization`` off) and steps the schedule itself.
     """
 
     def __init__(self, config: dict[str, Any], backend: str = "auto") -> None:
@@ -41,9 +44,13 @@ class SpikingTask(L.LightningModule):
         self.model = build_model(config["model"], backend=backend)
         self.channels_last = check_channels_last(config.get("channels_last", "auto"))
         self.compile_mode = check_compile(config.get("compile"))
+        self.cuda_graph = speed.check_cuda_graph(config.get("cuda_graph", False))
+        if self.cuda_graph:
+            self.automatic_optimization = False  # the optimizer's update is inside the captured step
         # Outside the module tree: the compiled objective shares the model's parameters, and
         # checkpoints keep the model's own keys.
         self.__dict__["_train_objective"] = None
+        self.__dict__["_step_graph"] = None
         self._train_batch: int | None = None
         self._compile_started: float | None = None  # wall clock at the first compiled step
 
@@ -52,6 +59,11 @@ class SpikingTask(L.LightningModule):
         if stage == "fit":
             speed.check_accumulation(self.compile_mode, int(self.trainer.accumulate_grad_batches))
             speed.check_compile_device(self.compile_mode, device)
+            if self.cuda_graph:
+                trainer = self.trainer
+                speed.check_cuda_graph_run(self.compile_mode, device, trainer.world_size,
+                                           int(trainer.accumulate_grad_batches), trainer.gradient_clip_val,
+                                           trainer.precision)
         if use_channels_last(self.channels_last, device):
             to_channels_last(self.model)
 
@@ -74,9 +86,35 @@ class SpikingTask(L.LightningModule):
         network (the detector's target assignment, the focal and GIoU terms). Validation, batch-norm
         re-estimation and prediction run the model eagerly and never recompile it."""
         inputs = self.training_inputs(batch)
+        if self.cuda_graph:
+            return self._graph_step(inputs)
         if self.compile_mode is None:
             return self.objective(self.model, *inputs)
         return self._compiled(inputs[0])(*inputs)
+
+    def _graph_step(self, inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """With ``cuda_graph``: the objective, its backward and the optimizer's update as one CUDA graph
+        (:class:`StepGraph`, made at the first training step), then the schedule's step and Lightning's count of
+        optimizer steps (``global_step``), which manual optimization leaves to the task. The outputs are the
+        graph's: the next step overwrites them."""
+        graph = self.__dict__["_step_graph"]
+        if graph is None:
+            if self.compile_mode is None:
+                def objective(*x):
+                    return self.objective(self.model, *x)
+            else:
+                objective = self._compiled(inputs[0])
+            optimizer = self.optimizers(use_pl_optimizer=False)
+            graph = StepGraph(training_step_fn(objective, optimizer), optimizer)
+            self.__dict__["_step_graph"] = graph
+        out = graph(*inputs)
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
+        scheduler = self.lr_schedulers()
+        for s in scheduler if isinstance(scheduler, list) else [scheduler] if scheduler is not None else []:
+            s.step()
+        return out
 
     def _compiled(self, x: torch.Tensor) -> torch.nn.Module:
         """The compiled training objective, made at the first training step, when the input's size is known:
@@ -104,7 +142,7 @@ class SpikingTask(L.LightningModule):
         """With ``compile``, True for a training batch smaller than the first one (the last,
         partial batch of an epoch), which the training step skips: shapes stay static, and a
         new shape would compile (or capture) the step again."""
-        if self.compile_mode is None:
+        if self.compile_mode is None and not self.cuda_graph:
             return False
         from ..callbacks import batch_size
 
@@ -117,13 +155,15 @@ class SpikingTask(L.LightningModule):
         if self.compile_mode in speed.GRAPH_MODES:
             # a new training iteration: the CUDA graphs may reuse the last step's output memory
             torch.compiler.cudagraph_mark_step_begin()
-        if self.compile_mode is not None and self._compile_started is None:
+        if (self.compile_mode is not None or self.cuda_graph) and self._compile_started is None:
             self._compile_started = time.perf_counter()
         # every parameter group follows the same schedule: log the first one's rate, as a host tensor (a
         # Python number would be copied to the device, and that copy waits for the device every step)
         if self.logs_this_step():
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            self.log("train/lr", torch.tensor(float(lr), dtype=torch.float32), on_step=True, on_epoch=False)
+            # with cuda_graph a device tensor that the schedule fills in place: a copy of this step's value
+            lr = lr.detach().clone() if torch.is_tensor(lr) else torch.tensor(float(lr), dtype=torch.float32)
+            self.log("train/lr", lr, on_step=True, on_epoch=False)
 
     def epoch_metrics(self) -> dict[str, tuple[Any, bool]]:
         """The training epoch's metrics (``name: (torchmetrics Metric, show in the progress bar)``), updated
@@ -168,10 +208,15 @@ class SpikingTask(L.LightningModule):
                 torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - self._compile_started
             self._compile_started = 0.0
-            log.info(f"snntrain: first training step with compile={self.compile_mode} took {seconds:.1f} s "
-                     "(compilation included)")
+            log.info(f"snntrain: first training step with compile={self.compile_mode} cuda_graph={self.cuda_graph} "
+                     f"took {seconds:.1f} s (compilation included)")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.cuda_graph:  # saved as without graphs (numbers for learning rates): resumes anywhere
+            checkpoint["optimizer_states"] = [plain_optimizer_state(s) for s in checkpoint.get("optimizer_states", [])]
+            for sched in checkpoint.get("lr_schedulers", []):
+                if "_last_lr" in sched:
+                    sched["_last_lr"] = [float(v) for v in sched["_last_lr"]]
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
                    if hasattr(v, "numel") and v.numel() == 1 and "/" in k
                    and not k.startswith(("firing_rate", "efficiency"))}

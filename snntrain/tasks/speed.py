@@ -10,6 +10,10 @@ saved: checkpoints keep the model's own state-dict keys and row-major tensors.
   ``max-autotune``, the ``mode`` of ``torch.compile`` for the training objective, the forward
   with the loss (:class:`TrainingObjective`; and, through AOTAutograd, its backward). Shapes are
   static: the task skips a last partial batch.
+* ``cuda_graph``: ``false`` or ``true``: the whole training step (forward, loss, backward, optimizer
+  update) captured once in one CUDA graph and replayed (:mod:`snntrain.tasks.step_graph`), over the eager
+  objective or a ``compile=default`` one. One CUDA device, no gradient accumulation, clipping or fp16
+  loss scaling (:func:`check_cuda_graph_run`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ def check_compile(value: Any) -> str | None:
     if not isinstance(value, str) or value not in COMPILE_MODES:
         raise ValueError(f"compile={value!r} is not valid; choose null (eager) or one of {', '.join(COMPILE_MODES)}")
     return value
+
+
+def check_cuda_graph(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"cuda_graph={value!r} is not valid; choose false (default) or true (the whole training step "
+                     "captured in one CUDA graph)")
 
 
 def check_channels_last(value: Any) -> str | bool:
@@ -141,6 +152,38 @@ def check_accumulation(mode: str | None, accumulate_grad_batches: int) -> None:
             f"(trainer.accumulate_grad_batches={accumulate_grad_batches}): each micro-batch's replay overwrites the "
             "gradients of the one before (pytorch/pytorch#169545). Use compile=default (compiled, no CUDA graphs) "
             "or trainer.accumulate_grad_batches=1 with a larger data.batch_size")
+
+
+def check_cuda_graph_run(mode: str | None, device: torch.device | str, world_size: int, accumulate_grad_batches: int,
+                         gradient_clip_val: Any, precision: str) -> None:
+    """Refuse ``cuda_graph=true`` where one graph cannot hold the step, naming what to change: on a device that is
+    not a CUDA GPU, under several processes (the gradients' all-reduce runs outside the captured step), with
+    gradient accumulation (each replay writes the gradients afresh), gradient clipping (Lightning clips between
+    the backward and the optimizer, outside the graph), fp16 loss scaling (the scaler checks for infinities on
+    the host every step) and with a ``compile`` mode that already captures CUDA graphs."""
+    device = torch.device(device)
+    what = "cuda_graph=true captures the whole training step in one CUDA graph"
+    if device.type != "cuda":
+        raise ValueError(f"{what}, and this run trains on {device.type}: use it on a CUDA GPU "
+                         "(trainer.accelerator=gpu), or cuda_graph=false")
+    if world_size > 1:
+        raise ValueError(f"{what}, which runs in one process on one GPU; this run has {world_size} processes. Use "
+                         "compile=reduce-overhead (CUDA graphs of the forward and the backward) with several GPUs")
+    if accumulate_grad_batches > 1:
+        raise ValueError(f"{what}, where each replay writes the gradients afresh: it cannot accumulate them "
+                         f"(trainer.accumulate_grad_batches={accumulate_grad_batches}). Use "
+                         "trainer.accumulate_grad_batches=1 with a larger data.batch_size, or cuda_graph=false")
+    if gradient_clip_val not in (None, 0, 0.0):
+        raise ValueError(f"{what}, with the optimizer's update inside it: Lightning's clipping "
+                         f"(trainer.gradient_clip_val={gradient_clip_val}) would run outside it. Set "
+                         "trainer.gradient_clip_val=null, or cuda_graph=false")
+    if str(precision).startswith("16"):
+        raise ValueError(f"{what}; fp16 training (trainer.precision={precision}) scales the loss and checks the "
+                         "gradients for infinities on the host every step. Use trainer.precision=bf16-mixed or "
+                         "32-true, or cuda_graph=false")
+    if mode in GRAPH_MODES:
+        raise ValueError(f"{what}; compile={mode} already captures the forward and the backward in CUDA graphs. "
+                         "Use compile=default (its objective is then captured whole) or compile=null")
 
 
 def autograd_cache_knows_autocast_dtype() -> bool:
