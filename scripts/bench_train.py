@@ -354,7 +354,9 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
     tag = Path(pythonpath).name if pythonpath else "this"
     run = Path(args.out).resolve() / "runs" / f"{case}-{provider}-{precision}-{tag}"
     cmd = [sys.executable, "-m", "snntrain", *cli_overrides(case, precision, args.cli_steps), f"compile={mode}",
-           *([f"cuda_graph={graph}"] if graph == "true" else []),
+           # cli-eager: eager steps, without the whole-step graph that cuda_graph=auto (the default) would capture;
+           # checkouts from before the setting run without it
+           *([f"cuda_graph={graph}"] if pythonpath is None or graph == "true" else []),
            "backend=triton", "trainer.max_epochs=2", "trainer.enable_progress_bar=false", "logger=csv",
            "callbacks.precise_bn.num_batches=2", f"hydra.run.dir={run}"]
     env = dict(os.environ)

@@ -496,8 +496,9 @@ def test_cuda_graph_setting_and_runs_it_cannot_hold_are_refused_by_name():
     from snntrain.tasks.speed import check_cuda_graph, check_cuda_graph_run
 
     assert check_cuda_graph(True) is True and check_cuda_graph(False) is False
+    assert check_cuda_graph("auto") == "auto"
     for bad in ("yes", 1, None, "step"):
-        with pytest.raises(ValueError, match=r"cuda_graph=.* is not valid; choose false \(default\) or true"):
+        with pytest.raises(ValueError, match=r"cuda_graph=.* is not valid; choose auto \(default: on where"):
             check_cuda_graph(bad)
     ok = dict(mode=None, device="cuda", world_size=1, accumulate_grad_batches=1, gradient_clip_val=None,
               precision="bf16-mixed")
@@ -528,10 +529,30 @@ def test_cuda_graph_task_optimizes_manually_and_skips_partial_batches(compose_ru
     config = OmegaConf.to_container(cfg, resolve=False)
     config["model"] = {**config["model"], "T": 2, "num_classes": 10, "in_channels": 1}
     batch = lambda n: (torch.zeros(n, 1, 8, 8), torch.zeros(n, dtype=torch.long))  # noqa: E731
-    assert TASKS["classify"](config, backend="torch").automatic_optimization
     graphed = TASKS["classify"]({**config, "cuda_graph": True}, backend="torch")
-    assert not graphed.automatic_optimization
+    assert graphed.cuda_graph_setting is True and not graphed.cuda_graph  # resolved when a fit starts (setup)
+    assert not any(graphed.partial_batch(batch(n)) for n in (8, 5))
+    graphed.cuda_graph = True  # as setup leaves it on a GPU
     assert [graphed.partial_batch(batch(n)) for n in (8, 8, 5)] == [False, False, True]
+
+
+def test_cuda_graph_auto_is_on_only_where_the_run_allows_it(caplog):
+    import logging
+
+    from snntrain.tasks.speed import resolve_cuda_graph
+
+    ok = dict(mode=None, device="cuda", world_size=1, accumulate_grad_batches=1, gradient_clip_val=None,
+              precision="bf16-mixed")
+    assert resolve_cuda_graph("auto", **ok) is True and resolve_cuda_graph(True, **ok) is True
+    assert resolve_cuda_graph(False, **ok) is False
+    with caplog.at_level(logging.INFO, logger="snntrain"):
+        assert resolve_cuda_graph("auto", **{**ok, "device": "cpu"}) is False
+        assert not caplog.records  # nothing to say on a CPU
+        assert resolve_cuda_graph("auto", **{**ok, "world_size": 2}) is False
+    assert "cuda_graph=auto stays off: cuda_graph captures the whole training step" in caplog.text
+    assert "2 processes" in caplog.text
+    with pytest.raises(ValueError, match="this run trains on cpu"):
+        resolve_cuda_graph(True, **{**ok, "device": "cpu"})
 
 
 def test_step_graph_checks_its_arguments():
@@ -634,7 +655,7 @@ def test_step_graph_trains_like_the_eager_step_on_gpu(net, optimizer, mode, monk
 def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Path, compose_run):
     """``python -m snntrain cuda_graph=true`` (fp32, the weight average and batch-norm re-estimation on, two
     epochs with validation) counts the same optimizer steps and ends at the eager run's weights and learning
-    rate; its checkpoint resumes a third epoch with and without the graph. SGD: AdamW turns the last-bit
+    rate; its checkpoint resumes a third epoch with and without the graph, and the eager run's with it. SGD: AdamW turns the last-bit
     differences of atomic sums between any two runs into whole steps where a gradient is tiny (see
     :func:`test_step_graph_trains_like_the_eager_step_on_gpu`)."""
     from snntrain.cli import train
@@ -661,10 +682,10 @@ def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Pat
         if ref.is_floating_point():
             err = rel_err(graphed["state_dict"][name], ref)
             assert err <= 1e-2, f"{name}: relative error {err:.2e} against the eager run"
-    for graphed_resume in (True, False):
-        out = tmp_path / f"resume_{graphed_resume}"
+    for saved, graphed_resume in ((True, True), (True, False), (False, True)):
+        out = tmp_path / f"resume_{saved}_{graphed_resume}"
         train(compose_run(out, *[o for o in common if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=3",
-                          f"ckpt_path={tmp_path / 'graph_True' / 'checkpoints' / 'last.ckpt'}",
+                          f"ckpt_path={tmp_path / f'graph_{saved}' / 'checkpoints' / 'last.ckpt'}",
                           f"cuda_graph={str(graphed_resume).lower()}"))
         resumed = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         assert resumed["global_step"] == 18

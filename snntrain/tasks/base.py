@@ -44,9 +44,9 @@ class SpikingTask(L.LightningModule):
         self.model = build_model(config["model"], backend=backend)
         self.channels_last = check_channels_last(config.get("channels_last", "auto"))
         self.compile_mode = check_compile(config.get("compile"))
-        self.cuda_graph = speed.check_cuda_graph(config.get("cuda_graph", False))
-        if self.cuda_graph:
-            self.automatic_optimization = False  # the optimizer's update is inside the captured step
+        # True, False or "auto" (resolved when a fit starts: setup); self.cuda_graph is whether the step is captured
+        self.cuda_graph_setting = speed.check_cuda_graph(config.get("cuda_graph", "auto"))
+        self.cuda_graph = False
         # Outside the module tree: the compiled objective shares the model's parameters, and
         # checkpoints keep the model's own keys.
         self.__dict__["_train_objective"] = None
@@ -59,11 +59,12 @@ class SpikingTask(L.LightningModule):
         if stage == "fit":
             speed.check_accumulation(self.compile_mode, int(self.trainer.accumulate_grad_batches))
             speed.check_compile_device(self.compile_mode, device)
-            if self.cuda_graph:
-                trainer = self.trainer
-                speed.check_cuda_graph_run(self.compile_mode, device, trainer.world_size,
-                                           int(trainer.accumulate_grad_batches), trainer.gradient_clip_val,
-                                           trainer.precision)
+            trainer = self.trainer
+            self.cuda_graph = speed.resolve_cuda_graph(self.cuda_graph_setting, self.compile_mode, device,
+                                                       trainer.world_size, int(trainer.accumulate_grad_batches),
+                                                       trainer.gradient_clip_val, trainer.precision)
+            # the optimizer's update is inside the captured step: Lightning leaves it (and the schedule) to the task
+            self.automatic_optimization = not self.cuda_graph
         if use_channels_last(self.channels_last, device):
             to_channels_last(self.model)
 
@@ -108,9 +109,9 @@ class SpikingTask(L.LightningModule):
             graph = StepGraph(training_step_fn(objective, optimizer), optimizer)
             self.__dict__["_step_graph"] = graph
         out = graph(*inputs)
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        progress.increment_ready()
-        progress.increment_completed()
+        for progress in self._step_counts():
+            progress.increment_ready()
+            progress.increment_completed()
         scheduler = self.lr_schedulers()
         for s in scheduler if isinstance(scheduler, list) else [scheduler] if scheduler is not None else []:
             s.step()
@@ -129,6 +130,19 @@ class SpikingTask(L.LightningModule):
             compiled = speed.compile_model(speed.TrainingObjective(self.model, self.objective), self.compile_mode)
             self.__dict__["_train_objective"] = compiled
         return compiled
+
+    def _step_counts(self) -> tuple:
+        """Lightning's counts of optimizer steps (``global_step``): manual optimization's, which ``cuda_graph`` runs
+        read, and automatic optimization's, which runs without it read. A ``cuda_graph`` run keeps both, so that its
+        checkpoints resume with either setting."""
+        loop = self.trainer.fit_loop.epoch_loop
+        return loop.manual_optimization.optim_step_progress, loop.automatic_optimization.optim_progress.optimizer.step
+
+    def on_train_start(self) -> None:
+        if self.cuda_graph:  # resumed from a checkpoint of a run without the graph: its count of steps goes on
+            manual, automatic = self._step_counts()
+            if manual.total.completed < automatic.total.completed:
+                manual.load_state_dict(automatic.state_dict())
 
     def configure_optimizers(self):
         task = self.config["task"]

@@ -10,10 +10,11 @@ saved: checkpoints keep the model's own state-dict keys and row-major tensors.
   ``max-autotune``, the ``mode`` of ``torch.compile`` for the training objective, the forward
   with the loss (:class:`TrainingObjective`; and, through AOTAutograd, its backward). Shapes are
   static: the task skips a last partial batch.
-* ``cuda_graph``: ``false`` or ``true``: the whole training step (forward, loss, backward, optimizer
-  update) captured once in one CUDA graph and replayed (:mod:`snntrain.tasks.step_graph`), over the eager
-  objective or a ``compile=default`` one. One CUDA device, no gradient accumulation, clipping or fp16
-  loss scaling (:func:`check_cuda_graph_run`).
+* ``cuda_graph``: ``auto`` (default), ``true`` or ``false``: the whole training step (forward, loss,
+  backward, optimizer update) captured once in one CUDA graph and replayed (:mod:`snntrain.tasks.step_graph`),
+  over the eager objective or a ``compile=default`` one. One CUDA device, no gradient accumulation, clipping
+  or fp16 loss scaling (:func:`check_cuda_graph_run`); ``auto`` turns it on wherever these hold
+  (:func:`resolve_cuda_graph`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ def check_compile(value: Any) -> str | None:
     return value
 
 
-def check_cuda_graph(value: Any) -> bool:
-    if isinstance(value, bool):
+def check_cuda_graph(value: Any) -> str | bool:
+    if isinstance(value, bool) or value == "auto":
         return value
-    raise ValueError(f"cuda_graph={value!r} is not valid; choose false (default) or true (the whole training step "
-                     "captured in one CUDA graph)")
+    raise ValueError(f"cuda_graph={value!r} is not valid; choose auto (default: on where the run allows it), true "
+                     "(the whole training step captured in one CUDA graph) or false")
 
 
 def check_channels_last(value: Any) -> str | bool:
@@ -184,6 +185,27 @@ def check_cuda_graph_run(mode: str | None, device: torch.device | str, world_siz
     if mode in GRAPH_MODES:
         raise ValueError(f"{what}; compile={mode} already captures the forward and the backward in CUDA graphs. "
                          "Use compile=default (its objective is then captured whole) or compile=null")
+
+
+def resolve_cuda_graph(setting: Any, mode: str | None, device: torch.device | str, world_size: int,
+                       accumulate_grad_batches: int, gradient_clip_val: Any, precision: str) -> bool:
+    """Whether a fit captures its training step whole: ``true`` where :func:`check_cuda_graph_run` allows it (and
+    its error otherwise), ``false`` never, ``auto`` wherever it is allowed; on a CUDA device where it is not,
+    the log says why."""
+    setting = check_cuda_graph(setting)
+    if setting is False:
+        return False
+    run = (mode, device, world_size, accumulate_grad_batches, gradient_clip_val, precision)
+    if setting is True:
+        check_cuda_graph_run(*run)
+        return True
+    try:
+        check_cuda_graph_run(*run)
+    except ValueError as why:
+        if torch.device(device).type == "cuda":
+            log.info("snntrain: cuda_graph=auto stays off: %s", str(why).replace("cuda_graph=true", "cuda_graph", 1))
+        return False
+    return True
 
 
 def autograd_cache_knows_autocast_dtype() -> bool:
