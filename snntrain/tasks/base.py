@@ -222,8 +222,9 @@ class SpikingTask(L.LightningModule):
                 torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - self._compile_started
             self._compile_started = 0.0
-            log.info(f"snntrain: first training step with compile={self.compile_mode} cuda_graph={self.cuda_graph} "
-                     f"took {seconds:.1f} s (compilation included)")
+            graph = "; with cuda_graph the third step is captured" if self.cuda_graph else ""
+            log.info(f"snntrain: first training step with compile={self.compile_mode} took {seconds:.1f} s "
+                     f"(compilation included{graph})")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.cuda_graph:  # saved as without graphs (numbers for learning rates): resumes anywhere
