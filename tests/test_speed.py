@@ -689,3 +689,48 @@ def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Pat
                           f"cuda_graph={str(graphed_resume).lower()}"))
         resumed = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         assert resumed["global_step"] == 18
+
+
+def test_task_with_the_graph_steps_schedule_counts_and_checkpoints_as_lightning_does(tmp_path: Path, monkeypatch,
+                                                                                     compose_run):
+    """The task's side of ``cuda_graph`` on a CPU, where no graph can be captured: with the graph replaced by the
+    same step run eagerly (:class:`StepGraph`'s warm-up semantics), a run that optimizes manually through
+    ``_graph_step`` ends where Lightning's automatic optimization ends (weights, global step, learning rate,
+    two epochs of a cosine schedule) and its checkpoint resumes without the graph, and the other way round. The
+    capture itself is tested on the GPU (``test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu``)."""
+    from snntrain.tasks import base, speed
+
+    class EagerStep:
+        def __init__(self, step, optimizer, warmup=2):
+            self.step, self.optimizer = step, optimizer
+
+        def __call__(self, *inputs):
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.step(*inputs)
+
+    monkeypatch.setattr(base, "StepGraph", EagerStep)
+    monkeypatch.setattr(speed, "check_cuda_graph_run", lambda *args: None)  # allowed here: the step is eager
+    common = ["debug=tiny", "trainer.max_epochs=2", "trainer.limit_train_batches=3", "task.optimizer.name=sgd"]
+    ckpts = {}
+    for graphed in (False, True):
+        out = tmp_path / f"graph_{graphed}"
+        run(compose_run(out, *common, f"cuda_graph={str(graphed).lower()}"))
+        ckpts[graphed] = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    eager, graphed = ckpts[False], ckpts[True]
+    assert eager["global_step"] == graphed["global_step"] == 6
+    lrs = [c["optimizer_states"][0]["param_groups"][0]["lr"] for c in (eager, graphed)]
+    assert lrs[1] == pytest.approx(lrs[0], rel=1e-9) and lrs[0] < 0.5 * _config_lr(eager)  # the schedule moved
+    for name, ref in eager["state_dict"].items():
+        torch.testing.assert_close(graphed["state_dict"][name], ref, rtol=1e-5, atol=1e-6, msg=name)
+    for saved, resume in ((True, False), (False, True)):
+        out = tmp_path / f"resume_{saved}_{resume}"
+        run(compose_run(out, *[o for o in common if not o.startswith("trainer.max_epochs")], "trainer.max_epochs=3",
+                        f"ckpt_path={tmp_path / f'graph_{saved}' / 'checkpoints' / 'last.ckpt'}",
+                        f"cuda_graph={str(resume).lower()}"))
+        resumed = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert resumed["global_step"] == 9, (saved, resume)
+
+
+def _config_lr(ckpt: dict) -> float:
+    """The learning rate the run's config starts from."""
+    return float(ckpt["hyper_parameters"]["config"]["task"]["optimizer"]["lr"])
