@@ -189,20 +189,27 @@ def test_cli_reads_moved_keys_as_their_new_ones(tmp_path):
 
 @pytest.mark.parametrize("task", ["classify", "detect"])
 def test_step_values_are_logged_on_logging_steps_only(tmp_path, compose_run, monkeypatch, task):
-    # Lightning writes a step's values every trainer.log_every_n_steps; the tasks call log() for them on those
-    # steps only (each call costs host time), and every written step still has them
+    # Lightning writes a step's values every trainer.log_every_n_steps; the tasks publish them on those steps only
+    # (one read from the device, no LightningModule.log per key), at the step Lightning writes at
     import csv
 
     import lightning as L
 
+    from snntrain import callbacks
+
     calls: list[str] = []
-    log = L.LightningModule.log
+    log, publish = L.LightningModule.log, callbacks.publish
 
     def counting_log(self, name, *args, **kwargs):
         calls.append(name)
         return log(self, name, *args, **kwargs)
 
+    def counting_publish(trainer, metrics, *args, **kwargs):
+        calls.extend(metrics)
+        return publish(trainer, metrics, *args, **kwargs)
+
     monkeypatch.setattr(L.LightningModule, "log", counting_log)
+    monkeypatch.setattr(callbacks, "publish", counting_publish)
     run(compose_run(tmp_path, "debug=tiny", f"task={task}", "logger=csv", "trainer.limit_train_batches=4",
                     "data.batch_size=4", "trainer.log_every_n_steps=2", "callbacks.efficiency=false"))
     assert calls.count("train/loss_step") == calls.count("train/lr") == 2, calls

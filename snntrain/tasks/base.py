@@ -53,6 +53,7 @@ class SpikingTask(L.LightningModule):
         self.__dict__["_step_graph"] = None
         self._train_batch: int | None = None
         self._compile_started: float | None = None  # wall clock at the first compiled step
+        self._step_lr: float | torch.Tensor | None = None  # this step's learning rate, on the steps that log
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device
@@ -171,13 +172,12 @@ class SpikingTask(L.LightningModule):
             torch.compiler.cudagraph_mark_step_begin()
         if (self.compile_mode is not None or self.cuda_graph) and self._compile_started is None:
             self._compile_started = time.perf_counter()
-        # every parameter group follows the same schedule: log the first one's rate, as a host tensor (a
-        # Python number would be copied to the device, and that copy waits for the device every step)
+        # every parameter group follows the same schedule: the first one's rate, logged with the step's values
+        # (log_step_values); with cuda_graph a device tensor that the schedule fills in place: a copy of its value
+        self._step_lr = None
         if self.logs_this_step():
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            # with cuda_graph a device tensor that the schedule fills in place: a copy of this step's value
-            lr = lr.detach().clone() if torch.is_tensor(lr) else torch.tensor(float(lr), dtype=torch.float32)
-            self.log("train/lr", lr, on_step=True, on_epoch=False)
+            self._step_lr = lr.detach().clone() if torch.is_tensor(lr) else float(lr)
 
     def epoch_metrics(self) -> dict[str, tuple[Any, bool]]:
         """The training epoch's metrics (``name: (torchmetrics Metric, show in the progress bar)``), updated
@@ -207,6 +207,26 @@ class SpikingTask(L.LightningModule):
             # equal on every process already: sync_dist (a mean of equal values) only tells Lightning so
             self.log(name.format(key), value, on_step=False, on_epoch=True, prog_bar=show, sync_dist=True,
                      batch_size=1)
+
+    def log_step_values(self, values: dict[str, torch.Tensor]) -> None:
+        """On the training steps the logger writes (:meth:`logs_this_step`), ``values`` (one-element tensors of this
+        process's step) and ``train/lr``, read back from the device together (one transfer) and written to the
+        loggers and ``trainer.callback_metrics`` (:func:`snntrain.callbacks.publish`) at the step Lightning writes
+        step values at: ``LightningModule.log`` costs about a millisecond of host time per key and reads each
+        value back on its own. None of them is shown through Lightning's progress-bar values (those are read
+        after every step); snntrain's progress bar shows ``train/loss_step`` when it redraws."""
+        if not self.logs_this_step():
+            return
+        from ..callbacks import publish
+
+        if self._step_lr is not None:
+            values = {**values, "train/lr": self._step_lr}
+        on_device = {k: v for k, v in values.items() if torch.is_tensor(v)}
+        numbers = {k: float(v) for k, v in values.items() if not torch.is_tensor(v)}
+        if on_device:
+            read = torch.stack([v.detach().float().reshape(()) for v in on_device.values()]).tolist()
+            numbers.update(zip(on_device, read))
+        publish(self.trainer, numbers, epoch=True)
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this training step's values (every ``trainer.log_every_n_steps``).

@@ -37,10 +37,7 @@ class ClassificationTask(SpikingTask):
         loss = out["loss"]
         self.train_acc.update(out["logits"], y)
         self.train_loss.update(loss.detach(), len(y))
-        # not prog_bar=True: Lightning turns progress-bar values into numbers after every step, which waits for
-        # the device; snntrain's ProgressBar shows train/loss_step when it redraws
-        if self.logs_this_step():
-            self.log("train/loss_step", loss, on_step=True, on_epoch=False, batch_size=len(y))
+        self.log_step_values({"train/loss_step": loss})
         return loss
 
     def training_inputs(self, batch) -> tuple[torch.Tensor, ...]:

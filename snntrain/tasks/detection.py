@@ -125,7 +125,7 @@ class DetectionTask(SpikingTask):
         losses["logged"] = torch.stack([torch.stack(values), torch.stack(weights)]).detach()
         return losses
 
-    def _log_losses(self, stage: str, logged: torch.Tensor, batch_size: int) -> None:
+    def _log_losses(self, stage: str, logged: torch.Tensor) -> None:
         """Add a batch's values (``_loss(...)["logged"]``) to the stage's means; on the training steps the
         logger writes, log them as step values too."""
         values, weights = logged.unbind()
@@ -134,10 +134,7 @@ class DetectionTask(SpikingTask):
             return
         self.train_means.update(values, weights)
         if self.logs_this_step():
-            for name, value in zip(LOGGED_LOSSES, values.unbind()):
-                # never prog_bar=True on a step value: Lightning turns progress-bar values into numbers after
-                # every step, which waits for the device; snntrain's ProgressBar shows train/loss_step instead
-                self.log(f"train/{name}_step", value, on_step=True, on_epoch=False, batch_size=batch_size)
+            self.log_step_values({f"train/{name}_step": value for name, value in zip(LOGGED_LOSSES, values.unbind())})
 
     def epoch_metrics(self):
         return {"train/{}_epoch": (self.train_means, False)}
@@ -146,7 +143,7 @@ class DetectionTask(SpikingTask):
         if self.partial_batch(batch):
             return None  # skipped: static shapes under compile
         losses = self.train_objective(batch)
-        self._log_losses("train", losses["logged"], batch[0].shape[0])
+        self._log_losses("train", losses["logged"])
         return losses["loss"]
 
     def _difficulty_records(self) -> list | None:
@@ -181,7 +178,7 @@ class DetectionTask(SpikingTask):
         targets = batch[1]
         outputs = self(images)
         losses = self._loss(self.model, outputs, boxes, labels, num_boxes)
-        self._log_losses("val", losses["logged"], images.shape[0])
+        self._log_losses("val", losses["logged"])
         preds = self.model.detect(images, outputs)
         gts = padded_to_list(targets)
         self.val_map.update(preds, gts)
