@@ -242,9 +242,13 @@ class SpikingTask(L.LightningModule):
                 torch.cuda.synchronize(self.device)
             seconds = time.perf_counter() - self._compile_started
             self._compile_started = 0.0
-            graph = "; with cuda_graph the third step is captured" if self.cuda_graph else ""
-            log.info(f"snntrain: first training step with compile={self.compile_mode} took {seconds:.1f} s "
-                     f"(compilation included{graph})")
+            if self.compile_mode is not None:
+                graph = "; with cuda_graph the third step is captured" if self.cuda_graph else ""
+                log.info(f"snntrain: first training step with compile={self.compile_mode} took {seconds:.1f} s "
+                         f"(compilation included{graph})")
+            else:
+                log.info(f"snntrain: first training step took {seconds:.1f} s (eager; with cuda_graph the third "
+                         "step is captured)")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.cuda_graph:  # saved as without graphs (numbers for learning rates): resumes anywhere
