@@ -212,20 +212,24 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     return row(case, provider, precision, c["batch"], first, ms, peak, prof)
 
 
+def graph_step(objective, opt, precision: str, *inputs: torch.Tensor):
+    """The step ``objective(*inputs)`` (a dict with ``"loss"``) under ``precision``, its backward and ``opt``'s
+    update as one CUDA graph, as ``cuda_graph=true`` runs it (:class:`snntrain.tasks.step_graph.StepGraph`)."""
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    def under_precision(*x):
+        with autocast(precision):
+            return objective(*x)
+
+    captured = StepGraph(training_step_fn(under_precision, opt), opt)
+    return lambda: captured(*inputs)
+
+
 def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, args, graph: bool = False):
     """``(first calls s, ms per step, peak MiB, GPU-time breakdown or None)`` of the training step
     forward (``fn``), cross-entropy, backward, ``opt`` step; with ``graph`` all of it one CUDA graph."""
     if graph:
-        from snntrain.tasks.step_graph import StepGraph, training_step_fn
-
-        def objective(x, y):
-            with autocast(precision):
-                return {"loss": torch.nn.functional.cross_entropy(fn(x), y)}
-
-        captured = StepGraph(training_step_fn(objective, opt), opt)
-
-        def step():
-            captured(x, y)
+        step = graph_step(lambda x, y: {"loss": torch.nn.functional.cross_entropy(fn(x), y)}, opt, precision, x, y)
     else:
         def step():
             with autocast(precision):
@@ -266,16 +270,7 @@ def detector(provider, precision, backend, mode, args) -> dict:
     opt = build_optimizer(model, cfg["task"]["optimizer"])
     graphs = mode in GRAPH_MODES
     if provider.endswith("-graph"):  # the whole step in one CUDA graph, as cuda_graph=true runs it
-        from snntrain.tasks.step_graph import StepGraph, training_step_fn
-
-        def objective(*x):
-            with autocast(precision):
-                return fn(*x)
-
-        captured = StepGraph(training_step_fn(objective, opt), opt)
-
-        def step():
-            captured(*inputs)
+        step = graph_step(fn, opt, precision, *inputs)
     else:
         def step():
             if graphs:  # as the task does: a new iteration, the graphs may reuse the last step's outputs
