@@ -87,7 +87,7 @@ NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoi
 PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-eager-nchw-unfused",
              "snntrain-compile", "snntrain-reduce-overhead", "snntrain-graph", "snntrain-compile-graph",
              "snntrain-torch", "cli-eager", "cli-reduce-overhead", "cli-graph", "cli-compile-graph",
-             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly")
+             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly", "spikingjelly-compile")
 #: ``*-graph`` providers: the whole step (forward, loss, backward, optimizer) captured in one CUDA graph
 #: (``snntrain.tasks.step_graph``, ``cuda_graph=true`` on the command line); ``*-compile-graph`` over the
 #: ``compile=default`` objective.
@@ -380,7 +380,9 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
 # ----------------------------------------------------------------------------- SpikingJelly
 
 
-def spikingjelly(case: str, precision: str, args) -> dict:
+def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly") -> dict:
+    """SpikingJelly 2.0's SEW-ResNet-18 step (its Triton LIF), eager or, for ``spikingjelly-compile``, with the
+    network under ``torch.compile`` (default mode)."""
     from spikingjelly.activation_based import functional, layer, neuron, surrogate
     from spikingjelly.activation_based.model import sew_resnet
 
@@ -407,29 +409,31 @@ def spikingjelly(case: str, precision: str, args) -> dict:
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
     steps = case_T(case)
+    forward = torch.compile(net) if provider == "spikingjelly-compile" else net
 
     def step():
         functional.reset_net(net)
         with ctx:
             xt = x if x.dim() == 5 else x.unsqueeze(0).repeat(steps, 1, 1, 1, 1)
-            loss = torch.nn.functional.cross_entropy(net(xt).mean(0), y)
+            loss = torch.nn.functional.cross_entropy(forward(xt).mean(0), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     first, ms, peak = time_steps(step, args.steps, args.warmup)
     prof = breakdown(step, ms) if args.profile else None
-    return row(case, "spikingjelly", precision, c["batch"], first, ms, peak, prof, note)
+    return row(case, provider, precision, c["batch"], first, ms, peak, prof, note)
 
 
-def run_spikingjelly(case: str, precision: str, args) -> list[dict]:
+def run_spikingjelly(case: str, provider: str, precision: str, args) -> list[dict]:
     env = dict(os.environ, SJ_LIF_CUDA_IMPLEMENTATION="triton")
-    cmd = [sys.executable, __file__, "--sj-worker", case, "--precisions", precision, "--steps", str(args.steps),
+    cmd = [sys.executable, __file__, "--sj-worker", case, "--sj-provider", provider, "--precisions", precision,
+           "--steps", str(args.steps),
            "--warmup", str(args.warmup)] + (["--profile"] if args.profile else [])
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     got = [line for line in res.stdout.splitlines() if line.startswith("ROW ")]
     if not got:
-        print(f"spikingjelly {case} {precision} failed: {' | '.join(res.stderr.strip().splitlines()[-4:])[:600]}")
+        print(f"{provider} {case} {precision} failed: {' | '.join(res.stderr.strip().splitlines()[-4:])[:600]}")
         return []
     return [json.loads(got[-1][4:])]
 
@@ -489,12 +493,13 @@ def main() -> None:
                    help="other checkouts whose command line to run as well, in every cli-* provider's mode "
                         "(cli-*@<folder> rows)")
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
+    p.add_argument("--sj-provider", default="spikingjelly", help=argparse.SUPPRESS)
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks need a CUDA GPU")
     torch.backends.cudnn.benchmark = True
     if args.sj_worker:
-        print("ROW " + json.dumps(spikingjelly(args.sj_worker, args.precisions[0], args)))
+        print("ROW " + json.dumps(spikingjelly(args.sj_worker, args.precisions[0], args, args.sj_provider)))
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -503,11 +508,11 @@ def main() -> None:
     for case in args.cases:
         for prec in args.precisions:
             for prov in args.providers:
-                if prov == "spikingjelly" and case == "detector":
+                if prov.startswith("spikingjelly") and case == "detector":
                     continue
                 try:
-                    if prov == "spikingjelly":
-                        new = run_spikingjelly(case, prec, args)
+                    if prov.startswith("spikingjelly"):
+                        new = run_spikingjelly(case, prov, prec, args)
                     elif prov.startswith("resnet18"):
                         new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
                     elif prov.startswith("cli-"):

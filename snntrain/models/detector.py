@@ -304,15 +304,18 @@ class SpikingFCOS(nn.Module):
         key = (tuple(sizes), str(device))
         uncached = any(not isinstance(v, int) for hw in sizes for v in hw) or torch.compiler.is_compiling()
         if uncached or key not in self._points_cache:
+            # made on the device itself: a copy from host memory cannot be captured in a CUDA graph
+            # (a compiled objective under ``cuda_graph`` builds these in every replay)
             pts, strides, ranges = [], [], []
             for (h, w), s, (lo, hi) in zip(sizes, self.strides, self.scale_ranges):
-                ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
-                                        indexing="ij")
+                ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32, device=device),
+                                        torch.arange(w, dtype=torch.float32, device=device), indexing="ij")
                 p = torch.stack([xs.flatten(), ys.flatten()], 1) * s + s // 2
                 pts.append(p)
-                strides.append(torch.full((h * w,), float(s)))
-                ranges.append(torch.tensor([[lo, hi]]).expand(h * w, 2))
-            found = tuple(t.to(device) for t in (torch.cat(pts), torch.cat(strides), torch.cat(ranges)))
+                strides.append(torch.full((h * w,), float(s), device=device))
+                ranges.append(torch.stack([torch.full((h * w,), float(lo), device=device),
+                                           torch.full((h * w,), float(hi), device=device)], 1))
+            found = (torch.cat(pts), torch.cat(strides), torch.cat(ranges))
             if uncached:
                 return found
             self._points_cache[key] = found
