@@ -33,6 +33,12 @@ once for the stride-0 stem) and ``E`` the bytes of a ``[T, B, C, H, W]`` tensor,
 measured in the same run.
 
 Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
+
+``--sweep`` times the launch sizes of :mod:`snntrain.kernels.norm_neuron_tuning` instead (tile elements
+and warps of the fused forward and backward, the channels a channels-last tile holds, :data:`SWEEP_CONFIGS`): every BN-neuron
+layer of SEW-ResNet-18 at 224 (batch 32, T=4) and of the event network (128x128 frames, batch 16, T=16),
+forward + backward as CUDA-graph replays, each shape weighted by its number of layers; prints a table
+per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv``.
 """
 
 from __future__ import annotations
@@ -277,8 +283,81 @@ def compact(rows: list[bu.Row], copy_gbps: float) -> str:
     return "\n".join(lines)
 
 
+#: (network, B, C, H, W, stride-0 time axis, T, layers) of the sweep
+SWEEP_SHAPES = [
+    ("sew18", 32, 64, 112, 112, True, 4, 1), ("sew18", 32, 64, 56, 56, False, 4, 4),
+    ("sew18", 32, 128, 28, 28, False, 4, 5), ("sew18", 32, 256, 14, 14, False, 4, 5),
+    ("sew18", 32, 512, 7, 7, False, 4, 5),
+    ("event", 16, 64, 64, 64, False, 16, 1), ("event", 16, 64, 32, 32, False, 16, 4),
+    ("event", 16, 128, 16, 16, False, 16, 5),
+    ("event", 16, 256, 8, 8, False, 16, 5), ("event", 16, 512, 4, 4, False, 16, 5),
+]
+#: (FWD_TILE, FWD_WARPS, BWD_TILE, BWD_WARPS, FWD_CL_CHANNELS, BWD_CL_CHANNELS): the launch sizes of
+#: snntrain/kernels/norm_neuron_tuning.py; the first two are the sizes before 2026-11-27 and the defaults since
+SWEEP_CONFIGS = [
+    (1024, 4, 512, 4, 64, 64), (1024, 4, 256, 4, 32, 64), (1024, 4, 256, 4, 32, 32), (2048, 4, 256, 4, 32, 64),
+    (1024, 4, 256, 2, 32, 64), (1024, 4, 1024, 4, 32, 64), (1024, 4, 256, 4, 16, 64), (1024, 4, 128, 4, 32, 64),
+]
+
+
+def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[str, ...]) -> list[dict]:
+    """Milliseconds of the networks' BN-neuron layers (forward, forward + backward) per launch configuration."""
+    global T
+    from torch import nn
+
+    from snntrain.kernels import norm_neuron
+    from snntrain.nn import LIF, NormNeuron
+
+    names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS")
+    defaults = {n: getattr(norm_neuron, n) for n in names}
+    results = []
+    try:
+        for cfg in SWEEP_CONFIGS:
+            for n, v in zip(names, cfg):
+                setattr(norm_neuron, n, v)  # read by the launches at every call
+            for dname in dtypes:
+                for fmt in formats:
+                    if time.time() > deadline:
+                        print(f"sweep: out of time at {cfg} {dname} {fmt}", flush=True)
+                        return results
+                    total = {}
+                    for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
+                        T = steps_t
+                        x, gs = make_input(B, C, H, W, expanded, DTYPES[dname], fmt)
+                        layer = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
+                        if fmt == "cl":
+                            layer = layer.to(memory_format=torch.channels_last)
+                        steps = T if expanded else None
+
+                        def fwd(layer=layer, x=x, steps=steps):
+                            with torch.no_grad():
+                                return layer(x, steps=steps)
+
+                        def fwd_bwd(layer=layer, x=x, gs=gs, steps=steps):
+                            x.grad = None
+                            torch.autograd.backward(layer(x, steps=steps), gs)
+
+                        for mode, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+                            total[(net, mode)] = total.get((net, mode), 0.0) + n * graph_ms(fn, quick)
+                        del x, gs, layer
+                        torch.cuda.empty_cache()
+                    for (net, mode), ms in total.items():
+                        results.append({**dict(zip(names, cfg)), "dtype": dname, "format": fmt, "network": net,
+                                        "mode": mode, "ms": round(ms, 4)})
+                    print(" ".join(str(v) for v in cfg), dname, fmt,
+                          " ".join(f"{net} {mode} {ms:.3f}" for (net, mode), ms in total.items()), flush=True)
+    finally:
+        T = 4
+        for n, v in defaults.items():
+            setattr(norm_neuron, n, v)
+    return results
+
+
 def main() -> None:
     def extra(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--sweep", action="store_true", help="time the launch configurations instead")
+        p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+        p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
         p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run")
         p.add_argument("--no-sj", action="store_true", help="skip SpikingJelly")
         p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -290,6 +369,17 @@ def main() -> None:
         sj_worker(args.quick, Path(args.worker_out))
         return
     deadline = time.time() + args.budget
+    if args.sweep:
+        import csv
+
+        rows = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes))
+        if rows:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            with open(Path(args.out, f"{NAME}_sweep.csv"), "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+        return
     copy_gbps = bu.copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
     skipped: list[str] = []

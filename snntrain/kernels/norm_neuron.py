@@ -87,10 +87,12 @@ from .neuron_step import (
     sum_kernel,
 )
 from .norm_neuron_tuning import (
+    BWD_CL_CHANNELS,
     BWD_TILE,
     BWD_WARPS,
     FINISH_C,
     FINISH_R,
+    FWD_CL_CHANNELS,
     FWD_TILE,
     FWD_WARPS,
     LN_BWD_TILE,
@@ -805,7 +807,7 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
         return spikes, mean, rstd, var, ckpt
     cl = sc < ss
     if batch:
-        bs, bc = bn_tiles(C, S, cl, STATS_TILE)
+        bs, bc = bn_tiles(C, S, cl, STATS_TILE, FWD_CL_CHANNELS)
         groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), dev)
         g0 = B * groups
         part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
@@ -814,7 +816,7 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
             BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
         wrap(_bn_stats_finish_kernel)[(cdiv(C, FINISH_C),)](
             part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
-    bs, bc = bn_tiles(C, S, cl, FWD_TILE)
+    bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
     so = _strides(spikes, False)
     wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, cdiv(C, bc))](
@@ -866,7 +868,7 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
     cl = sc < ss
-    bs, bc = bn_tiles(C, S, cl, BWD_TILE)
+    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS)
     g1 = cdiv(C, bc)
     groups, tpp = tile_groups(B, S, bs, g1, x.device)
     g0 = B * groups

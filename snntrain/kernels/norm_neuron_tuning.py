@@ -16,11 +16,15 @@ import torch
 
 from .op_utils import cdiv, next_pow2, sm_count
 
-__all__ = ["FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C",
+__all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C",
            "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles", "ln_tiles"]
 
-FWD_TILE, FWD_WARPS = 1024, 4
-BWD_TILE, BWD_WARPS = 512, 4
+# Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
+# the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512
+# (-8 % and -12 % forward + backward in bf16), and channels-last forward and statistics tiles of 32 channels
+# beat 64 (-16 % forward in bf16); the backward keeps 64 channels (32 cost it 5 %).
+FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
+BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS = 256, 4, 64
 STATS_TILE, STATS_WARPS = 2048, 4
 FINISH_R, FINISH_C = 64, 16
 # Programs per SM kept by the kernels that write partial sums (see tile_groups).
@@ -53,10 +57,11 @@ def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tup
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
-def bn_tiles(C: int, S: int, cl: bool, tile: int) -> tuple[int, int]:
-    """(BLOCK_S, BLOCK_C): along the channels for channels-last maps, else along the positions."""
+def bn_tiles(C: int, S: int, cl: bool, tile: int, cl_channels: int = 64) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_C): along the channels for channels-last maps (at most ``cl_channels`` of them), else
+    along the positions."""
     if cl:
-        block_c = min(next_pow2(C), 64)
+        block_c = min(next_pow2(C), cl_channels)
         return max(1, tile // block_c), block_c
     bs = block_s(S, tile)
     return bs, max(1, min(next_pow2(C), tile // bs))
