@@ -8,6 +8,7 @@ skipped without CUDA) checks that compiled and CUDA-graph steps match the eager 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -570,9 +571,10 @@ def test_step_graph_checks_its_arguments():
 
 
 def test_checkpoint_of_a_graphed_optimizer_resumes_without_graphs():
-    """The optimizer state saved by a ``cuda_graph`` run (learning rates as device tensors, ``capturable``) is
-    written as without graphs and loads into a plain optimizer that then steps (here on the CPU)."""
-    from snntrain.tasks.step_graph import plain_optimizer_state, prepare_optimizer
+    """The optimizer and schedule states saved by a ``cuda_graph`` run (learning rates as device tensors,
+    ``capturable``) are written as without graphs and load into a plain optimizer that then steps (here on the
+    CPU) and a plain schedule."""
+    from snntrain.tasks.step_graph import plain_optimizer_state, plain_scheduler_state, prepare_optimizer
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
@@ -590,6 +592,17 @@ def test_checkpoint_of_a_graphed_optimizer_resumes_without_graphs():
     model(torch.ones(1, 3)).sum().backward()
     fresh.step()
     assert int(fresh.state[model.weight]["step"]) == 2
+    # the schedule's state: its last learning rates as numbers, loadable into a plain schedule
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    with warnings.catch_warnings():  # the capturable optimizer cannot step on the CPU; the schedule can
+        warnings.simplefilter("ignore")
+        sched.step()
+    assert torch.is_tensor(sched.state_dict()["_last_lr"][0])
+    sched_state = plain_scheduler_state(sched.state_dict())
+    assert sched_state["_last_lr"] == [pytest.approx(0.005)] and type(sched_state["_last_lr"][0]) is float
+    plain = torch.optim.lr_scheduler.LambdaLR(fresh, lambda step: 0.5 ** step)
+    plain.load_state_dict(sched_state)
+    assert plain.get_last_lr() == [pytest.approx(0.005)]
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from ..models import build_model
 from . import speed
 from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
-from .step_graph import StepGraph, plain_optimizer_state, training_step_fn
+from .step_graph import StepGraph, plain_optimizer_state, plain_scheduler_state, training_step_fn
 
 log = logging.getLogger("snntrain")
 
@@ -253,9 +253,8 @@ class SpikingTask(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.cuda_graph:  # saved as without graphs (numbers for learning rates): resumes anywhere
             checkpoint["optimizer_states"] = [plain_optimizer_state(s) for s in checkpoint.get("optimizer_states", [])]
-            for sched in checkpoint.get("lr_schedulers", []):
-                if "_last_lr" in sched:
-                    sched["_last_lr"] = [float(v) for v in sched["_last_lr"]]
+            if "lr_schedulers" in checkpoint:
+                checkpoint["lr_schedulers"] = [plain_scheduler_state(s) for s in checkpoint["lr_schedulers"]]
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
                    if hasattr(v, "numel") and v.numel() == 1 and "/" in k
                    and not k.startswith(("firing_rate", "efficiency"))}

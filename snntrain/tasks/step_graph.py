@@ -48,6 +48,15 @@ def plain_optimizer_state(state: dict[str, Any], capturable: bool = False) -> di
     return {**state, "param_groups": groups}
 
 
+def plain_scheduler_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A learning-rate schedule's ``state_dict`` as saved without graphs: its last learning rates as numbers
+    (with the learning rate in a device tensor, the schedule records tensors), the twin of
+    :func:`plain_optimizer_state`."""
+    if "_last_lr" not in state:
+        return state
+    return {**state, "_last_lr": [float(v) for v in state["_last_lr"]]}
+
+
 class StepGraph:
     """``step(*inputs)`` (everything on the device, nothing that waits for the host; it returns a dict of
     tensors) run as one CUDA graph. The first ``warmup`` calls run eagerly on a side stream, each after
