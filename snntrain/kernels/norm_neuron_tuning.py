@@ -1,8 +1,8 @@
 """Launch sizes of the fused norm-neuron kernels (:mod:`snntrain.kernels.norm_neuron`).
 
 Tiles hold about ``*_TILE`` elements per program: positions along the unit stride for NCHW
-maps, channels for channels-last maps (at most ``*_CL_CHANNELS`` of them, :func:`bn_tiles`); layer norm holds all C channels of
-``BLOCK_S`` positions (:func:`ln_tiles`). The backward keeps a chunk of states per element,
+maps, channels for channels-last maps (at most ``*_CL_CHANNELS`` of them, :func:`bn_tiles`);
+layer norm holds all C channels of ``BLOCK_S`` positions (:func:`ln_tiles`). The backward keeps a chunk of states per element,
 so it uses smaller tiles. Kernels that write per-program partial sums give each program
 several position tiles, so that about :data:`PROGRAMS_PER_SM` programs per SM remain
 (:func:`tile_groups`).
