@@ -39,6 +39,8 @@ VARIANTS = {
     "clutter13_sizes856": ["data.clutter_per_image=[1,3]", "data.face_size=[8,56]"],
     "clutter25_distract13": ["data.clutter_per_image=[2,5]", "data.distractors_per_image=[1,3]"],
     "clutter13_square96": ["data.clutter_per_image=[1,3]", "data.image_size=96", "data.face_size=[12,64]"],
+    "clutter25_distract13_square96": ["data.clutter_per_image=[2,5]", "data.distractors_per_image=[1,3]",
+                                      "data.image_size=96", "data.face_size=[12,64]"],
 }
 
 
