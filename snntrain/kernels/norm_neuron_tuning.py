@@ -2,8 +2,8 @@
 
 Tiles hold about ``*_TILE`` elements per program: positions along the unit stride for NCHW
 maps, channels for channels-last maps (at most ``*_CL_CHANNELS`` of them, :func:`bn_tiles`);
-layer norm holds all C channels of ``BLOCK_S`` positions (:func:`ln_tiles`). The backward keeps a chunk of states per element,
-so it uses smaller tiles. Kernels that write per-program partial sums give each program
+layer norm holds all C channels of ``BLOCK_S`` positions (:func:`ln_tiles`). The backward
+keeps a chunk of states per element, so it uses smaller tiles. Kernels that write per-program partial sums give each program
 several position tiles, so that about :data:`PROGRAMS_PER_SM` programs per SM remain
 (:func:`tile_groups`).
 """
@@ -17,7 +17,8 @@ import torch
 from .op_utils import cdiv, next_pow2, sm_count
 
 __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS", "STATS_TILE",
-           "STATS_WARPS", "FINISH_R", "FINISH_C", "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles", "ln_tiles"]
+           "STATS_WARPS", "FINISH_R", "FINISH_C", "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS",
+           "block_s", "tile_groups", "bn_tiles", "ln_tiles"]
 
 # Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
 # the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512

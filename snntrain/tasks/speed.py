@@ -195,13 +195,11 @@ def resolve_cuda_graph(setting: Any, mode: str | None, device: torch.device | st
     setting = check_cuda_graph(setting)
     if setting is False:
         return False
-    run = (mode, device, world_size, accumulate_grad_batches, gradient_clip_val, precision)
-    if setting is True:
-        check_cuda_graph_run(*run)
-        return True
     try:
-        check_cuda_graph_run(*run)
+        check_cuda_graph_run(mode, device, world_size, accumulate_grad_batches, gradient_clip_val, precision)
     except ValueError as why:
+        if setting is True:
+            raise
         if torch.device(device).type == "cuda":
             log.info("snntrain: cuda_graph=auto stays off: %s", str(why).replace("cuda_graph=true", "cuda_graph", 1))
         return False
