@@ -28,17 +28,19 @@ Bytes (the ``bytes`` column, the same for every provider of a case) are those of
 algorithm (see snntrain/kernels/norm_neuron.py): with ``X`` the input's bytes (counted
 once for the stride-0 stem) and ``E`` the bytes of a ``[T, B, C, H, W]`` tensor,
 ``fwd`` = 2 X + E (statistics read X, the fused pass reads X and writes S) and
-``fwd+bwd`` = 5 X + 3 E (backward: two passes read X and dS, the second writes dX).
+``fwd+bwd`` = 5 X + 4 E (backward: the scan reads X and dS and writes dL/dy, the elementwise
+pass reads dL/dy and X and writes dX; for the stride-0 stem dL/dy is summed over T, 7 X + 2 E).
 ``roofline`` = (bytes / copy bandwidth) / time, with the copy bandwidth (clone of 1 GiB)
 measured in the same run.
 
 Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
 
 ``--sweep`` times the launch sizes of :mod:`snntrain.kernels.norm_neuron_tuning` instead (tile elements
-and warps of the fused forward and backward, the channels a channels-last tile holds, :data:`SWEEP_CONFIGS`): every BN-neuron
+and warps of the fused forward and backward, the channels a channels-last tile holds, the programs per SM of the
+statistics and backward kernels, :data:`SWEEP_CONFIGS`): every BN-neuron
 layer of SEW-ResNet-18 at 224 (batch 32, T=4) and of the event network (128x128 frames, batch 16, T=16),
 forward + backward as CUDA-graph replays, each shape weighted by its number of layers; prints a table
-per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv``.
+per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` (each layer's time and the networks' totals).
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def neuron_kwargs():
 def case_bytes(B, C, H, W, expanded, itemsize, mode):
     e = T * B * C * H * W * itemsize
     x = e // T if expanded else e
-    return 2 * x + e if mode == "fwd" else 5 * x + 3 * e
+    if mode == "fwd":
+        return 2 * x + e
+    return 7 * x + 2 * e if expanded else 5 * x + 4 * e
 
 
 def shape_text(B, C, H, W, expanded):
@@ -292,11 +296,14 @@ SWEEP_SHAPES = [
     ("event", 16, 128, 16, 16, False, 16, 5),
     ("event", 16, 256, 8, 8, False, 16, 5), ("event", 16, 512, 4, 4, False, 16, 5),
 ]
-#: (FWD_TILE, FWD_WARPS, BWD_TILE, BWD_WARPS, FWD_CL_CHANNELS, BWD_CL_CHANNELS): the launch sizes of
-#: snntrain/kernels/norm_neuron_tuning.py; the first two are the sizes before 2026-11-27 and the defaults since
+#: (FWD_TILE, FWD_WARPS, BWD_TILE, BWD_WARPS, FWD_CL_CHANNELS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG, STATS_TILE,
+#: STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM): the launch sizes of snntrain/kernels/norm_neuron_tuning.py, the
+#: defaults first
 SWEEP_CONFIGS = [
-    (1024, 4, 512, 4, 64, 64), (1024, 4, 256, 4, 32, 64), (1024, 4, 256, 4, 32, 32), (2048, 4, 256, 4, 32, 64),
-    (1024, 4, 256, 2, 32, 64), (1024, 4, 1024, 4, 32, 64), (1024, 4, 256, 4, 16, 64), (1024, 4, 128, 4, 32, 64),
+    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8), (1024, 4, 256, 4, 32, 64, 64, 4096, 4, 8),
+    (1024, 4, 256, 4, 32, 32, 32, 4096, 4, 8), (1024, 4, 256, 4, 32, 64, 32, 2048, 8, 8),
+    (1024, 4, 256, 4, 32, 64, 32, 4096, 8, 8), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8),
+    (1024, 4, 128, 4, 32, 64, 32, 4096, 4, 8), (1024, 4, 256, 4, 16, 64, 32, 4096, 4, 8),
 ]
 
 
@@ -308,7 +315,8 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
     from snntrain.kernels import norm_neuron
     from snntrain.nn import LIF, NormNeuron
 
-    names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS")
+    names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS",
+             "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM")
     defaults = {n: getattr(norm_neuron, n) for n in names}
     results = []
     try:
@@ -338,12 +346,16 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
                             torch.autograd.backward(layer(x, steps=steps), gs)
 
                         for mode, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-                            total[(net, mode)] = total.get((net, mode), 0.0) + n * graph_ms(fn, quick)
+                            ms = graph_ms(fn, quick)
+                            total[(net, mode)] = total.get((net, mode), 0.0) + n * ms
+                            results.append({**dict(zip(names, cfg)), "dtype": dname, "format": fmt, "network": net,
+                                            "layer": shape_text(B, C, H, W, expanded), "layers": n, "mode": mode,
+                                            "ms": round(ms, 4)})
                         del x, gs, layer
                         torch.cuda.empty_cache()
                     for (net, mode), ms in total.items():
                         results.append({**dict(zip(names, cfg)), "dtype": dname, "format": fmt, "network": net,
-                                        "mode": mode, "ms": round(ms, 4)})
+                                        "layer": "all", "layers": sum(s[-1] for s in SWEEP_SHAPES if s[0] == net), "mode": mode, "ms": round(ms, 4)})
                     print(" ".join(str(v) for v in cfg), dname, fmt,
                           " ".join(f"{net} {mode} {ms:.3f}" for (net, mode), ms in total.items()), flush=True)
     finally:

@@ -56,7 +56,7 @@ def _run(m: NormNeuron, backend: str, x: torch.Tensor, g_s: torch.Tensor, steps=
     s = m(xin, steps=steps)
     if callable(g_s):
         g_s = g_s(s.shape)
-    params = dict(m.named_parameters())
+    params = {name: p for name, p in m.named_parameters() if p.requires_grad}
     grads = torch.autograd.grad((s.float() * g_s).sum(), [xl, *params.values()])
     return s, grads[0], dict(zip(params, grads[1:]))
 
@@ -190,6 +190,12 @@ def test_running_statistics_and_eval(momentum, device):
     for name in gp0:
         assert_close(gp1[name], gp0[name], **SUMMED, what=name)
     assert int(m.norm.num_batches_tracked) == 3
+    for p in (*m.parameters(), *ref.parameters()):  # a frozen norm: dL/dx alone, in one backward pass
+        p.requires_grad_(False)
+    _, gx0, _ = _run(ref, "torch", x, g_s)
+    _, gx1, gp1 = _run(m, "triton", x, g_s)
+    assert not gp1
+    assert_close(gx1, gx0, **SUMMED, what="dx of a frozen norm")
     with torch.no_grad():  # inference: no checkpoints, no backward state
         set_backend(m, "triton")
         assert torch.equal(m(x), s0)

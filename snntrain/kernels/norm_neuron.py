@@ -30,14 +30,19 @@ Batch norm, training:
 
 * forward: statistics pass reads X (1); the fused pass reads X and writes S (2) = **3 E**;
 * backward, pass 1: re-reads X and dS, recomputes the normalised input and the forward
-  scan in registers, runs the reverse scan and reduces the per-channel sums of dL/dy and
-  dL/dy * xhat (2); pass 2 does the same again and writes dX from those sums (3) = **5 E**.
+  scan in registers, runs the reverse scan, reduces the per-channel sums of dL/dy and
+  dL/dy * xhat and writes dL/dy into dX's buffer (3); pass 2, elementwise, reads dL/dy and
+  X and writes dX in place from those sums (3) = **6 E**.
 
-  Saving dL/dy from pass 1 instead (as unfused code does) costs 6 E (write it, read it
-  back, plus X); saving the normalised input or the membrane in the forward costs at least
-  one more E each way. Recomputing the scan is free: the kernels are memory-bound.
+  Running the scan again in pass 2 instead of keeping dL/dy moves 5 E, but the scan's
+  recomputation and reverse step take more instructions per element-step than a 16-bit
+  element's bytes allow at the memory's rate: that backward was 25 % (SEW-ResNet-18) and
+  21 % (the T=16 event network) slower in bf16, 12 % and 1 % in fp32 (H200,
+  ``scripts/bench_bn_neuron.py --sweep``). Where no per-channel sum is needed (an eval-mode
+  norm with frozen parameters) one pass recomputes the scan and writes dX (3 E). Saving the
+  normalised input or the membrane in the forward costs at least one more E each way.
 
-So 8 E per training step for the fused layer against 13 E for BatchNorm2d followed by a
+So 9 E per training step for the fused layer against 13 E for BatchNorm2d followed by a
 neuron (BN forward 3, neuron forward 2, neuron backward 3, BN backward 5). For T > 4 the
 fp32 state is checkpointed every 8 steps as in :mod:`snntrain.kernels.lif` (4 B per
 neuron per 8 steps written, read twice in the backward). A stride-0 input reads X once
@@ -73,6 +78,7 @@ from .neuron_step import (
     F_SAVE_CKPT,
     F_SURROGATE_SHIFT,
     NO_FMA,
+    SHORT_CHUNK,
     SUM_BLOCK,
     backward_step,
     carry_grad,
@@ -88,6 +94,8 @@ from .neuron_step import (
 )
 from .norm_neuron_tuning import (
     BWD_CL_CHANNELS,
+    BWD_CL_CHANNELS_LONG,
+    BWD_PROGRAMS_PER_SM,
     BWD_TILE,
     BWD_WARPS,
     FINISH_C,
@@ -98,6 +106,7 @@ from .norm_neuron_tuning import (
     LN_BWD_TILE,
     LN_FWD_TILE,
     LN_WARPS,
+    STATS_PROGRAMS_PER_SM,
     STATS_TILE,
     STATS_WARPS,
     bn_tiles,
@@ -207,22 +216,27 @@ def _bn_stats_kernel(
     pid0 = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
+    # Sums of x - K per element, K the channel's mean over the program's first tile at the first step (so that
+    # the sum of squares cancels little), reduced over the tile once at the end: the loop only loads and adds.
+    b, offs_s, mask, ns = _group_tile(pid0, 0, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    shift = tl.sum(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), axis=0) / tl.maximum(ns, 1.0)
+    s1 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     n = tl.cast(0.0, tl.float32)
-    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     for i in range(TPP):
         b, offs_s, mask, ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
         x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
         for t in range(T):
             x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
-            mean_t = tl.sum(x, axis=0) / tl.maximum(ns, 1.0)
-            d = tl.where(mask, x - mean_t[None, :], 0.0)
-            # Chan et al.: merge this step's ns values into the n before it
-            n_ab = tl.maximum(n + ns, 1.0)
-            delta = mean_t - mean
-            mean += delta * (ns / n_ab)
-            m2 += tl.sum(d * d, axis=0) + delta * delta * (n * ns / n_ab)
-            n += ns
+            d = tl.where(mask, x - shift[None, :], 0.0)
+            s1 += d
+            s2 += d * d
+        n += ns * T
+    sum1 = tl.sum(s1, axis=0)
+    n_1 = tl.maximum(n, 1.0)
+    mean = shift + sum1 / n_1
+    m2 = tl.maximum(tl.sum(s2, axis=0) - sum1 * (sum1 / n_1), 0.0)
     row = part_ptr + pid0.to(tl.int64) * 3 * C + offs_c
     tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + n, mask=mask_c)
     tl.store(row + C, mean, mask=mask_c)
@@ -367,6 +381,7 @@ def _bn_neuron_bwd_kernel(
     BATCH_STATS: tl.constexpr,
     PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
     STORE_GK: tl.constexpr,
+    STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
     NO_FMA: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -399,8 +414,8 @@ def _bn_neuron_bwd_kernel(
             x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
             m_g, m_gx, T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
             k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, NO_FMA,
-            CHUNK, BLOCK_S, BLOCK_C)
+            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, STORE_GY,
+            NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if PASS == 1:
         row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
         tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
@@ -416,8 +431,8 @@ def _bn_bwd_tile(
     k, one_minus_k, v_threshold, v_reset, v_r, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
     SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, PASS: tl.constexpr,
-    STORE_GK: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
@@ -469,6 +484,8 @@ def _bn_bwd_tile(
                 if PASS == 1:
                     acc_g += tl.where(m, gy, 0.0)
                     acc_gx += tl.where(m, gy * xhat, 0.0)
+                    if STORE_GY:
+                        tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
                 else:
                     if BATCH_STATS:
                         gx = scale * (gy - m_g - xhat * m_gx)
@@ -485,6 +502,8 @@ def _bn_bwd_tile(
         if PASS == 1:
             acc_g += g_sum
             acc_gx += tl.where(mask, g_sum * xhat, 0.0)
+            if STORE_GY:
+                tl.store(gx_base, g_sum.to(out_dtype), mask=mask)
         else:
             if BATCH_STATS:
                 gx = scale * (g_sum - m_g - xhat * m_gx)
@@ -492,6 +511,44 @@ def _bn_bwd_tile(
                 gx = scale * g_sum
             tl.store(gx_base, gx.to(out_dtype), mask=mask)
     return acc_g, acc_gx, gk
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_dx_kernel(
+    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (T = 1 when EXPANDED)
+    mean_ptr,  # [C] fp32 mean the forward normalised with
+    rstd_ptr,  # [C] fp32 its 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read with BATCH_STATS)
+    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (read with BATCH_STATS)
+    gx_ptr,  # in: dL/dy (the backward's PASS 1 with STORE_GY), out: dL/dx, in place, at t*sd_t + ...
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    sd_t, sd_b, sd_c, sd_s,
+    inv_n,  # 1 / (elements per channel)
+    HAS_W: tl.constexpr,
+    BATCH_STATS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """dL/dx of batch norm from dL/dy, elementwise: the formula of the backward's PASS 2 without the scan."""
+    pid0 = tl.program_id(0)
+    per_t = B * s_tiles
+    t = (pid0 // per_t).to(tl.int64)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    mean, rstd, scale, _shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, w_ptr, offs_c, mask_c, HAS_W, False)
+    gx_at = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
+    gy = tl.load(gx_at, mask=mask, other=0.0).to(tl.float32)
+    if BATCH_STATS:
+        inv_n = tl.cast(inv_n, tl.float32)
+        m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+        m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+        x = tl.load(_at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t, mask=mask, other=0.0).to(tl.float32)
+        xhat = (x - mean[None, :]) * rstd[None, :]
+        gx = scale * (gy - m_g - xhat * m_gx)
+    else:
+        gx = scale * gy
+    tl.store(gx_at, gx.to(gx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -808,7 +865,7 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     cl = sc < ss
     if batch:
         bs, bc = bn_tiles(C, S, cl, STATS_TILE, FWD_CL_CHANNELS)
-        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), dev)
+        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), dev, STATS_PROGRAMS_PER_SM)
         g0 = B * groups
         part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
         wrap(_bn_stats_kernel)[(g0, cdiv(C, bc))](
@@ -868,31 +925,41 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     gs, sg = _grad_map(grad_spikes)
     sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
     cl = sc < ss
-    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS)
+    chunk = chunk_steps(T)
+    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS if chunk <= SHORT_CHUNK else BWD_CL_CHANNELS_LONG)
     g1 = cdiv(C, bc)
-    groups, tpp = tile_groups(B, S, bs, g1, x.device)
-    g0 = B * groups
     k, v_threshold, v_reset, alpha, _eps = params
     n = (1 if expanded else T) * B * S
     common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
                   SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
                   HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, BATCH_STATS=batch,
-                  NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
-    args = (T, B, C, S, groups, tpp, st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+                  NO_FMA=NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
+    args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
     if batch or need_wb or need_k:
+        groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
+        g0 = B * groups
         part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
         gk_part = torch.empty((g0 * g1 if need_k else 1,), dtype=torch.float32, device=x.device)
+        # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
         wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, part, gk_part, *args,
-            PASS=1, STORE_GK=need_k, **common)
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, part, gk_part,
+            T, B, C, S, groups, tpp, *args, PASS=1, STORE_GK=need_k, STORE_GY=need_x, **common)
         wrap(_pair_sum_kernel)[(cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
                                                             BLOCK_C=FINISH_C, num_warps=4)
         if need_k:
             wrap(sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
-    if need_x:
-        wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, mean, mean, *args,
-            PASS=2, STORE_GK=False, **common)
+        if need_x:
+            bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
+            s_tiles = cdiv(S, bs)
+            steps = 1 if expanded else T
+            wrap(_bn_dx_kernel)[(steps * B * s_tiles, cdiv(C, bc))](
+                xk, mean, rstd, weight, sums[0], sums[1], grad_x, steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
+                1.0 / n, HAS_W=weight is not None, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)
+    elif need_x:  # no sums to take: dL/dx in one pass
+        groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
+        wrap(_bn_neuron_bwd_kernel)[(B * groups, g1)](
+            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, mean, mean,
+            T, B, C, S, groups, tpp, *args, PASS=2, STORE_GK=False, STORE_GY=False, **common)
     return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
 
 

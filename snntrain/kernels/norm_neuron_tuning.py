@@ -3,9 +3,8 @@
 Tiles hold about ``*_TILE`` elements per program: positions along the unit stride for NCHW
 maps, channels for channels-last maps (at most ``*_CL_CHANNELS`` of them, :func:`bn_tiles`);
 layer norm holds all C channels of ``BLOCK_S`` positions (:func:`ln_tiles`). The backward
-keeps a chunk of states per element, so it uses smaller tiles. Kernels that write per-program partial sums give each program
-several position tiles, so that about :data:`PROGRAMS_PER_SM` programs per SM remain
-(:func:`tile_groups`).
+keeps a chunk of states per element, so it uses smaller tiles. The statistics and backward kernels give each
+program several position tiles, so that a set number of programs per SM remain (:func:`tile_groups`).
 """
 
 from __future__ import annotations
@@ -16,20 +15,23 @@ import torch
 
 from .op_utils import cdiv, next_pow2, sm_count
 
-__all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS", "STATS_TILE",
-           "STATS_WARPS", "FINISH_R", "FINISH_C", "PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS",
-           "block_s", "tile_groups", "bn_tiles", "ln_tiles"]
+__all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS",
+           "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C", "STATS_PROGRAMS_PER_SM",
+           "BWD_PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles",
+           "ln_tiles"]
 
 # Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
 # the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512
-# (-8 % and -12 % forward + backward in bf16), and channels-last forward and statistics tiles of 32 channels
-# beat 64 (-16 % forward in bf16); the backward keeps 64 channels (32 cost SEW-18's layers 5 %).
+# and 128, channels-last forward and statistics tiles of 32 channels beat 64 and 16; statistics tiles of 4096
+# elements with 4 programs per SM beat 2048 with 8 (-7 % forward in bf16). The backward's channels-last tiles
+# hold 64 channels where the scan's chunks have 4 steps (T <= 4: SEW-18's layers 4 % faster than with 32) and
+# 32 where they are longer (BWD_CL_CHANNELS_LONG: the T=16 event layers 21 % faster than with 64).
 FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
-BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS = 256, 4, 64
-STATS_TILE, STATS_WARPS = 2048, 4
+BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 256, 4, 64, 32
+STATS_TILE, STATS_WARPS = 4096, 4
 FINISH_R, FINISH_C = 64, 16
-# Programs per SM kept by the kernels that write partial sums (see tile_groups).
-PROGRAMS_PER_SM = 8
+# Programs per SM (see tile_groups) of the statistics pass and of the backward's scan (both write partial sums).
+STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM = 4, 8
 # Layer norm holds all C channels of BLOCK_S positions; tiles up to these many elements.
 LN_FWD_TILE, LN_BWD_TILE, LN_WARPS = 2048, 1024, 8
 
@@ -47,13 +49,13 @@ def block_s(S: int, tile: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
-def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device) -> tuple[int, int]:
-    """``(groups, TPP)``: each program of a kernel that writes per-program partial sums takes TPP
-    consecutive position tiles, so that about ``PROGRAMS_PER_SM`` programs per SM remain and the
-    finishing kernel has few rows to add."""
+def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device, per_sm: int) -> tuple[int, int]:
+    """``(groups, TPP)``: each program of a kernel that loops over position tiles takes TPP
+    consecutive ones, so that about ``per_sm`` programs per SM remain (and a kernel that writes
+    per-program partial sums leaves its finishing kernel few rows to add)."""
     sms = sm_count(dev, cpu=1)
     s_tiles = cdiv(S, block_s)
-    tpp = max(1, min(s_tiles, (B * s_tiles * g1) // (PROGRAMS_PER_SM * sms)))
+    tpp = max(1, min(s_tiles, (B * s_tiles * g1) // (per_sm * sms)))
     return cdiv(s_tiles, tpp), tpp
 
 
