@@ -41,6 +41,8 @@ statistics and backward kernels, :data:`SWEEP_CONFIGS`): every BN-neuron
 layer of SEW-ResNet-18 at 224 (batch 32, T=4) and of the event network (128x128 frames, batch 16, T=16),
 forward + backward as CUDA-graph replays, each shape weighted by its number of layers; prints a table
 per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` (each layer's time and the networks' totals).
+``--kernels`` prints the GPU time of each kernel of the same layers' forward + backward (the profiler over
+replays of its CUDA graph) and writes ``DIR/bench_bn_neuron_kernels.csv``.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ def make_input(B, C, H, W, expanded, dtype, fmt, seed=0):
     return x.requires_grad_(), gs.unflatten(0, (T, B))
 
 
-def graph_ms(fn, quick):
-    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost."""
+def capture(fn):
+    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -118,7 +120,70 @@ def graph_ms(fn, quick):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return bu.bench_ms(graph.replay, quick)
+    return graph
+
+
+def graph_ms(fn, quick):
+    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost."""
+    return bu.bench_ms(capture(fn).replay, quick)
+
+
+def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: float, replays: int = 20) -> list[dict]:
+    """GPU microseconds per kernel of each :data:`SWEEP_SHAPES` layer's forward + backward (the profiler over
+    ``replays`` replays of its CUDA graph), printed per layer with the layer's bytes and weighted over the
+    networks' layers."""
+    global T
+    from torch import nn
+
+    from snntrain.nn import LIF, NormNeuron
+
+    rows = []
+    try:
+        for dname in dtypes:
+            for fmt in formats:
+                weighted: dict[str, float] = {}
+                for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
+                    T = steps_t
+                    x, gs = make_input(B, C, H, W, expanded, DTYPES[dname], fmt)
+                    layer = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
+                    if fmt == "cl":
+                        layer = layer.to(memory_format=torch.channels_last)
+                    steps = T if expanded else None
+
+                    def fwd_bwd(layer=layer, x=x, gs=gs, steps=steps):
+                        x.grad = None
+                        torch.autograd.backward(layer(x, steps=steps), gs)
+
+                    graph = capture(fwd_bwd)
+                    for _ in range(5):
+                        graph.replay()
+                    torch.cuda.synchronize()
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        for _ in range(replays):
+                            graph.replay()
+                        torch.cuda.synchronize()
+                    per: dict[str, float] = {}
+                    for e in prof.events():
+                        if e.device_type == torch.autograd.DeviceType.CUDA:
+                            name = e.name.split("<")[0][:48]
+                            per[name] = per.get(name, 0.0) + e.device_time / replays
+                    mb = case_bytes(B, C, H, W, expanded, x.element_size(), "fwd+bwd") / 1e6
+                    print(f"{dname} {fmt} {net} {shape_text(B, C, H, W, expanded)} x{n}: {sum(per.values()):.1f} us, "
+                          f"{mb:.0f} MB = {mb / copy_gbps * 1e3:.1f} us at the copy bandwidth", flush=True)
+                    for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
+                        print(f"    {us:8.1f} us  {name}")
+                        weighted[name] = weighted.get(name, 0.0) + n * us
+                        rows.append({"dtype": dname, "format": fmt, "network": net,
+                                     "layer": shape_text(B, C, H, W, expanded), "layers": n, "kernel": name,
+                                     "us": round(us, 2)})
+                    del x, gs, layer, graph
+                    torch.cuda.empty_cache()
+                print(f"{dname} {fmt}: kernels over every layer of both networks (us):")
+                for name, us in sorted(weighted.items(), key=lambda kv: -kv[1]):
+                    print(f"    {us:9.1f}  {name}")
+    finally:
+        T = 4
+    return rows
 
 
 def time_fn(run, x, gs, quick):
@@ -368,6 +433,7 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
 def main() -> None:
     def extra(p: argparse.ArgumentParser) -> None:
         p.add_argument("--sweep", action="store_true", help="time the launch configurations instead")
+        p.add_argument("--kernels", action="store_true", help="GPU time per kernel of the sweep's layers instead")
         p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
         p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
         p.add_argument("--budget", type=float, default=480.0, help="seconds for the whole run")
@@ -381,13 +447,18 @@ def main() -> None:
         sj_worker(args.quick, Path(args.worker_out))
         return
     deadline = time.time() + args.budget
-    if args.sweep:
+    if args.sweep or args.kernels:
         import csv
 
-        rows = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes))
+        if args.sweep:
+            rows, name = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes)), "sweep"
+        else:
+            copy_gbps = bu.copy_bandwidth()
+            print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
+            rows, name = kernel_times(tuple(args.formats), tuple(args.dtypes), copy_gbps), "kernels"
         if rows:
             Path(args.out).mkdir(parents=True, exist_ok=True)
-            with open(Path(args.out, f"{NAME}_sweep.csv"), "w", newline="") as f:
+            with open(Path(args.out, f"{NAME}_{name}.csv"), "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0]))
                 w.writeheader()
                 w.writerows(rows)
