@@ -31,7 +31,8 @@ network, batch, optimizer and precision (``data=synthetic``, ``frames=T`` for th
 event case; the detector its default ``task=detect`` run) and report its ``perf/train_images_per_s``
 (the last epoch's steps after 5 warm-up steps, Lightning's loop, data transfer, metrics, logging and
 callbacks included); ms/step there is batch / rate. ``--cli-pythonpath DIR`` runs another checkout's
-command line (the ``cli-*@DIR`` rows), to compare versions in one run.
+command line (the ``cli-*@DIR`` rows), to compare versions in one run. ``lightning-loop``: Lightning's training
+loop alone on a one-parameter model, the host's floor under any command-line step.
 
 Per row: ms/step (steps run back to back after warm-up, between two synchronisations), images/s, peak
 memory (``max_memory_allocated`` over the timed steps), compile time (first calls) and,
@@ -87,7 +88,8 @@ NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoi
 PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-eager-nchw-unfused",
              "snntrain-compile", "snntrain-reduce-overhead", "snntrain-graph", "snntrain-compile-graph",
              "snntrain-torch", "cli-eager", "cli-reduce-overhead", "cli-graph", "cli-compile-graph",
-             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly", "spikingjelly-compile")
+             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly", "spikingjelly-compile",
+             "lightning-loop")
 #: ``*-graph`` providers: the whole step (forward, loss, backward, optimizer) captured in one CUDA graph
 #: (``snntrain.tasks.step_graph``, ``cuda_graph=true`` on the command line); ``*-compile-graph`` over the
 #: ``compile=default`` objective.
@@ -377,6 +379,49 @@ def command_line(case: str, provider: str, precision: str, args, pythonpath: str
                note=f"whole run {wall:.0f} s, {args.cli_steps} steps/epoch, rate of epoch 2")
 
 
+def lightning_loop(case: str, precision: str, args) -> dict:
+    """``lightning-loop``: the host time of Lightning's training loop alone, on this machine: ``Trainer.fit`` of
+    a one-parameter model on a tiny batch (no logger, checkpoint, progress bar or callbacks of ours), timed over
+    ``--steps`` steps after ``--warmup`` between two synchronisations. No step of the command line can take
+    less; the case only names the row."""
+    import lightning as L
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def training_step(self, batch, batch_idx):
+            return (self.w * batch[0]).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3, fused=True)
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.t0 = self.t1 = 0.0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == args.warmup:
+                torch.cuda.synchronize()
+                self.t0 = time.perf_counter()
+            elif trainer.global_step == args.warmup + args.steps:
+                torch.cuda.synchronize()
+                self.t1 = time.perf_counter()
+
+    clock = Clock()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(64 * (args.warmup + args.steps), 4)),
+                                       batch_size=64)
+    trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=args.warmup + args.steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[clock], precision="bf16-mixed" if precision == "bf16" else "32-true")
+    t0 = time.perf_counter()
+    trainer.fit(Tiny(), data)
+    ms = (clock.t1 - clock.t0) / args.steps * 1e3
+    return row(case, "lightning-loop", precision, CASES[case]["batch"], time.perf_counter() - t0, ms, 0,
+               note="Lightning's loop on a one-parameter model: the floor of a command-line step on this host")
+
+
 # ----------------------------------------------------------------------------- SpikingJelly
 
 
@@ -515,6 +560,8 @@ def main() -> None:
                         new = run_spikingjelly(case, prov, prec, args)
                     elif prov.startswith("resnet18"):
                         new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
+                    elif prov == "lightning-loop":
+                        new = [lightning_loop(case, prec, args)]
                     elif prov.startswith("cli-"):
                         new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
                     else:
