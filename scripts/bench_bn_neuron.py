@@ -109,6 +109,31 @@ def make_input(B, C, H, W, expanded, dtype, fmt, seed=0):
     return x.requires_grad_(), gs.unflatten(0, (T, B))
 
 
+def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
+    """``(fwd, fwd_bwd)`` of a fused BN-neuron layer of :data:`SWEEP_SHAPES` on its own input (sets ``T``)."""
+    global T
+    from torch import nn
+
+    from snntrain.nn import LIF, NormNeuron
+
+    T = steps_t
+    x, gs = make_input(B, C, H, W, expanded, dtype, fmt)
+    layer = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
+    if fmt == "cl":
+        layer = layer.to(memory_format=torch.channels_last)
+    steps = T if expanded else None
+
+    def fwd():
+        with torch.no_grad():
+            return layer(x, steps=steps)
+
+    def fwd_bwd():
+        x.grad = None
+        torch.autograd.backward(layer(x, steps=steps), gs)
+
+    return fwd, fwd_bwd
+
+
 def capture(fn):
     """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
     stream = torch.cuda.Stream()
@@ -133,27 +158,13 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
     ``replays`` replays of its CUDA graph), printed per layer with the layer's bytes and weighted over the
     networks' layers."""
     global T
-    from torch import nn
-
-    from snntrain.nn import LIF, NormNeuron
-
     rows = []
     try:
         for dname in dtypes:
             for fmt in formats:
                 weighted: dict[str, float] = {}
                 for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
-                    T = steps_t
-                    x, gs = make_input(B, C, H, W, expanded, DTYPES[dname], fmt)
-                    layer = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
-                    if fmt == "cl":
-                        layer = layer.to(memory_format=torch.channels_last)
-                    steps = T if expanded else None
-
-                    def fwd_bwd(layer=layer, x=x, gs=gs, steps=steps):
-                        x.grad = None
-                        torch.autograd.backward(layer(x, steps=steps), gs)
-
+                    _fwd, fwd_bwd = sweep_layer(B, C, H, W, expanded, steps_t, DTYPES[dname], fmt)
                     graph = capture(fwd_bwd)
                     for _ in range(5):
                         graph.replay()
@@ -167,7 +178,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                         if e.device_type == torch.autograd.DeviceType.CUDA:
                             name = e.name.split("<")[0][:48]
                             per[name] = per.get(name, 0.0) + e.device_time / replays
-                    mb = case_bytes(B, C, H, W, expanded, x.element_size(), "fwd+bwd") / 1e6
+                    mb = case_bytes(B, C, H, W, expanded, DTYPES[dname].itemsize, "fwd+bwd") / 1e6
                     print(f"{dname} {fmt} {net} {shape_text(B, C, H, W, expanded)} x{n}: {sum(per.values()):.1f} us, "
                           f"{mb:.0f} MB = {mb / copy_gbps * 1e3:.1f} us at the copy bandwidth", flush=True)
                     for name, us in sorted(per.items(), key=lambda kv: -kv[1]):
@@ -176,7 +187,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                         rows.append({"dtype": dname, "format": fmt, "network": net,
                                      "layer": shape_text(B, C, H, W, expanded), "layers": n, "kernel": name,
                                      "us": round(us, 2)})
-                    del x, gs, layer, graph
+                    del _fwd, fwd_bwd, graph
                     torch.cuda.empty_cache()
                 print(f"{dname} {fmt}: kernels over every layer of both networks (us):")
                 for name, us in sorted(weighted.items(), key=lambda kv: -kv[1]):
@@ -375,10 +386,7 @@ SWEEP_CONFIGS = [
 def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[str, ...]) -> list[dict]:
     """Milliseconds of the networks' BN-neuron layers (forward, forward + backward) per launch configuration."""
     global T
-    from torch import nn
-
     from snntrain.kernels import norm_neuron
-    from snntrain.nn import LIF, NormNeuron
 
     names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS",
              "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM")
@@ -395,32 +403,19 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
                         return results
                     total = {}
                     for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
-                        T = steps_t
-                        x, gs = make_input(B, C, H, W, expanded, DTYPES[dname], fmt)
-                        layer = NormNeuron(nn.BatchNorm2d(C), LIF(**neuron_kwargs()), backend="triton").cuda()
-                        if fmt == "cl":
-                            layer = layer.to(memory_format=torch.channels_last)
-                        steps = T if expanded else None
-
-                        def fwd(layer=layer, x=x, steps=steps):
-                            with torch.no_grad():
-                                return layer(x, steps=steps)
-
-                        def fwd_bwd(layer=layer, x=x, gs=gs, steps=steps):
-                            x.grad = None
-                            torch.autograd.backward(layer(x, steps=steps), gs)
-
+                        fwd, fwd_bwd = sweep_layer(B, C, H, W, expanded, steps_t, DTYPES[dname], fmt)
                         for mode, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
                             ms = graph_ms(fn, quick)
                             total[(net, mode)] = total.get((net, mode), 0.0) + n * ms
                             results.append({**dict(zip(names, cfg)), "dtype": dname, "format": fmt, "network": net,
                                             "layer": shape_text(B, C, H, W, expanded), "layers": n, "mode": mode,
                                             "ms": round(ms, 4)})
-                        del x, gs, layer
+                        del fwd, fwd_bwd
                         torch.cuda.empty_cache()
                     for (net, mode), ms in total.items():
                         results.append({**dict(zip(names, cfg)), "dtype": dname, "format": fmt, "network": net,
-                                        "layer": "all", "layers": sum(s[-1] for s in SWEEP_SHAPES if s[0] == net), "mode": mode, "ms": round(ms, 4)})
+                                        "layer": "all", "layers": sum(s[-1] for s in SWEEP_SHAPES if s[0] == net),
+                                        "mode": mode, "ms": round(ms, 4)})
                     print(" ".join(str(v) for v in cfg), dname, fmt,
                           " ".join(f"{net} {mode} {ms:.3f}" for (net, mode), ms in total.items()), flush=True)
     finally:
