@@ -22,10 +22,11 @@ __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", 
 
 # Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
 # the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512
-# and 128, channels-last forward and statistics tiles of 32 channels beat 64 and 16; statistics tiles of 4096
-# elements with 4 programs per SM beat 2048 with 8 (-7 % forward in bf16). The backward's channels-last tiles
-# hold 64 channels where the scan's chunks have 4 steps (T <= 4: SEW-18's layers 4 % faster than with 32) and
-# 32 where they are longer (BWD_CL_CHANNELS_LONG: the T=16 event layers 21 % faster than with 64).
+# and 128 (128 won only the fp32 T=16 layers), channels-last forward and statistics tiles of 32 channels beat 64
+# and 16; statistics tiles of 4096 elements with 4 programs per SM beat 2048 with 8 (-13 % forward in bf16).
+# The backward's channels-last tiles hold 64 channels where the scan's chunks have 4 steps (T <= 4: SEW-18's
+# layers 4 % faster than with 32) and 32 where they are longer (BWD_CL_CHANNELS_LONG: the T=16 event layers 21 %
+# faster than with 64).
 FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
 BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 256, 4, 64, 32
 STATS_TILE, STATS_WARPS = 4096, 4
