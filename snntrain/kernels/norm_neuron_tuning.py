@@ -61,7 +61,7 @@ def tile_groups(B: int, S: int, block_s: int, g1: int, dev: torch.device, per_sm
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
-def bn_tiles(C: int, S: int, cl: bool, tile: int, cl_channels: int = 64) -> tuple[int, int]:
+def bn_tiles(C: int, S: int, cl: bool, tile: int, cl_channels: int) -> tuple[int, int]:
     """(BLOCK_S, BLOCK_C): along the channels for channels-last maps (at most ``cl_channels`` of them), else
     along the positions."""
     if cl:
