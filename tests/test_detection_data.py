@@ -307,22 +307,37 @@ def _square_image(h: int, w: int, box: tuple[int, int, int, int]) -> torch.Tenso
     return img
 
 
-def test_flip_moves_box_with_pixels_exactly():
+def augmented(aug: TrainTransform, path: str, image, boxes, labels, rng: np.random.Generator):
+    """One augmentation of ``image`` by ``aug`` per sample (``__call__``, on the loader's side) or as a batch of
+    one (``draw`` and ``apply_batch``, the training set kept on the device): the same outputs either way."""
+    if path == "sample":
+        return aug(image, boxes, labels)
+    params = torch.from_numpy(aug.draw(rng, 1, image.shape[-2], image.shape[-1]))
+    out, b, lab, n = aug.apply_batch(image[None], boxes[None], labels[None], torch.tensor([boxes.shape[0]]), params)
+    return out[0], b[0, : int(n[0])], lab[0, : int(n[0])]
+
+
+@pytest.mark.parametrize("path", ["sample", "batch"])
+def test_flip_moves_box_with_pixels_exactly(path):
     img = _square_image(40, 40, (5, 10, 17, 30))
     flip = TrainTransform(40, hflip=1.0, zoom_out=1.0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0))
-    out, boxes, labels = flip(img, torch.tensor([[5.0, 10.0, 17.0, 30.0]]), torch.zeros(1, dtype=torch.int64))
+    out, boxes, labels = augmented(flip, path, img, torch.tensor([[5.0, 10.0, 17.0, 30.0]]),
+                                   torch.zeros(1, dtype=torch.int64), np.random.default_rng(0))
     assert boxes.tolist() == [[23.0, 10.0, 35.0, 30.0]] and labels.tolist() == [0]
     assert extent(denormalize_image(out)[0].numpy() > 0.5) == boxes[0].tolist()
 
 
-def test_random_augmentation_keeps_boxes_on_the_pixels():
+@pytest.mark.parametrize("path", ["sample", "batch"])
+def test_random_augmentation_keeps_boxes_on_the_pixels(path):
     torch.manual_seed(0)
+    rng = np.random.default_rng(0)
     aug = TrainTransform(64, hflip=0.5, zoom_out=2.0, crop_scale=(0.3, 1.0), min_visibility=0.5)
     src_box = (30, 20, 70, 50)
     img = _square_image(80, 100, src_box)
     seen = 0
     for _ in range(60):
-        out, boxes, labels = aug(img, torch.tensor([src_box], dtype=torch.float32), torch.zeros(1, dtype=torch.int64))
+        out, boxes, labels = augmented(aug, path, img, torch.tensor([src_box], dtype=torch.float32),
+                                       torch.zeros(1, dtype=torch.int64), rng)
         assert out.shape == (3, 64, 64) and boxes.shape[0] == labels.shape[0] <= 1
         bright = denormalize_image(out)[0].numpy() > 0.75  # zoom-out fill is mid grey
         if boxes.shape[0] == 0:
@@ -334,16 +349,19 @@ def test_random_augmentation_keeps_boxes_on_the_pixels():
     assert seen > 30
 
 
-def test_augmentation_drops_faces_mostly_cut_off_by_the_crop():
+@pytest.mark.parametrize("path", ["sample", "batch"])
+def test_augmentation_drops_faces_mostly_cut_off_by_the_crop(path):
     # A 50x50 crop of a 100x100 image resized to 50x50: no resampling, so the bright pixels that
     # remain measure exactly how much of the 20x20 square is visible.
     torch.manual_seed(1)
+    rng = np.random.default_rng(1)
     aug = TrainTransform(50, hflip=0.0, zoom_out=1.0, crop_scale=(0.25, 0.25), crop_ratio=(1.0, 1.0),
                          min_visibility=0.5, min_box_size=1.0)
     img = _square_image(100, 100, (40, 40, 60, 60))
     kept_partial = dropped_partial = 0
     for _ in range(200):
-        out, boxes, _ = aug(img, torch.tensor([[40.0, 40.0, 60.0, 60.0]]), torch.zeros(1, dtype=torch.int64))
+        out, boxes, _ = augmented(aug, path, img, torch.tensor([[40.0, 40.0, 60.0, 60.0]]),
+                                  torch.zeros(1, dtype=torch.int64), rng)
         visible = int((denormalize_image(out)[0] > 0.5).sum()) / 400.0
         if boxes.shape[0]:
             assert visible >= 0.5
@@ -354,6 +372,108 @@ def test_augmentation_drops_faces_mostly_cut_off_by_the_crop():
             assert visible < 0.5
             dropped_partial += visible > 0.0
     assert kept_partial > 5 and dropped_partial > 5
+
+
+def test_batch_augmentation_draws_the_recipes_distribution():
+    """``draw`` samples what ``__call__`` samples: flips at ``hflip``, a zoom-out half the time, and crops of
+    ``crop_scale`` of the (grown) canvas with aspect ratios in ``crop_ratio``, inside the canvas."""
+    aug = TrainTransform(64, hflip=0.3, zoom_out=2.0, crop_scale=(0.4, 0.9), crop_ratio=(0.75, 4 / 3))
+    n, h, w = 4000, 48, 80
+    p = aug.draw(np.random.default_rng(5), n, h, w)
+    assert p.shape == (n, 5) and set(np.unique(p[:, 0])) == {0.0, 1.0}
+    assert abs(p[:, 0].mean() - 0.3) < 0.03
+    cw, ch = p[:, 3] - p[:, 1], p[:, 4] - p[:, 2]
+    assert (cw > 0).all() and (ch > 0).all()
+    # the crop lies inside a canvas at most zoom_out times the image, which the canvas always contains
+    assert (p[:, 1] >= -w).all() and (p[:, 3] <= 2 * w).all() and (p[:, 2] >= -h).all() and (p[:, 4] <= 2 * h).all()
+    inside = (p[:, 1] >= 0) & (p[:, 2] >= 0) & (p[:, 3] <= w) & (p[:, 4] <= h)
+    assert 0.4 < inside.mean() < 0.9  # no zoom-out half the time: then the crop is inside the image
+    aspect = cw / ch
+    assert ((aspect > 0.75 * 0.9) & (aspect < 4 / 3 * 1.1)).mean() > 0.99
+    plain = TrainTransform(64, hflip=0.0, zoom_out=1.0, crop_scale=(0.4, 0.9))
+    q = plain.draw(np.random.default_rng(6), n, 60, 60)  # square: every crop of the range fits
+    area = (q[:, 3] - q[:, 1]) * (q[:, 4] - q[:, 2]) / 3600
+    assert (q[:, 0] == 0).all() and (q[:, 1:3] >= 0).all() and (q[:, 3:] <= 60).all()
+    assert area.min() > 0.37 and area.max() < 0.95 and 0.6 < area.mean() < 0.7
+
+
+def _epoch(loader, epoch: int) -> list:
+    loader.sampler.set_epoch(epoch)
+    return list(loader)
+
+
+def _same_batches(a: list, b: list) -> bool:
+    keys = ("boxes", "labels", "num_boxes", "image_id")
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and all(torch.equal(x[1][k], y[1][k]) for k in keys)
+                                    for x, y in zip(a, b))
+
+
+def test_training_set_on_the_device_without_augmentation_gives_the_loaders_batches():
+    """``on_device: true`` renders the training set once and gathers each batch by index: without augmentation
+    its batches are exactly those of the loader that renders image by image, in the same order."""
+    plain = small_faces_dm(augment=False, on_device=False, max_boxes=2, faces_per_image=[1, 3])
+    kept = small_faces_dm(augment=False, on_device=True, max_boxes=2, faces_per_image=[1, 3])
+    for dm in (plain, kept):
+        dm.setup()
+    assert not plain.keeps_on_device() and kept.keeps_on_device()
+    for epoch in (0, 1):
+        assert _same_batches(_epoch(plain.train_dataloader(), epoch), _epoch(kept.train_dataloader(), epoch))
+
+
+def test_training_set_on_the_device_augments_by_seed_and_resumes_mid_epoch():
+    dm = small_faces_dm(on_device=True, num_train=20)
+    dm.setup()
+    loader = dm.train_dataloader()
+    first = _epoch(loader, 2)
+    assert len(first) == 5 and _same_batches(first, _epoch(loader, 2))  # the same augmentations again
+    assert not torch.equal(first[0][0], _epoch(loader, 3)[0][0])
+    images, t = first[0]
+    assert images.shape == (4, 3, 64, 64) and images.dtype == torch.float32 and -1 <= images.min() <= images.max() <= 1
+    assert t["boxes"].shape == (4, 3, 4) and torch.isnan(t["scale"]).all()
+    rows = torch.arange(3) < t["num_boxes"][:, None]
+    assert (t["labels"][rows] == 0).all() and (t["labels"][~rows] == -1).all() and (t["boxes"][~rows] == 0).all()
+    real = t["boxes"][rows]
+    assert (real[:, 2:] - real[:, :2] >= 2.0).all() and (real >= 0).all() and (real <= 64).all()
+    loader.sampler.set_epoch(2)
+    loader.progress = lambda: (3, 5)
+    state = loader.state_dict()
+    assert state["epoch"] == 2 and state["batches_done"] == 3
+    again = small_faces_dm(on_device=True, num_train=20)
+    again.setup()
+    fresh = again.train_dataloader()
+    fresh.load_state_dict(state)
+    assert _same_batches(first[3:], list(fresh))
+
+
+@pytest.mark.gpu
+def test_training_set_on_a_gpu_gives_the_cpus_batches_from_its_graphs():
+    """On a CUDA device (``on_device: auto`` there) each batch is gathered and augmented by a CUDA graph (the
+    first batch of a size eagerly): the batches equal those built on the CPU, and each owns its tensors (the
+    next replay does not overwrite the last batch)."""
+    from types import SimpleNamespace
+
+    # four batches of 5 and a last one of 4: two graphs
+    cpu, gpu = small_faces_dm(num_train=24, batch_size=5), small_faces_dm(num_train=24, batch_size=5)
+    for dm in (cpu, gpu):
+        dm.setup()
+    gpu.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    assert gpu.keeps_on_device() and not cpu.keeps_on_device()
+    cpu.on_device = True
+    want, got = _epoch(cpu.train_dataloader(), 1), _epoch(gpu.train_dataloader(), 1)
+    assert len(got) == 5 and [b[0].shape[0] for b in got] == [5, 5, 5, 5, 4]
+    for (wi, wt), (gi, gt) in zip(want, got):
+        assert gi.is_cuda and torch.allclose(gi.cpu(), wi, atol=1e-4)
+        assert torch.equal(gt["num_boxes"].cpu(), wt["num_boxes"]) and torch.equal(gt["labels"].cpu(), wt["labels"])
+        assert torch.allclose(gt["boxes"].cpu(), wt["boxes"], atol=1e-3)
+        assert torch.equal(gt["image_id"].cpu(), wt["image_id"])
+
+
+def test_on_device_setting_is_checked():
+    with pytest.raises(ValueError, match="data.on_device='gpu' must be auto, true or false"):
+        FacesDataModule(on_device="gpu")
+    dm = small_faces_dm()
+    dm.setup()
+    assert dm.on_device == "auto" and not dm.keeps_on_device()  # auto: on a CUDA device only
 
 
 @pytest.mark.parametrize("hw", [(37, 90), (90, 37), (64, 64), (500, 333)])

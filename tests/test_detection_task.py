@@ -83,10 +83,11 @@ def test_iou_quality_learns_the_predicted_boxes_iou():
 
 
 @pytest.mark.slow
-def test_detect_cli_one_batch_logs_map_and_images(tmp_path, compose_run):
+@pytest.mark.parametrize("on_device", ["auto", "true"])  # auto: the CPU's loader; true: the set kept on the device
+def test_detect_cli_one_batch_logs_map_and_images(tmp_path, compose_run, on_device):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    metrics_value = run(compose_run(tmp_path, *TINY))
+    metrics_value = run(compose_run(tmp_path, *TINY, f"data.on_device={on_device}"))
     assert metrics_value is not None and 0.0 <= metrics_value <= 1.0
     ea = EventAccumulator(glob.glob(str(tmp_path / "tensorboard" / "events.*"))[0],
                           size_guidance={"images": 0, "scalars": 0})

@@ -41,8 +41,11 @@ from torchvision.transforms.v2 import functional as TF
 
 from .common import (
     DeviceLoader,
+    SeededDataset,
     check_num_workers,
+    derive_seed,
     eval_sampler,
+    loader_device,
     loader_workers,
     open_image,
     positive_int,
@@ -339,6 +342,88 @@ class TrainTransform:
             target["labels"],
         )
 
+    # ------------------------------------------------------------------ the same recipe for a batch on the device
+
+    def draw(self, rng: np.random.Generator, n: int, height: int, width: int) -> np.ndarray:
+        """Parameters of ``n`` random augmentations of ``height x width`` images, drawn as ``__call__`` draws
+        them (flip, then zoom out onto a canvas ``r`` times larger, ``r`` uniform in ``[1, zoom_out]``, half the
+        time, then ``RandomResizedCrop``'s ten tries and its centre-crop fallback): float64 ``[n, 5]``, each row
+        ``flip (0 or 1), x0, y0, x1, y1``, the crop's box in the pixels of the (flipped) image, where the
+        zoom-out's grey canvas lies beyond the image's edges. :meth:`apply_batch` applies them."""
+        u = rng.random
+        flip = (u(n) < self.hflip).astype(np.float64)
+        ratio = np.ones(n)
+        if self.zoom_out > 1.0:
+            zoom = u(n) < 0.5
+            ratio = np.where(zoom, 1.0 + u(n) * (self.zoom_out - 1.0), 1.0)
+        cw, ch = np.floor(width * ratio), np.floor(height * ratio)
+        left, top = np.floor((cw - width) * u(n)), np.floor((ch - height) * u(n))
+        tries = 10
+        area = (cw * ch)[:, None] * (self.crop_scale[0] + u((n, tries)) * (self.crop_scale[1] - self.crop_scale[0]))
+        log_r = np.log(self.crop_ratio)
+        aspect = np.exp(log_r[0] + u((n, tries)) * (log_r[1] - log_r[0]))
+        w, h = np.rint(np.sqrt(area * aspect)), np.rint(np.sqrt(area / aspect))
+        ok = (w > 0) & (w <= cw[:, None]) & (h > 0) & (h <= ch[:, None])
+        i = np.floor(u((n, tries)) * (ch[:, None] - h + 1))
+        j = np.floor(u((n, tries)) * (cw[:, None] - w + 1))
+        first = ok.argmax(1)
+        rows = np.arange(n)
+        w, h, i, j = w[rows, first], h[rows, first], i[rows, first], j[rows, first]
+        # no try fitted: the centre crop of the largest box with an aspect ratio in range (torchvision's fallback)
+        in_ratio = cw / ch
+        fw = np.where(in_ratio < self.crop_ratio[0], cw, np.where(in_ratio > self.crop_ratio[1],
+                                                                   np.rint(ch * self.crop_ratio[1]), cw))
+        fh = np.where(in_ratio < self.crop_ratio[0], np.rint(cw / self.crop_ratio[0]), ch)
+        found = ok.any(1)
+        w, h = np.where(found, w, fw), np.where(found, h, fh)
+        i, j = np.where(found, i, np.floor((ch - h) / 2)), np.where(found, j, np.floor((cw - w) / 2))
+        x0, y0 = j - left, i - top
+        return np.stack([flip, x0, y0, x0 + w, y0 + h], 1)
+
+    def apply_batch(self, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor,
+                    params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`draw`'s augmentations applied to a batch, on whatever device it is on, with tensor operations
+        only (nothing read back to the host): uint8 ``images [B, 3, H, W]``, boxes ``[B, M, 4]`` (xyxy, their
+        pixels; the first ``counts[b]`` rows of image ``b`` real), labels ``[B, M]`` and ``params [B, 5]``.
+        The crop is resampled with ``roi_align`` (bilinear, averaging ``ceil(crop / image_size)`` samples per
+        pixel and axis where it shrinks, the zoom-out's grey beyond the image); a box is clipped and kept as
+        ``__call__`` keeps it (at least ``min_visibility`` of its area visible, sides of at least
+        ``min_box_size``). Returns the normalised float32 images ``[B, 3, S, S]`` and the kept boxes, labels and
+        counts in :func:`collate_detection`'s padded form (kept boxes first, in their order; padding rows 0
+        and label -1)."""
+        from torchvision.ops import roi_align
+
+        n, _, height, width = images.shape
+        size = self.image_size
+        params = params.to(device=images.device, dtype=torch.float32)
+        flip, crop = params[:, 0] > 0.5, params[:, 1:]
+        # 0 outside the image is the fill after this shift; one pixel of it around the image makes the bilinear
+        # samples just outside an edge blend towards the fill, as the grey canvas of the zoom-out does
+        x = images.to(torch.float32) - FILL_UINT8
+        x = F.pad(torch.where(flip[:, None, None, None], x.flip(-1), x), (1, 1, 1, 1))
+        rois = torch.cat([torch.arange(n, device=x.device, dtype=x.dtype)[:, None], crop + 1.0], 1)
+        out = roi_align(x, rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        out = ((out + FILL_UINT8) / 255.0 - IMAGE_MEAN) / IMAGE_STD
+        # boxes: flipped with the pixels, then into the crop's frame, scaled to size x size
+        boxes = boxes.to(device=images.device, dtype=torch.float32)
+        mirrored = torch.stack([width - boxes[..., 2], boxes[..., 1], width - boxes[..., 0], boxes[..., 3]], -1)
+        boxes = torch.where(flip[:, None, None], mirrored, boxes)
+        origin = crop[:, None, :2].repeat(1, 1, 2)
+        scale = (size / (crop[:, 2:] - crop[:, :2]))[:, None].repeat(1, 1, 2)
+        full = (boxes - origin) * scale
+        clipped = full.clamp(0.0, float(size))
+        side = clipped[..., 2:] - clipped[..., :2]
+        rows = boxes.shape[1]
+        real = torch.arange(rows, device=boxes.device) < counts.to(boxes.device)[:, None]
+        keep = (real & (box_area(full) > 0) & (box_area(clipped) >= self.min_visibility * box_area(full))
+                & (side >= self.min_box_size).all(-1) & (box_area(clipped) >= 1.0))
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept rows first, in their order
+        kept = keep.sum(1)
+        first = torch.arange(rows, device=boxes.device) < kept[:, None]
+        boxes = torch.where(first[..., None], clipped.gather(1, order[..., None].expand(-1, -1, 4)), 0.0)
+        labels = torch.where(first, labels.to(boxes.device).gather(1, order), -1)
+        return out, boxes, labels, kept
+
 
 class SquareCropTransform:
     """The face-detection training recipe of RetinaFace and SCRFD: a random square crop, resized.
@@ -534,6 +619,126 @@ class DetectionCollate:
 
 
 # --------------------------------------------------------------------------------------------------
+# A training set kept on the device
+# --------------------------------------------------------------------------------------------------
+
+#: ``on_device: auto`` keeps a training set on a CUDA device when its images take at most this many bytes.
+RESIDENT_BYTES = 1 << 30
+
+
+def check_on_device(value: object) -> bool | str:
+    """``data.on_device``: ``auto``, true or false."""
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ValueError(f"data.on_device={value!r} must be auto, true or false (keep the training images on the "
+                     "training device and augment them there)")
+
+
+class ResidentKeys(SeededDataset):
+    """The training sampler's side of a training set kept on the device (:class:`ResidentBatches`): a batch of
+    keys ``(epoch, index)`` (:class:`~snntrain.data.common.EpochSampler`) becomes, in one call
+    (``__getitems__``, in the training process), the images' indices and, with ``transform``, the parameters of
+    their augmentations (:meth:`TrainTransform.draw`) from a generator seeded by ``(seed, epoch, indices)``: a
+    batch is augmented the same way whenever it comes again (a resumed epoch)."""
+
+    def __init__(self, size: int, height: int, width: int, transform: TrainTransform | None, seed: int) -> None:
+        self.dataset, self.seed, self.numpy_random = None, int(seed), False
+        self.size, self.height, self.width, self.transform = int(size), int(height), int(width), transform
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, torch.Tensor]:
+        return self.__getitems__([key])
+
+    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> dict[str, torch.Tensor]:
+        pairs = [k if isinstance(k, tuple) else (0, k) for k in keys]
+        index = [int(i) for _, i in pairs]
+        for i in index:
+            if not 0 <= i < self.size:
+                raise IndexError(f"index {i} is out of range for {self.size} training images")
+        out = {"index": torch.tensor(index, dtype=torch.int64)}
+        if self.transform is not None:
+            rng = np.random.default_rng(derive_seed(self.seed, pairs[0][0], *index))
+            out["params"] = torch.from_numpy(self.transform.draw(rng, len(index), self.height, self.width))
+        return out
+
+
+def keep_batch(batch: Any) -> Any:
+    """``collate_fn`` of :class:`ResidentKeys`, whose ``__getitems__`` returns the batch already."""
+    return batch
+
+
+class ResidentBatches:
+    """The training images kept on the device, and the loader's ``device_transform`` that turns a batch of
+    :class:`ResidentKeys` into a training batch there: the images and their boxes gathered by index, augmented
+    by :meth:`TrainTransform.apply_batch` (normalised only, without ``transform``), in
+    :func:`collate_detection`'s format. No loader process, no image through the host: per step the host draws
+    the augmentations' parameters and launches a few dozen small kernels. ``images`` uint8 ``[N, 3, H, W]``,
+    ``boxes [N, M, 4]``, ``labels [N, M]``, ``counts [N]`` (CPU tensors, moved to a batch's device at its first
+    batch)."""
+
+    def __init__(self, images: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, counts: torch.Tensor,
+                 transform: TrainTransform | None) -> None:
+        self.cpu = (images, boxes, labels, counts)
+        self.transform = transform
+        self._on: tuple[torch.device, tuple[torch.Tensor, ...]] | None = None
+        self._seen: set[int] = set()  # batch sizes built once eagerly
+        self._graphs: dict[int, tuple[Any, dict[str, torch.Tensor], Any]] = {}  # batch size: graph, inputs, outputs
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The set's tensors on ``device`` (copied at the first batch there), and the constant fields of its
+        batches' targets: ``orig_size``, ``scale`` and ``pad`` of one image (built once: a tensor made from host
+        values at every step would wait for the device)."""
+        if self._on is None or self._on[0] != device:
+            images = self.cpu[0]
+            nan = float("nan") if self.transform is not None else None
+            fields = (torch.tensor(images.shape[-2:], dtype=torch.int64),
+                      torch.full((2,), nan) if nan is not None else torch.ones(2),
+                      torch.full((2,), nan) if nan is not None else torch.zeros(2))
+            self._on = (device, tuple(t.to(device) for t in (*self.cpu, *fields)))
+        return self._on[1]
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training batch of ``batch`` (:class:`ResidentKeys`'s indices and parameters, on the set's device).
+        On a CUDA device the few dozen kernels that make it run as one CUDA graph per batch size (captured at the
+        second batch of that size; the first runs eagerly): one launch instead of their host work, then a copy
+        of the graph's outputs, which the next replay overwrites, so every batch owns its tensors."""
+        if batch["index"].device.type != "cuda":
+            return self.build(batch)
+        n = int(batch["index"].shape[0])
+        if n not in self._graphs:
+            if n not in self._seen:
+                self._seen.add(n)
+                return self.build(batch)
+            static = {k: v.clone() for k, v in batch.items()}
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                made = self.build(static)
+            self._graphs[n] = (graph, static, made)
+        graph, static, made = self._graphs[n]
+        for key, value in static.items():
+            value.copy_(batch[key], non_blocking=True)
+        graph.replay()
+        images, targets = made
+        return images.clone(), {k: v.clone() for k, v in targets.items()}
+
+    def build(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`__call__`'s work, eagerly."""
+        index = batch["index"]
+        *data, orig, scale, pad = self.tensors(index.device)
+        images, boxes, labels, counts = (t.index_select(0, index) for t in data)
+        if self.transform is not None:
+            images, boxes, labels, counts = self.transform.apply_batch(images, boxes, labels, counts,
+                                                                       batch["params"])
+        else:
+            images = normalize_image(images)
+        n = index.shape[0]
+        return images, {"boxes": boxes, "labels": labels, "num_boxes": counts, "image_id": index,
+                        "orig_size": orig.expand(n, 2), "scale": scale.expand(n, 2), "pad": pad.expand(n, 2)}
+
+
+# --------------------------------------------------------------------------------------------------
 # DataModule base
 # --------------------------------------------------------------------------------------------------
 
@@ -584,9 +789,47 @@ class DetectionDataModule(L.LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
 
+    def resident_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The whole training set as uint8 images ``[N, 3, H, W]``, boxes ``[N, M, 4]``, labels ``[N, M]`` and
+        counts ``[N]`` (CPU tensors), for a datamodule whose training set can live on the device; None (the
+        default) where it cannot."""
+        return None
+
+    def resident_transform(self) -> TrainTransform | None:
+        """The augmentation of a training set on the device (:meth:`TrainTransform.apply_batch`), or None."""
+        return None
+
+    def resident_bytes(self) -> int | None:
+        """Bytes of the training images on the device (``on_device: auto`` keeps them there up to
+        :data:`RESIDENT_BYTES`); None where the set cannot live there."""
+        return None
+
+    def keeps_on_device(self) -> bool:
+        """Whether the training loader keeps the training set on the training device (``on_device``; ``auto``:
+        on a CUDA device, for a set of at most :data:`RESIDENT_BYTES`)."""
+        setting = getattr(self, "on_device", False)
+        size = self.resident_bytes()
+        if size is None or setting is False:
+            return False
+        if setting is True:
+            return True
+        device = loader_device(self)
+        return device is not None and device.type == "cuda" and size <= RESIDENT_BYTES
+
+    def _resident_loader(self) -> DataLoader:
+        if getattr(self, "_resident", None) is None:
+            arrays = self.resident_arrays()
+            self._resident = ResidentBatches(*arrays, transform=self.resident_transform())
+        images = self._resident.cpu[0]
+        keys = ResidentKeys(images.shape[0], images.shape[-2], images.shape[-1], self._resident.transform, self.seed)
+        return train_loader(self, keys, self.batch_size, self.seed, num_workers=0, collate_fn=keep_batch,
+                            device_transform=self._resident)
+
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        if train and self.keeps_on_device():
+            return self._resident_loader()
         workers = loader_workers(self)
         if train:
             return train_loader(self, dataset, self.batch_size, self.seed, num_workers=workers,

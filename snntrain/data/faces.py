@@ -68,11 +68,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from ..validation import one_of
-from .common import positive_int
-from .detection import DetectionDataModule, TrainTransform, _number, int_range, make_target, normalize_image
+from .common import loader_workers, positive_int
+from .detection import (
+    DetectionDataModule,
+    TrainTransform,
+    _number,
+    check_on_device,
+    int_range,
+    make_target,
+    normalize_image,
+    select_boxes,
+)
 
 #: Number of face crops at the start of ``lfw_subset()``; the rest are non-face crops.
 LFW_FACES = 100
@@ -551,6 +560,32 @@ class SyntheticFaces(Dataset):
         return image, make_target(boxes, index, (s, s), labels=labels)
 
 
+class _Rendered(Dataset):
+    """Item ``i``: training image ``i`` of ``faces`` as rendered (uint8 ``[3, S, S]``), its boxes padded to
+    ``rows`` (zeros; the largest kept where there are more), labels (0, padding -1) and count."""
+
+    def __init__(self, faces: SyntheticFaces, rows: int) -> None:
+        self.faces, self.rows = faces, int(rows)
+
+    def __len__(self) -> int:
+        return len(self.faces)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        image, boxes = self.faces._raw(index)
+        boxes = boxes.to(torch.float32).reshape(-1, 4)
+        boxes = boxes[select_boxes(boxes, self.rows)]
+        n = boxes.shape[0]
+        padded = torch.zeros(self.rows, 4)
+        padded[:n] = boxes
+        labels = torch.full((self.rows,), -1, dtype=torch.int64)
+        labels[:n] = 0
+        return image, padded, labels, torch.tensor(n)
+
+
+def _stack_rendered(items: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.stack(column) for column in zip(*items))
+
+
 class FacesDataModule(DetectionDataModule):
     """``data=faces``: synthetic face detection from scikit-image's LFW crops, fully offline.
 
@@ -591,9 +626,11 @@ class FacesDataModule(DetectionDataModule):
         num_workers: int | str = 0,
         max_boxes: int | None = None,
         cache: bool = True,
+        on_device: bool | str = "auto",
         seed: int = 0,
     ) -> None:
         fpi = int_range("faces_per_image", faces_per_image, minimum=0)
+        self.on_device = check_on_device(on_device)
         rows = max_boxes if max_boxes is not None else max(1, fpi[1])
         super().__init__(image_size, batch_size, num_workers, rows, seed)
         self.num_train = positive_int("num_train", num_train)
@@ -641,6 +678,23 @@ class FacesDataModule(DetectionDataModule):
             pool = (faces[-k:], non_faces[-k:])
         photos = background_photos() if "photos" in self._composer_args["backgrounds"] else ()
         return FaceComposer(pool[0], pool[1], photos=photos, **self._composer_args)
+
+    def resident_bytes(self) -> int:
+        return self.num_train * 3 * self.image_size * self.image_size
+
+    def resident_transform(self) -> TrainTransform | None:
+        return self.train_transform
+
+    def resident_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every training image rendered once (by the loader processes :func:`loader_workers` gives, in order),
+        with its boxes padded to ``max_boxes`` rows (an image with more keeps its largest)."""
+        if self.train_set is None:
+            raise RuntimeError("FacesDataModule.setup() must run before its training set is rendered")
+        workers = loader_workers(self)
+        loader = DataLoader(_Rendered(self.train_set, self.max_boxes), batch_size=64, shuffle=False,
+                            num_workers=workers, collate_fn=_stack_rendered)
+        parts = list(loader)
+        return tuple(torch.cat(column) for column in zip(*parts))  # type: ignore[return-value]
 
     def setup(self, stage: str | None = None) -> None:
         """Create the three splits (idempotent; images are rendered on first access)."""
