@@ -186,10 +186,11 @@ def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int 
                  ) -> Iterator[tuple[Path, dict[str, Any], dict[str, torch.Tensor]]]:
     """Run a detector on image files as :func:`predict` does (see there for ``max_side`` and ``scales``); yields
     ``(file, meta, detections)`` per file, the boxes in the file's own pixels (``meta["orig_size"]`` is its
-    ``(h, w)``), on the CPU."""
+    ``(h, w)``), on the CPU. The images go to ``device``, by default the model's."""
     from .data.detection import boxes_to_original, load_image_for_detection, pad_images
 
-    device = torch.device("cpu") if device is None else device
+    if device is None:
+        device = next(iter(model.parameters()), torch.empty(0)).device
     data = model.config["data"]
     size, side = detection_geometry(data, max_side, pyramid=scales is not None)
     divisor = int(data.get("size_divisor") or 32)

@@ -83,6 +83,28 @@ def test_evaluate_photos_reports_recall_boxes_elsewhere_and_ap(real_faces, tmp_p
     assert strict["found"] == 0 and strict["elsewhere"] == 0 and strict["ap50"] == pytest.approx(1.0)
 
 
+def test_detect_files_sends_the_images_to_the_models_device(real_faces):
+    """Without ``device``, :func:`snntrain.predict.detect_files` feeds the images to the device the model's
+    parameters are on (a detector moved to a GPU; here the meta device stands for it), and returns CPU boxes."""
+    from snntrain.predict import detect_files
+
+    photos, _ = real_faces.load_photos()
+
+    class Placed(StubDetector):
+        def __init__(self, photos):
+            super().__init__(photos)
+            self.weight = nn.Parameter(torch.zeros(1, device="meta"))
+            self.devices = []
+
+        def forward(self, images, scales=None):
+            self.devices.append(images.device.type)
+            return super().forward(images, scales)
+
+    model = Placed(photos[:1])
+    (_, _, det), = detect_files(model, [photos[0]["path"]])
+    assert model.devices == ["meta"] and det["boxes"].device.type == "cpu" and len(det["boxes"]) >= 1
+
+
 @pytest.mark.slow
 def test_search_trains_variants_and_scores_both_yardsticks(tmp_path):
     """scripts/search_faces.py: two tiny variants trained side by side, their checkpoints copied and scored
