@@ -788,6 +788,7 @@ class DetectionDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self._resident: ResidentBatches | None = None  # the training set on the device, made at its first loader
 
     def resident_arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The whole training set as uint8 images ``[N, 3, H, W]``, boxes ``[N, M, 4]``, labels ``[N, M]`` and
@@ -817,7 +818,7 @@ class DetectionDataModule(L.LightningDataModule):
         return device is not None and device.type == "cuda" and size <= RESIDENT_BYTES
 
     def _resident_loader(self) -> DataLoader:
-        if getattr(self, "_resident", None) is None:
+        if self._resident is None:
             arrays = self.resident_arrays()
             self._resident = ResidentBatches(*arrays, transform=self.resident_transform())
         images = self._resident.cpu[0]
