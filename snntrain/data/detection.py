@@ -691,11 +691,9 @@ class ResidentBatches:
         batches' targets: ``orig_size``, ``scale`` and ``pad`` of one image (built once: a tensor made from host
         values at every step would wait for the device)."""
         if self._on is None or self._on[0] != device:
-            images = self.cpu[0]
-            nan = float("nan") if self.transform is not None else None
-            fields = (torch.tensor(images.shape[-2:], dtype=torch.int64),
-                      torch.full((2,), nan) if nan is not None else torch.ones(2),
-                      torch.full((2,), nan) if nan is not None else torch.zeros(2))
+            # as the per-sample loader's targets: an augmented image's mapping is not tracked (NaN)
+            scale, pad = (_nan_pair(), _nan_pair()) if self.transform is not None else (torch.ones(2), torch.zeros(2))
+            fields = (torch.tensor(self.cpu[0].shape[-2:], dtype=torch.int64), scale, pad)
             self._on = (device, tuple(t.to(device) for t in (*self.cpu, *fields)))
         return self._on[1]
 
@@ -776,6 +774,8 @@ class DetectionDataModule(L.LightningDataModule):
     classes = ["face"]
     #: Evaluation batches of images with different sizes are padded to a multiple of this.
     size_divisor = 1
+    #: ``data.on_device`` of a datamodule whose training set can live on the device (:meth:`resident_arrays`)
+    on_device: bool | str = False
 
     def __init__(self, image_size: int, batch_size: int, num_workers: int | str, max_boxes: int | None,
                  seed: int) -> None:
@@ -808,11 +808,10 @@ class DetectionDataModule(L.LightningDataModule):
     def keeps_on_device(self) -> bool:
         """Whether the training loader keeps the training set on the training device (``on_device``; ``auto``:
         on a CUDA device, for a set of at most :data:`RESIDENT_BYTES`)."""
-        setting = getattr(self, "on_device", False)
         size = self.resident_bytes()
-        if size is None or setting is False:
+        if size is None or self.on_device is False:
             return False
-        if setting is True:
+        if self.on_device is True:
             return True
         device = loader_device(self)
         return device is not None and device.type == "cuda" and size <= RESIDENT_BYTES

@@ -73,6 +73,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..validation import one_of
 from .common import loader_workers, positive_int
 from .detection import (
+    DetectionCollate,
     DetectionDataModule,
     TrainTransform,
     _number,
@@ -80,7 +81,6 @@ from .detection import (
     int_range,
     make_target,
     normalize_image,
-    select_boxes,
 )
 
 #: Number of face crops at the start of ``lfw_subset()``; the rest are non-face crops.
@@ -561,29 +561,18 @@ class SyntheticFaces(Dataset):
 
 
 class _Rendered(Dataset):
-    """Item ``i``: training image ``i`` of ``faces`` as rendered (uint8 ``[3, S, S]``), its boxes padded to
-    ``rows`` (zeros; the largest kept where there are more), labels (0, padding -1) and count."""
+    """Item ``i``: training image ``i`` of ``faces`` as rendered (uint8 ``[3, S, S]``, not augmented or
+    normalised) and its target, for :func:`~snntrain.data.detection.collate_detection`."""
 
-    def __init__(self, faces: SyntheticFaces, rows: int) -> None:
-        self.faces, self.rows = faces, int(rows)
+    def __init__(self, faces: SyntheticFaces) -> None:
+        self.faces = faces
 
     def __len__(self) -> int:
         return len(self.faces)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict]:
         image, boxes = self.faces._raw(index)
-        boxes = boxes.to(torch.float32).reshape(-1, 4)
-        boxes = boxes[select_boxes(boxes, self.rows)]
-        n = boxes.shape[0]
-        padded = torch.zeros(self.rows, 4)
-        padded[:n] = boxes
-        labels = torch.full((self.rows,), -1, dtype=torch.int64)
-        labels[:n] = 0
-        return image, padded, labels, torch.tensor(n)
-
-
-def _stack_rendered(items: list[tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.stack(column) for column in zip(*items))
+        return image, make_target(boxes, index, tuple(image.shape[-2:]))
 
 
 class FacesDataModule(DetectionDataModule):
@@ -690,10 +679,9 @@ class FacesDataModule(DetectionDataModule):
         with its boxes padded to ``max_boxes`` rows (an image with more keeps its largest)."""
         if self.train_set is None:
             raise RuntimeError("FacesDataModule.setup() must run before its training set is rendered")
-        workers = loader_workers(self)
-        loader = DataLoader(_Rendered(self.train_set, self.max_boxes), batch_size=64, shuffle=False,
-                            num_workers=workers, collate_fn=_stack_rendered)
-        parts = list(loader)
+        loader = DataLoader(_Rendered(self.train_set), batch_size=64, shuffle=False, num_workers=loader_workers(self),
+                            collate_fn=DetectionCollate(self.max_boxes, drop=True))
+        parts = [(images, t["boxes"], t["labels"], t["num_boxes"]) for images, t in loader]
         return tuple(torch.cat(column) for column in zip(*parts))  # type: ignore[return-value]
 
     def setup(self, stage: str | None = None) -> None:
