@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from _testing import assert_close
 from snntrain.data import DATAMODULES, build_datamodule
 from snntrain.data.detection import (
     TrainTransform,
@@ -462,9 +463,12 @@ def test_training_set_on_a_gpu_gives_the_cpus_batches_from_its_graphs():
     want, got = _epoch(cpu.train_dataloader(), 1), _epoch(gpu.train_dataloader(), 1)
     assert len(got) == 5 and [b[0].shape[0] for b in got] == [5, 5, 5, 5, 4]
     for (wi, wt), (gi, gt) in zip(want, got):
-        assert gi.is_cuda and torch.allclose(gi.cpu(), wi, atol=1e-4)
+        # the GPU's and the CPU's roi_align and box arithmetic round differently: images within 1e-4, boxes (scaled by the
+        # crop's zoom) within 1e-3, beside the fp32 row of rtol
+        assert gi.is_cuda
+        assert_close(gi, wi, rtol=1e-5, atol=1e-4, what="images")
         assert torch.equal(gt["num_boxes"].cpu(), wt["num_boxes"]) and torch.equal(gt["labels"].cpu(), wt["labels"])
-        assert torch.allclose(gt["boxes"].cpu(), wt["boxes"], atol=1e-3)
+        assert_close(gt["boxes"], wt["boxes"], rtol=1e-5, atol=1e-3, what="boxes")
         assert torch.equal(gt["image_id"].cpu(), wt["image_id"])
 
 
