@@ -70,9 +70,11 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     from .data import build_datamodule
     from .distributed import SyncBatchNorm, ddp_job, ddp_strategy, defer_sigterm_check, is_rank_zero, uses_cuda
     from .tasks import TASKS
+    from .tasks.speed import resolve_cudnn_benchmark
 
     check_moved(cfg)
     out = Path(cfg.paths.output_dir)
+    benchmark = resolve_cudnn_benchmark(cfg.trainer.get("benchmark", "auto"), cfg.trainer.get("deterministic"))
     task_name = cfg.task.name
     if task_name not in TASKS:
         raise ValueError(f"task={task_name!r} cannot be trained; trainable tasks: {', '.join(TASKS)}")
@@ -126,6 +128,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     logger = _build_logger(cfg, out)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, trainer_kwargs.pop("ddp", None))
+    trainer_kwargs["benchmark"] = benchmark
     plugins = [AtomicCheckpointIO()]
     if trainer_kwargs.get("sync_batchnorm"):
         plugins.append(SyncBatchNorm())

@@ -8,6 +8,7 @@ skipped without CUDA) checks that compiled and CUDA-graph steps match the eager 
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from pathlib import Path
 
@@ -418,8 +419,11 @@ def test_gpu_prefetch_hands_out_each_batch_ready_on_the_device():
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_gpu_training_steps_never_wait_for_the_host(task, cuda_graph, tmp_path: Path, compose_run):
     """From the fourth training step to the last (data transfer, forward, loss, backward, optimizer, metric
-    updates, EMA, the callbacks, Lightning's bookkeeping between steps), nothing synchronises with the host:
-    ``torch.cuda.set_sync_debug_mode("error")`` raises on any synchronising call."""
+    updates, EMA, the callbacks, Lightning's bookkeeping between steps, the step values logged every third
+    step), nothing synchronises with the host: ``torch.cuda.set_sync_debug_mode("error")`` raises on any
+    synchronising call. The step values still reach the log, under their own steps."""
+    import csv
+
     import lightning as L
 
     from snntrain.cli import train
@@ -441,9 +445,9 @@ def test_gpu_training_steps_never_wait_for_the_host(task, cuda_graph, tmp_path: 
                 torch.cuda.set_sync_debug_mode("default")
 
     overrides = [f"task={task}", "backend=triton", "trainer.max_epochs=1", "trainer.limit_train_batches=10",
-                 "trainer.limit_val_batches=1", "trainer.log_every_n_steps=1000", "trainer.enable_progress_bar=false",
+                 "trainer.limit_val_batches=1", "trainer.log_every_n_steps=3", "trainer.enable_progress_bar=false",
                  "callbacks.precise_bn.num_batches=2", "callbacks.ema.enabled=true",
-                 "trainer.precision=bf16-mixed", "logger=none", f"cuda_graph={str(cuda_graph).lower()}"]
+                 "trainer.precision=bf16-mixed", "logger=csv", f"cuda_graph={str(cuda_graph).lower()}"]
     if task == "classify":
         overrides += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32"]
     cfg = compose_run(tmp_path, *overrides)
@@ -452,6 +456,11 @@ def test_gpu_training_steps_never_wait_for_the_host(task, cuda_graph, tmp_path: 
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert NoSync.steps == 7
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    logged = {int(r["step"]): float(r["train/loss_step"]) for r in rows if r.get("train/loss_step")}
+    assert sorted(logged) == [2, 5, 8] and all(math.isfinite(v) for v in logged.values()), rows
+    assert {int(r["epoch"]) for r in rows if r.get("train/lr")} == {0}
 
 
 @pytest.mark.slow
@@ -490,6 +499,39 @@ def test_compile_captures_the_loss_with_the_network_in_one_graph(task, loss_op, 
     if task == "detect":
         assert "torch.isfinite" in code  # fcos_targets: locations with an assigned box
     assert losses[None] == pytest.approx(losses["default"], rel=1e-5), losses
+
+
+def test_cudnn_benchmark_is_on_unless_deterministic_and_bad_settings_are_named(tmp_path: Path, compose_run,
+                                                                                monkeypatch):
+    import lightning as L
+
+    from snntrain.tasks.speed import resolve_cudnn_benchmark
+
+    assert resolve_cudnn_benchmark("auto", False) is True and resolve_cudnn_benchmark("auto", True) is False
+    assert resolve_cudnn_benchmark(False, False) is False and resolve_cudnn_benchmark(True, False) is True
+    assert resolve_cudnn_benchmark(False, True) is False
+    with pytest.raises(ValueError, match=r"trainer.deterministic=true rules that out"):
+        resolve_cudnn_benchmark(True, True)
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match=r"trainer.benchmark=.* is not valid; choose auto"):
+            resolve_cudnn_benchmark(bad, False)
+    # the command line hands the resolved value to Lightning's Trainer (which sets torch.backends.cudnn.benchmark),
+    # and refuses a bad one before the data is built
+    seen = []
+    real = L.Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        seen.append(kwargs["benchmark"])
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(L.Trainer, "__init__", init)
+    for overrides, expected in (([], True), (["trainer.deterministic=true"], False), (["trainer.benchmark=false"], False)):
+        run(compose_run(tmp_path / str(len(seen)), "debug=tiny", "trainer.limit_train_batches=1",
+                        "trainer.limit_val_batches=1", "callbacks.efficiency=false", *overrides))
+        assert seen[-1] is expected, overrides
+    with pytest.raises(ValueError, match="trainer.benchmark='fast' is not valid"):
+        run(compose_run(tmp_path / "bad", "debug=tiny", "trainer.benchmark=fast"))
+    assert not (tmp_path / "bad").exists()
 
 
 # ----------------------------------------------------------------------------------- the step in one CUDA graph

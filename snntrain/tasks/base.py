@@ -54,6 +54,7 @@ class SpikingTask(L.LightningModule):
         self._train_batch: int | None = None
         self._compile_started: float | None = None  # wall clock at the first compiled step
         self._step_lr: float | torch.Tensor | None = None  # this step's learning rate, on the steps that log
+        self._pending_values: list[tuple] = []  # step values on their way from the GPU (log_step_values)
 
     def setup(self, stage: str) -> None:
         device = self.trainer.strategy.root_device
@@ -167,6 +168,7 @@ class SpikingTask(L.LightningModule):
         return size != self._train_batch
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self.write_step_values(wait=False)
         if self.compile_mode in speed.GRAPH_MODES:
             # a new training iteration: the CUDA graphs may reuse the last step's output memory
             torch.compiler.cudagraph_mark_step_begin()
@@ -186,8 +188,12 @@ class SpikingTask(L.LightningModule):
         return {}
 
     def on_train_epoch_end(self) -> None:
+        self.write_step_values(wait=True)
         for name, (metric, prog_bar) in self.epoch_metrics().items():
             self.log_epoch(name, metric, prog_bar)
+
+    def on_train_end(self) -> None:
+        self.write_step_values(wait=True)  # a run that stopped inside an epoch (max_steps)
 
     def log_epoch(self, name: str, metric: Any, prog_bar: bool | Collection[str] = False) -> None:
         """Log ``metric``'s value for the epoch, if anything updated it (with every batch skipped there is nothing
@@ -214,19 +220,46 @@ class SpikingTask(L.LightningModule):
         loggers and ``trainer.callback_metrics`` (:func:`snntrain.callbacks.publish`) at the step Lightning writes
         step values at: ``LightningModule.log`` costs about a millisecond of host time per key and reads each
         value back on its own. None of them is shown through Lightning's progress-bar values (those are read
-        after every step); snntrain's progress bar shows ``train/loss_step`` when it redraws."""
+        after every step); snntrain's progress bar shows ``train/loss_step`` when it redraws.
+
+        On a GPU the transfer does not wait for the device: the values are copied to pinned host memory behind
+        the step's work and written once they have arrived (:meth:`write_step_values`, at a later step's start
+        or at the epoch's end), under the step they belong to. Reading them at once would make the host wait
+        for every step queued before, and leave the GPU idle while the host prepares the next one."""
         if not self.logs_this_step():
             return
-        from ..callbacks import publish
+        from ..callbacks import log_position, publish
 
         if self._step_lr is not None:
             values = {**values, "train/lr": self._step_lr}
         on_device = {k: v for k, v in values.items() if torch.is_tensor(v)}
         numbers = {k: float(v) for k, v in values.items() if not torch.is_tensor(v)}
+        at = log_position(self.trainer)
         if on_device:
-            read = torch.stack([v.detach().float().reshape(()) for v in on_device.values()]).tolist()
-            numbers.update(zip(on_device, read))
-        publish(self.trainer, numbers, epoch=True)
+            stacked = torch.stack([v.detach().float().reshape(()) for v in on_device.values()])
+            if stacked.device.type == "cuda":
+                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                host.copy_(stacked, non_blocking=True)
+                arrived = torch.cuda.Event()
+                arrived.record()
+                self._pending_values.append((numbers, list(on_device), host, arrived, at))
+                return
+            numbers.update(zip(on_device, stacked.tolist()))
+        publish(self.trainer, numbers, epoch=True, at=at)
+
+    def write_step_values(self, wait: bool) -> None:
+        """Write the step values that :meth:`log_step_values` left on their way from the GPU, in their order, as far
+        as they have arrived; with ``wait`` all of them, waiting for those still on their way (only for their copy
+        and the work queued before it)."""
+        from ..callbacks import publish
+
+        while self._pending_values:
+            numbers, keys, host, arrived, at = self._pending_values[0]
+            if not wait and not arrived.query():
+                return
+            arrived.synchronize()
+            self._pending_values.pop(0)
+            publish(self.trainer, {**numbers, **dict(zip(keys, host.tolist()))}, epoch=True, at=at)
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this training step's values (every ``trainer.log_every_n_steps``).

@@ -49,6 +49,24 @@ def check_cuda_graph(value: Any) -> str | bool:
                      "(the whole training step captured in one CUDA graph) or false")
 
 
+def resolve_cudnn_benchmark(value: Any, deterministic: Any) -> bool:
+    """``trainer.benchmark`` as Lightning takes it (``torch.backends.cudnn.benchmark``): with ``auto`` (the default)
+    on unless ``trainer.deterministic``. cuDNN then times its convolution algorithms at the first call of each input
+    shape and keeps the fastest (a training step's shapes repeat: the time is spent once); without it cuDNN picks
+    by heuristics, 10 % slower for the event-data SEW-ResNet-18 step on an H200 (docs/benchmarks.md). Timed
+    choices may differ from one process to the next, which ``deterministic`` runs rule out."""
+    if value == "auto":
+        return not bool(deterministic)
+    if not isinstance(value, bool):
+        raise ValueError(f"trainer.benchmark={value!r} is not valid; choose auto (default: on unless "
+                         "trainer.deterministic=true), true (cuDNN times its convolution algorithms per input shape) "
+                         "or false (cuDNN's heuristic choice)")
+    if value and deterministic:
+        raise ValueError("trainer.benchmark=true picks convolution algorithms by timing them, which can differ "
+                         "between runs; trainer.deterministic=true rules that out. Use trainer.benchmark=auto or false")
+    return value
+
+
 def check_channels_last(value: Any) -> str | bool:
     if isinstance(value, bool) or value == "auto":
         return value
