@@ -549,8 +549,10 @@ def test_cuda_graph_setting_and_runs_it_cannot_hold_are_refused_by_name():
               precision="bf16-mixed")
     check_cuda_graph_run(**ok)  # nothing refused: checks the settings, not the machine
     check_cuda_graph_run(**{**ok, "mode": "default", "precision": "32-true", "gradient_clip_val": 0})
+    check_cuda_graph_run(**{**ok, "world_size": 2, "flat_reducer": True})  # its all-reduce is captured with the step
     refused = [({"device": "cpu"}, r"this run trains on cpu.*trainer.accelerator=gpu"),
-               ({"world_size": 2}, r"2 processes.*compile=reduce-overhead"),
+               ({"world_size": 2}, r"run of 2 processes, only with the flat reducer.*trainer.ddp.reducer=flat.*"
+                                   r"sync_batchnorm.*compile=reduce-overhead"),
                ({"accumulate_grad_batches": 4}, r"accumulate_grad_batches=4"),
                ({"gradient_clip_val": 1.0}, r"gradient_clip_val=1.0.*gradient_clip_val=null"),
                ({"precision": "16-mixed"}, r"precision=16-mixed.*bf16-mixed"),
@@ -596,6 +598,7 @@ def test_cuda_graph_auto_is_on_only_where_the_run_allows_it(caplog):
         assert resolve_cuda_graph("auto", **{**ok, "world_size": 2}) is False
     assert "cuda_graph=auto stays off: cuda_graph captures the whole training step" in caplog.text
     assert "2 processes" in caplog.text
+    assert resolve_cuda_graph("auto", **{**ok, "world_size": 2, "flat_reducer": True}) is True
     with pytest.raises(ValueError, match="this run trains on cpu"):
         resolve_cuda_graph(True, **{**ok, "device": "cpu"})
 

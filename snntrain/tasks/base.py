@@ -61,10 +61,16 @@ class SpikingTask(L.LightningModule):
         if stage == "fit":
             speed.check_accumulation(self.compile_mode, int(self.trainer.accumulate_grad_batches))
             speed.check_compile_device(self.compile_mode, device)
+            from ..distributed import FlatGradientDDP
+
             trainer = self.trainer
+            # several processes: the flat reducer's all-reduce can be captured with the step (not sync_batchnorm's
+            # collectives inside the forward)
+            flat = isinstance(trainer.strategy, FlatGradientDDP) and not self.config.get("trainer", {}).get(
+                "sync_batchnorm", False)
             self.cuda_graph = speed.resolve_cuda_graph(self.cuda_graph_setting, self.compile_mode, device,
                                                        trainer.world_size, int(trainer.accumulate_grad_batches),
-                                                       trainer.gradient_clip_val, trainer.precision)
+                                                       trainer.gradient_clip_val, trainer.precision, flat)
             # the optimizer's update is inside the captured step: Lightning leaves it (and the schedule) to the task
             self.automatic_optimization = not self.cuda_graph
         if use_channels_last(self.channels_last, device):
@@ -96,7 +102,8 @@ class SpikingTask(L.LightningModule):
         return self._compiled(inputs[0])(*inputs)
 
     def _graph_step(self, inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
-        """With ``cuda_graph``: the objective, its backward and the optimizer's update as one CUDA graph
+        """With ``cuda_graph``: the objective, its backward (with several processes, the gradients' all-reduce) and
+        the optimizer's update as one CUDA graph
         (:class:`StepGraph`, made at the first training step), then the schedule's step and Lightning's count of
         optimizer steps (``global_step``), which manual optimization leaves to the task. The outputs are the
         graph's: the next step overwrites them."""
@@ -108,7 +115,15 @@ class SpikingTask(L.LightningModule):
             else:
                 objective = self._compiled(inputs[0])
             optimizer = self.optimizers(use_pl_optimizer=False)
-            graph = StepGraph(training_step_fn(objective, optimizer), optimizer)
+            reduce = None
+            if self.trainer.world_size > 1:  # the flat reducer's all-reduce, inside the step (FlatGradientDDP)
+                from ..distributed import all_reduce_gradients
+
+                params, world = [p for g in optimizer.param_groups for p in g["params"]], self.trainer.world_size
+
+                def reduce() -> None:
+                    all_reduce_gradients(params, world)
+            graph = StepGraph(training_step_fn(objective, optimizer, reduce), optimizer)
             self.__dict__["_step_graph"] = graph
         out = graph(*inputs)
         for progress in self._step_counts():

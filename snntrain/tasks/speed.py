@@ -174,20 +174,24 @@ def check_accumulation(mode: str | None, accumulate_grad_batches: int) -> None:
 
 
 def check_cuda_graph_run(mode: str | None, device: torch.device | str, world_size: int, accumulate_grad_batches: int,
-                         gradient_clip_val: Any, precision: str) -> None:
+                         gradient_clip_val: Any, precision: str, flat_reducer: bool = False) -> None:
     """Refuse ``cuda_graph=true`` where one graph cannot hold the step, naming what to change: on a device that is
-    not a CUDA GPU, under several processes (the gradients' all-reduce runs outside the captured step), with
-    gradient accumulation (each replay writes the gradients afresh), gradient clipping (Lightning clips between
-    the backward and the optimizer, outside the graph), fp16 loss scaling (the scaler checks for infinities on
-    the host every step) and with a ``compile`` mode that already captures CUDA graphs."""
+    not a CUDA GPU, under several processes unless their gradients are averaged by the flat reducer (its one
+    all-reduce after the backward is then captured with the step; ``flat_reducer``: the run's strategy is
+    :class:`snntrain.distributed.FlatGradientDDP`, without ``sync_batchnorm``), with gradient accumulation (each
+    replay writes the gradients afresh), gradient clipping (Lightning clips between the backward and the optimizer,
+    outside the graph), fp16 loss scaling (the scaler checks for infinities on the host every step) and with a
+    ``compile`` mode that already captures CUDA graphs."""
     device = torch.device(device)
     what = "cuda_graph=true captures the whole training step in one CUDA graph"
     if device.type != "cuda":
         raise ValueError(f"{what}, and this run trains on {device.type}: use it on a CUDA GPU "
                          "(trainer.accelerator=gpu), or cuda_graph=false")
-    if world_size > 1:
-        raise ValueError(f"{what}, which runs in one process on one GPU; this run has {world_size} processes. Use "
-                         "compile=reduce-overhead (CUDA graphs of the forward and the backward) with several GPUs")
+    if world_size > 1 and not flat_reducer:
+        raise ValueError(f"{what}; of a run of {world_size} processes, only with the flat reducer, whose one "
+                         "all-reduce of the gradients is captured with the step (trainer.ddp.reducer=flat, the default "
+                         "on one node), and without trainer.sync_batchnorm. Use those settings, or "
+                         "compile=reduce-overhead (CUDA graphs of the forward and the backward)")
     if accumulate_grad_batches > 1:
         raise ValueError(f"{what}, where each replay writes the gradients afresh: it cannot accumulate them "
                          f"(trainer.accumulate_grad_batches={accumulate_grad_batches}). Use "
@@ -206,7 +210,8 @@ def check_cuda_graph_run(mode: str | None, device: torch.device | str, world_siz
 
 
 def resolve_cuda_graph(setting: Any, mode: str | None, device: torch.device | str, world_size: int,
-                       accumulate_grad_batches: int, gradient_clip_val: Any, precision: str) -> bool:
+                       accumulate_grad_batches: int, gradient_clip_val: Any, precision: str,
+                       flat_reducer: bool = False) -> bool:
     """Whether a fit captures its training step whole: ``true`` where :func:`check_cuda_graph_run` allows it (and
     its error otherwise), ``false`` never, ``auto`` wherever it is allowed; on a CUDA device where it is not,
     the log says why."""
@@ -214,7 +219,8 @@ def resolve_cuda_graph(setting: Any, mode: str | None, device: torch.device | st
     if setting is False:
         return False
     try:
-        check_cuda_graph_run(mode, device, world_size, accumulate_grad_batches, gradient_clip_val, precision)
+        check_cuda_graph_run(mode, device, world_size, accumulate_grad_batches, gradient_clip_val, precision,
+                             flat_reducer)
     except ValueError as why:
         if setting is True:
             raise

@@ -123,14 +123,17 @@ class StepGraph:
         return self.outputs
 
 
-def training_step_fn(objective: Callable[..., dict[str, torch.Tensor]],
-                     optimizer: torch.optim.Optimizer) -> Callable[..., dict[str, torch.Tensor]]:
-    """The step :class:`StepGraph` captures: ``objective(*inputs)`` (a dict with ``"loss"``), its backward and
-    ``optimizer.step()``; returns the objective's outputs, detached."""
+def training_step_fn(objective: Callable[..., dict[str, torch.Tensor]], optimizer: torch.optim.Optimizer,
+                     after_backward: Callable[[], None] | None = None) -> Callable[..., dict[str, torch.Tensor]]:
+    """The step :class:`StepGraph` captures: ``objective(*inputs)`` (a dict with ``"loss"``), its backward,
+    ``after_backward()`` (with several processes, the all-reduce of the gradients: NCCL collectives are captured
+    like kernels) and ``optimizer.step()``; returns the objective's outputs, detached."""
 
     def step(*inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         out = objective(*inputs)
         out["loss"].backward()
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
         return {k: v.detach() if torch.is_tensor(v) else v for k, v in out.items()}
 
