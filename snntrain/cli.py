@@ -142,7 +142,10 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
     defer_sigterm_check(trainer)  # no host synchronisation per training step under DDP
     with ddp_job(out):  # with devices x num_nodes > 1, Lightning starts the other processes in here
         if cfg.train:
-            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            try:
+                trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            finally:  # a fit that failed did not reach on_train_end: the graph goes before the process group
+                task.release_step_graph()
         else:
             task = task_cls.load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
             trainer.validate(task, datamodule=datamodule)

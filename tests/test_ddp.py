@@ -43,7 +43,10 @@ from snntrain.distributed import (
 )
 
 GPUS = torch.cuda.device_count() >= 2
-ON = ["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true"] if GPUS else []
+# cuDNN's timed algorithm choice off: each process (and the single process validating the checkpoint) would
+# choose its own convolution algorithms, whose TF32 sums differ by more than rounding and flip spikes
+ON = ["trainer.accelerator=gpu", "backend=triton", "trainer.sync_batchnorm=true", "trainer.benchmark=false"] if GPUS \
+    else []
 # debug=tiny with the whole validation set, logged to TensorBoard
 COMMON = ["debug=tiny", *ON, "trainer.limit_val_batches=null", "logger=tensorboard"]
 CLASSIFY = [*COMMON, "data.batch_size=60"]

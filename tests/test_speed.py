@@ -717,13 +717,15 @@ def test_cli_cuda_graph_trains_like_eager_and_resumes_on_gpu(task, tmp_path: Pat
     epochs with validation) counts the same optimizer steps and ends at the eager run's weights and learning
     rate; its checkpoint resumes a third epoch with and without the graph, and the eager run's with it. SGD: AdamW turns the last-bit
     differences of atomic sums between any two runs into whole steps where a gradient is tiny (see
-    :func:`test_step_graph_trains_like_the_eager_step_on_gpu`)."""
+    :func:`test_step_graph_trains_like_the_eager_step_on_gpu`). cuDNN's timed algorithm choice is off: it may
+    choose other convolution algorithms in each run, whose TF32 sums differ by far more than the last bit, and
+    in the detector the flipped spikes then moved the norms' biases by 50-80 % (H200, 2026-11-27)."""
     from snntrain.cli import train
 
     common = [f"task={task}", "backend=triton", "trainer.max_epochs=2", "trainer.limit_train_batches=6",
               "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "callbacks.precise_bn.num_batches=2",
               "callbacks.ema.enabled=true", "trainer.precision=32-true", "logger=none", "task.optimizer.name=sgd",
-              "task.optimizer.lr=0.01"]
+              "task.optimizer.lr=0.01", "trainer.benchmark=false"]
     if task == "classify":
         common += ["data=synthetic", "data.image_size=64", "data.num_train=320", "data.num_val=32", "model.width=8"]
     else:
@@ -774,12 +776,15 @@ def test_cli_detector_compiled_objective_is_captured_on_gpu(tmp_path: Path, comp
             graph = pl_module.__dict__["_step_graph"]
             seen["captured"] = graph is not None and graph.captured
 
+        def on_fit_end(self, trainer, pl_module):
+            seen["released"] = pl_module.__dict__["_step_graph"] is None  # and its memory with it
+
     out = tmp_path / "run"
     train(compose_run(out, "task=detect", "backend=triton", "compile=default", "cuda_graph=true",
                       "trainer.max_epochs=1", "trainer.limit_train_batches=6", "trainer.limit_val_batches=1",
                       "trainer.enable_progress_bar=false", "callbacks.precise_bn.num_batches=2", "logger=none",
                       "data.num_train=96", "data.num_val=16"), callbacks=[Probe()])
-    assert seen["captured"]
+    assert seen["captured"] and seen["released"]
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 6
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
@@ -795,6 +800,8 @@ def test_task_with_the_graph_steps_schedule_counts_and_checkpoints_as_lightning_
     from snntrain.tasks import base, speed
 
     class EagerStep:
+        captured = False
+
         def __init__(self, step, optimizer, warmup=2):
             self.step, self.optimizer = step, optimizer
 

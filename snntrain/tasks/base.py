@@ -209,6 +209,19 @@ class SpikingTask(L.LightningModule):
 
     def on_train_end(self) -> None:
         self.write_step_values(wait=True)  # a run that stopped inside an epoch (max_steps)
+        self.release_step_graph()
+
+    def release_step_graph(self) -> None:
+        """Drop the captured training step (``cuda_graph``) and the memory it holds, once its last replay has
+        run; the next fit captures afresh, for its own optimizer. Under DDP this must happen before the process
+        group is destroyed: the graph holds an NCCL all-reduce, and NCCL (2.26 and later) waits, forever, for
+        every graph that uses a communicator to be destroyed before it destroys the communicator."""
+        graph = self.__dict__.get("_step_graph")
+        if graph is None:
+            return
+        if graph.captured:
+            torch.cuda.current_stream(graph.inputs[0].device).synchronize()
+        self.__dict__["_step_graph"] = None
 
     def log_epoch(self, name: str, metric: Any, prog_bar: bool | Collection[str] = False) -> None:
         """Log ``metric``'s value for the epoch, if anything updated it (with every batch skipped there is nothing
