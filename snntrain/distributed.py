@@ -44,6 +44,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 from torch.utils.data import Dataset, DistributedSampler
 
+from .readback import HostCopy
 from .validation import flag
 
 #: Environment variable through which a DDP parent tells the processes it starts which job to run.
@@ -398,24 +399,15 @@ class _SigtermFlag:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        cuda = device.type == "cuda"
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
-        self.done = torch.cuda.Event() if cuda else None
-        self.pending = False
+        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.pending: HostCopy | None = None
 
     def ask(self, received: bool) -> bool:
-        answer = False
-        if self.pending:
-            if self.done is not None:
-                self.done.synchronize()
-            answer = bool(self.host[0])
+        answer = bool(self.pending.get()[0]) if self.pending is not None else False
         self.flag.fill_(1 if received else 0)  # a kernel argument: no copy from host memory
         torch.distributed.broadcast(self.flag, src=0)
-        self.host.copy_(self.flag, non_blocking=True)
-        if self.done is not None:
-            self.done.record()
-        self.pending = True
+        self.pending = HostCopy(self.flag, out=self.host)
         return answer
 
 

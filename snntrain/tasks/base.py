@@ -15,6 +15,7 @@ from ..models import build_model
 from . import speed
 from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
+from ..readback import HostCopy
 from .step_graph import StepGraph, plain_optimizer_state, plain_scheduler_state, training_step_fn
 
 log = logging.getLogger("snntrain")
@@ -256,24 +257,17 @@ class SpikingTask(L.LightningModule):
         for every step queued before, and leave the GPU idle while the host prepares the next one."""
         if not self.logs_this_step():
             return
-        from ..callbacks import log_position, publish
+        from ..callbacks import log_position
 
         if self._step_lr is not None:
             values = {**values, "train/lr": self._step_lr}
         on_device = {k: v for k, v in values.items() if torch.is_tensor(v)}
         numbers = {k: float(v) for k, v in values.items() if not torch.is_tensor(v)}
         at = log_position(self.trainer)
-        if on_device:
-            stacked = torch.stack([v.detach().float().reshape(()) for v in on_device.values()])
-            if stacked.device.type == "cuda":
-                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
-                host.copy_(stacked, non_blocking=True)
-                arrived = torch.cuda.Event()
-                arrived.record()
-                self._pending_values.append((numbers, list(on_device), host, arrived, at))
-                return
-            numbers.update(zip(on_device, stacked.tolist()))
-        publish(self.trainer, numbers, epoch=True, at=at)
+        copy = HostCopy(torch.stack([v.detach().float().reshape(()) for v in on_device.values()])) if on_device \
+            else None
+        self._pending_values.append((numbers, list(on_device), copy, at))
+        self.write_step_values(wait=False)  # on a CPU at once; on a GPU at a later step, once they have arrived
 
     def write_step_values(self, wait: bool) -> None:
         """Write the step values that :meth:`log_step_values` left on their way from the GPU, in their order, as far
@@ -282,12 +276,12 @@ class SpikingTask(L.LightningModule):
         from ..callbacks import publish
 
         while self._pending_values:
-            numbers, keys, host, arrived, at = self._pending_values[0]
-            if not wait and not arrived.query():
+            numbers, keys, copy, at = self._pending_values[0]
+            if copy is not None and not wait and not copy.arrived:
                 return
-            arrived.synchronize()
             self._pending_values.pop(0)
-            publish(self.trainer, {**numbers, **dict(zip(keys, host.tolist()))}, epoch=True, at=at)
+            values = dict(zip(keys, copy.get().tolist())) if copy is not None else {}
+            publish(self.trainer, {**numbers, **values}, epoch=True, at=at)
 
     def logs_this_step(self) -> bool:
         """Whether the logger writes this training step's values (every ``trainer.log_every_n_steps``).
