@@ -418,6 +418,71 @@ def test_flat_reducer_averages_every_gradient_and_copies_rank_zeros_buffers(tmp_
         torch.testing.assert_close(r[rank]["buffers"][1], torch.arange(4))
 
 
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Parameter(torch.zeros(3))  # first: the last bucket, which never fills in the backward
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.norm = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.norm(self.conv(x))).flatten(1))
+
+
+def _averager_worker(rank: int, store: str, results) -> None:
+    from snntrain.distributed import GradientAverager
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        net = _Net()
+        x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(rank))
+        net(x).square().sum().backward()
+        own = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+        net.zero_grad(set_to_none=True)
+        averager = GradientAverager(net.parameters(), world_size=2, bucket_bytes=1)  # one parameter each
+        launched = []
+        for _ in range(2):  # twice: the buckets are armed afresh for every backward
+            net.zero_grad(set_to_none=True)
+            with averager.averaging():
+                net(x).square().sum().backward()
+                launched.append(averager._next)  # launched by the hooks, before the backward's end
+        averaged = {n: p.grad.clone() for n, p in net.named_parameters()}
+        averager.close()
+        net.zero_grad(set_to_none=True)
+        with averager.averaging():
+            net(x).square().sum().backward()
+            launched.append(averager._next)
+        results[rank] = {"own": own, "averaged": averaged, "after_close": {n: p.grad for n, p in net.named_parameters()},
+                         "launched": launched, "buckets": len(averager.buckets),
+                         "channels_last": net.conv.weight.grad.is_contiguous(memory_format=torch.channels_last)}
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_gradient_averager_launches_buckets_during_the_backward_and_averages_like_one_all_reduce(tmp_path):
+    """The averager of the captured DDP step on two gloo processes: with small buckets, the hooks launch the
+    buckets that the backward has filled, in order, before it ends (all but the one whose parameter is unused,
+    which waits for the end and gets zeros); every gradient is then the two processes' mean, channels-last
+    layout kept, in each of two steps; after ``close`` no hook launches anything and the end averages all."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_averager_worker, args=(str(tmp_path / "store"), results), nprocs=2, start_method="spawn")
+        r = dict(results)
+    buckets = r[0]["buckets"]
+    assert buckets == 7  # fc.bias, fc.weight, norm.bias, norm.weight, conv.bias, conv.weight, unused
+    for rank in (0, 1):
+        assert r[rank]["launched"] == [buckets - 1, buckets - 1, 0]
+        assert r[rank]["channels_last"]
+        for name, got in r[rank]["averaged"].items():
+            want = (r[0]["own"][name] + r[1]["own"][name]) / 2 if name != "unused" else torch.zeros(3)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=name)
+            torch.testing.assert_close(r[rank]["after_close"][name], want, rtol=1e-6, atol=1e-6, msg=name)
+
+
 def test_training_loop_gets_the_deferred_sigterm_check():
     import lightning as L
 
