@@ -257,150 +257,46 @@ def _memory_order(t: torch.Tensor) -> torch.Tensor | None:
     return t.as_strided((t.numel(),), (1,)) if dense else None
 
 
-def _flatten(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """One flat copy of ``tensors`` (of one dtype and device), each in its memory order, and the 1-D views
-    (:func:`_memory_order`) that :func:`_unflatten` copies back through."""
-    views = [_memory_order(t) for t in tensors]
-    return torch.cat([v if v is not None else t.reshape(-1) for t, v in zip(tensors, views)]), views
-
-
-def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor], views: list[torch.Tensor | None]) -> None:
-    """Copy ``flat`` (from :func:`_flatten`) back into ``tensors``: one ``_foreach_copy_`` for the dense ones."""
-    parts = flat.split([t.numel() for t in tensors])
-    dense = [(v, p) for v, p in zip(views, parts) if v is not None]
-    if dense:
-        torch._foreach_copy_([v for v, _ in dense], [p for _, p in dense])
-    for t, v, p in zip(tensors, views, parts):
-        if v is None:
-            t.copy_(p.view(t.shape))
-
-
-def _groups(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """``tensors`` grouped by dtype and device, in their order."""
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    return list(groups.values())
-
-
 def _coalesced(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
     """Run ``collective`` (in place, on one flat tensor) over ``tensors`` grouped by dtype and device: one
     copy in, one collective and one copy out per group, whatever the number and layout of the tensors."""
-    for group in _groups(tensors):
-        flat, views = _flatten(group)
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for group in groups.values():
+        views = [_memory_order(t) for t in group]
+        flat = torch.cat([v if v is not None else t.reshape(-1) for t, v in zip(group, views)])
         collective(flat)
-        _unflatten(flat, group, views)
-
-
-#: Bytes of gradients per all-reduce where :class:`GradientAverager` overlaps the transfers with the backward
-#: (the captured training step under DDP): SEW-ResNet-18's 47 MB in three.
-OVERLAP_BUCKET_BYTES = 16 * 2**20
-
-
-class GradientAverager:
-    """Averages the gradients of ``params`` over the ``world_size`` processes of the default group, in place.
-
-    The parameters that require gradients form buckets, per dtype and device, in reverse order (the backward
-    produces the last layers' gradients first): without ``bucket_bytes`` one bucket per dtype, each averaged
-    by one all-reduce after the backward (:meth:`finish`: a copy into one flat buffer in memory order, the
-    all-reduce, the division, a ``_foreach_copy_`` back). With ``bucket_bytes`` buckets of about that size,
-    and inside :meth:`averaging` a hook on each parameter launches a bucket's all-reduce as soon as its last
-    gradient has been accumulated and every earlier bucket has been launched (the same order on every process,
-    as the collectives need), so the transfers run beside the rest of the backward; in a captured training
-    step (:class:`snntrain.tasks.step_graph.StepGraph`) they are captured so, and the hooks cost nothing per
-    replay. A parameter without a gradient on this process gets zeros (so every process reduces the same
-    tensors and applies the same update, as DDP does for a parameter that another process used). Call
-    :meth:`close` to remove the hooks.
-    """
-
-    def __init__(self, params: Iterable[torch.Tensor], world_size: int, bucket_bytes: int | None = None) -> None:
-        if bucket_bytes is not None and bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes={bucket_bytes} must be a positive number of bytes, or None (one "
-                             "all-reduce per dtype after the backward)")
-        self.world_size = int(world_size)
-        self.buckets: list[list[torch.Tensor]] = []
-        for group in _groups([p for p in params if p.requires_grad]):
-            if bucket_bytes is None:
-                self.buckets.append(group)
-                continue
-            bucket: list[torch.Tensor] = []
-            size = 0
-            for p in reversed(group):
-                bucket.append(p)
-                size += p.numel() * p.element_size()
-                if size >= bucket_bytes:
-                    self.buckets.append(bucket)
-                    bucket, size = [], 0
-            if bucket:
-                self.buckets.append(bucket)
-        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
-        self._missing: list[int] = []
-        self._next = 0
-        self._launched: list[tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor | None], Any]] = []
-        self._armed = False
-        self._hooks = ([p.register_post_accumulate_grad_hook(self._accumulated) for b in self.buckets for p in b]
-                       if bucket_bytes is not None else [])
-
-    @contextlib.contextmanager
-    def averaging(self) -> Iterator[None]:
-        """Around the backward: the buckets are launched as their gradients are accumulated (with hooks), and
-        at the end every gradient is averaged (:meth:`finish`). Nothing is averaged if the block raises."""
-        self._missing = [len(b) for b in self.buckets]
-        self._next = 0
-        self._armed = bool(self._hooks)
-        try:
-            yield
-        finally:
-            self._armed = False
-        self.finish()
-
-    def finish(self) -> None:
-        """Launch the all-reduce of every bucket not yet launched, then make this stream wait for each and copy the
-        averages back into the gradients."""
-        self._launch(len(self.buckets))
-        with torch.no_grad():
-            for grads, flat, views, work in self._launched:
-                work.wait()
-                flat.div_(self.world_size)
-                _unflatten(flat, grads, views)
-        self._launched.clear()
-        self._next = 0
-        self._missing = [len(b) for b in self.buckets]
-
-    def close(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks.clear()
-
-    def _accumulated(self, param: torch.Tensor) -> None:
-        if not self._armed:
-            return
-        index = self._bucket_of[id(param)]
-        self._missing[index] -= 1
-        ready = self._next
-        while ready < len(self.buckets) and self._missing[ready] == 0:
-            ready += 1
-        self._launch(ready)
-
-    def _launch(self, stop: int) -> None:
-        """Launch the all-reduces of buckets ``_next`` up to ``stop`` (exclusive), in order."""
-        with torch.no_grad():
-            while self._next < stop:
-                grads = []
-                for p in self.buckets[self._next]:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    grads.append(p.grad)
-                flat, views = _flatten(grads)
-                work = torch.distributed.all_reduce(flat, async_op=True)
-                self._launched.append((grads, flat, views, work))
-                self._next += 1
+        parts = flat.split([t.numel() for t in group])
+        dense = [(v, p) for v, p in zip(views, parts) if v is not None]
+        if dense:
+            torch._foreach_copy_([v for v, _ in dense], [p for _, p in dense])
+        for t, v, p in zip(group, views, parts):
+            if v is None:
+                t.copy_(p.view(t.shape))
 
 
 def all_reduce_gradients(params: Iterable[torch.Tensor], world_size: int) -> None:
     """Average the gradients of ``params`` over the ``world_size`` processes of the default group: one
-    all-reduce per dtype, in place, after the backward (:class:`GradientAverager` without buckets)."""
-    GradientAverager(params, world_size).finish()
+    all-reduce per dtype, in place. A parameter without a gradient on this process gets zeros first (so
+    every process reduces the same tensors and applies the same update, as DDP does for a parameter that
+    another process used)."""
+    grads = []
+    for p in params:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    if not grads:
+        return
+
+    def average(flat: torch.Tensor) -> None:
+        torch.distributed.all_reduce(flat)
+        flat.div_(world_size)
+
+    with torch.no_grad():
+        _coalesced(grads, average)
 
 
 def broadcast_from_rank_zero(tensors: Iterable[torch.Tensor]) -> None:
@@ -418,9 +314,8 @@ class FlatGradientDDP(DDPStrategy):
     autograd hook per parameter, no bucket bookkeeping, no buffer broadcast before every forward. After
     the backward of the step that updates the weights (after gradient accumulation), the gradients are
     averaged in one all-reduce per dtype (:func:`all_reduce_gradients`), before gradient clipping and the
-    optimizer step. In eager steps the transfer does not overlap the backward as DDP's buckets do (in the
-    captured training step, ``cuda_graph``, it does: :class:`GradientAverager` with buckets, whose hooks cost
-    nothing per replay); on the GPUs of one host it is short (47 MB of SEW-ResNet-18 gradients: 0.21 ms over the NVLink of two H200s, measured by
+    optimizer step. The transfer does not overlap the backward as DDP's buckets do; on the GPUs of one
+    host it is short (47 MB of SEW-ResNet-18 gradients: 0.21 ms over the NVLink of two H200s, measured by
     ``scripts/bench_ddp.py --comm``), against milliseconds of host work that DDP's reducer adds to every
     step of an eager or CUDA-graph step that the host already paces.
 
@@ -608,7 +503,6 @@ class SyncBatchNorm(TorchSyncBatchNorm):
 __all__ = [
     "JOB_ENV",
     "EvalShardSampler",
-    "GradientAverager",
     "SyncBatchNorm",
     "command_line",
     "convert_sync_batchnorm",

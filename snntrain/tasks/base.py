@@ -116,15 +116,15 @@ class SpikingTask(L.LightningModule):
             else:
                 objective = self._compiled(inputs[0])
             optimizer = self.optimizers(use_pl_optimizer=False)
-            averaging = None
-            if self.trainer.world_size > 1:  # the flat reducer's all-reduces, inside the step (FlatGradientDDP)
-                from ..distributed import OVERLAP_BUCKET_BYTES, GradientAverager
+            reduce = None
+            if self.trainer.world_size > 1:  # the flat reducer's all-reduce, inside the step (FlatGradientDDP)
+                from ..distributed import all_reduce_gradients
 
-                averager = GradientAverager((p for g in optimizer.param_groups for p in g["params"]),
-                                            self.trainer.world_size, OVERLAP_BUCKET_BYTES)
-                self.__dict__["_averager"] = averager
-                averaging = averager.averaging
-            graph = StepGraph(training_step_fn(objective, optimizer, averaging), optimizer)
+                params, world = [p for g in optimizer.param_groups for p in g["params"]], self.trainer.world_size
+
+                def reduce() -> None:
+                    all_reduce_gradients(params, world)
+            graph = StepGraph(training_step_fn(objective, optimizer, reduce), optimizer)
             self.__dict__["_step_graph"] = graph
         out = graph(*inputs)
         for progress in self._step_counts():
@@ -223,9 +223,6 @@ class SpikingTask(L.LightningModule):
         if graph.captured:
             torch.cuda.current_stream(graph.inputs[0].device).synchronize()
         self.__dict__["_step_graph"] = None
-        averager = self.__dict__.pop("_averager", None)
-        if averager is not None:
-            averager.close()  # its hooks on the parameters
 
     def log_epoch(self, name: str, metric: Any, prog_bar: bool | Collection[str] = False) -> None:
         """Log ``metric``'s value for the epoch, if anything updated it (with every batch skipped there is nothing

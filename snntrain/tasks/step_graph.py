@@ -17,7 +17,6 @@ graph reads from a tensor that the schedule fills (:func:`prepare_optimizer`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -125,17 +124,16 @@ class StepGraph:
 
 
 def training_step_fn(objective: Callable[..., dict[str, torch.Tensor]], optimizer: torch.optim.Optimizer,
-                     around_backward: Callable[[], AbstractContextManager] | None = None
-                     ) -> Callable[..., dict[str, torch.Tensor]]:
-    """The step :class:`StepGraph` captures: ``objective(*inputs)`` (a dict with ``"loss"``), its backward (inside
-    ``around_backward()`` if given: with several processes
-    :meth:`snntrain.distributed.GradientAverager.averaging`, whose NCCL all-reduces are captured like kernels)
-    and ``optimizer.step()``; returns the objective's outputs, detached."""
+                     after_backward: Callable[[], None] | None = None) -> Callable[..., dict[str, torch.Tensor]]:
+    """The step :class:`StepGraph` captures: ``objective(*inputs)`` (a dict with ``"loss"``), its backward,
+    ``after_backward()`` (with several processes, the all-reduce of the gradients: NCCL collectives are captured
+    like kernels) and ``optimizer.step()``; returns the objective's outputs, detached."""
 
     def step(*inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         out = objective(*inputs)
-        with around_backward() if around_backward is not None else nullcontext():
-            out["loss"].backward()
+        out["loss"].backward()
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
         return {k: v.detach() if torch.is_tensor(v) else v for k, v in out.items()}
 
