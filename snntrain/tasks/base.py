@@ -12,10 +12,10 @@ import torch
 
 from .. import __version__
 from ..models import build_model
+from ..readback import HostCopy
 from . import speed
 from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
-from ..readback import HostCopy
 from .step_graph import StepGraph, plain_optimizer_state, plain_scheduler_state, training_step_fn
 
 log = logging.getLogger("snntrain")
