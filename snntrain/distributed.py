@@ -334,12 +334,22 @@ class FlatGradientDDP(DDPStrategy):
         module = self.model
         broadcast_from_rank_zero([*module.parameters(), *module.buffers()])  # what DDP's constructor does
 
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
-        world = self.world_size
+    @property
+    def step_capturable(self) -> bool:
+        """Whether one CUDA graph can hold a whole training step with this reducer's all-reduce
+        (:func:`snntrain.tasks.speed.check_cuda_graph_run`): not with ``sync_batchnorm``, whose collectives
+        run inside the forward."""
+        return self._layer_sync is None
 
+    def average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients of ``optimizer``'s parameters over the processes (:func:`all_reduce_gradients`):
+        after the backward of a step that updates the weights, here or inside the captured step."""
+        all_reduce_gradients((p for group in optimizer.param_groups for p in group["params"]), self.world_size)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         def step_closure() -> Any:
             result = closure()  # forward and backward (or nothing, in manual optimization)
-            all_reduce_gradients((p for group in optimizer.param_groups for p in group["params"]), world)
+            self.average_gradients(optimizer)
             return result
 
         return super().optimizer_step(optimizer, step_closure, model, **kwargs)

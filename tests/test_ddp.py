@@ -418,6 +418,19 @@ def test_flat_reducer_averages_every_gradient_and_copies_rank_zeros_buffers(tmp_
         torch.testing.assert_close(r[rank]["buffers"][1], torch.arange(4))
 
 
+def test_flat_reducer_lets_the_step_be_captured_unless_batch_norm_is_synchronised():
+    """The captured training step holds the flat reducer's all-reduce, but not sync_batchnorm's collectives
+    inside the forward: the strategy tells which, from the Trainer it belongs to (however it was made)."""
+    import lightning as L
+
+    from snntrain.distributed import FlatGradientDDP
+
+    for sync, capturable in ((False, True), (True, False)):
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=FlatGradientDDP(), sync_batchnorm=sync,
+                            plugins=[SyncBatchNorm()] if sync else [], logger=False, enable_checkpointing=False)
+        assert trainer.strategy.step_capturable is capturable
+
+
 def test_training_loop_gets_the_deferred_sigterm_check():
     import lightning as L
 

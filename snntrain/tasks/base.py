@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -65,10 +66,8 @@ class SpikingTask(L.LightningModule):
             from ..distributed import FlatGradientDDP
 
             trainer = self.trainer
-            # several processes: the flat reducer's all-reduce can be captured with the step (not sync_batchnorm's
-            # collectives inside the forward)
-            flat = isinstance(trainer.strategy, FlatGradientDDP) and not self.config.get("trainer", {}).get(
-                "sync_batchnorm", False)
+            # several processes: the flat reducer's all-reduce can be captured with the step
+            flat = isinstance(trainer.strategy, FlatGradientDDP) and trainer.strategy.step_capturable
             self.cuda_graph = speed.resolve_cuda_graph(self.cuda_graph_setting, self.compile_mode, device,
                                                        trainer.world_size, int(trainer.accumulate_grad_batches),
                                                        trainer.gradient_clip_val, trainer.precision, flat)
@@ -116,14 +115,9 @@ class SpikingTask(L.LightningModule):
             else:
                 objective = self._compiled(inputs[0])
             optimizer = self.optimizers(use_pl_optimizer=False)
-            reduce = None
-            if self.trainer.world_size > 1:  # the flat reducer's all-reduce, inside the step (FlatGradientDDP)
-                from ..distributed import all_reduce_gradients
-
-                params, world = [p for g in optimizer.param_groups for p in g["params"]], self.trainer.world_size
-
-                def reduce() -> None:
-                    all_reduce_gradients(params, world)
+            # several processes: the flat reducer's all-reduce, inside the step (setup allowed only FlatGradientDDP)
+            reduce = partial(self.trainer.strategy.average_gradients, optimizer) if self.trainer.world_size > 1 \
+                else None
             graph = StepGraph(training_step_fn(objective, optimizer, reduce), optimizer)
             self.__dict__["_step_graph"] = graph
         out = graph(*inputs)
