@@ -25,6 +25,14 @@ It also checks that every process of a DDP run reported the same validation metr
 
 Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
 
+``--bare`` adds, per device count, the bare step of the ``sew18`` case beside the command line: the same
+network, loss and AdamW update with the gradients' all-reduce (:func:`snntrain.distributed.all_reduce_gradients`)
+and the per-step SIGTERM broadcast of the command line's loop, as one CUDA graph per process
+(``cuda_graph=true``) without Lightning, on a fixed batch per process; 60 steps after 8, the slowest process's
+time, three rounds (the median is reported). Compare it with ``cuda_graph=true`` command lines.
+
+    python scripts/bench_ddp.py --out $OUT --cases sew18 --precision bf16-mixed --bare cuda_graph=true
+
 ``--comm`` measures the link instead: an NCCL all-reduce over all visible GPUs of a buffer the size
 of a model's gradients (``--comm-mb``, default 47 MB: SEW-ResNet-18's fp32 gradients) in fp32 and
 bf16, the median of 20 after 5 warm-up, with its bus bandwidth (NCCL's definition: 2 (n-1)/n x bytes
@@ -102,6 +110,82 @@ def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, pre
             "val_metrics": metrics, "run_dir": str(run)}
 
 
+def _bare_worker(rank: int, world: int, port: int, precision: str, steps: int, queue) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_train import case_input, sew_model
+    from snntrain.distributed import _SigtermFlag, all_reduce_gradients
+    from snntrain.nn import set_backend
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import to_channels_last
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    torch.cuda.set_device(rank)
+    if world > 1:
+        torch.distributed.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=world, device_id=torch.device("cuda", rank))
+    torch.backends.cudnn.benchmark = True  # what trainer.benchmark=auto sets
+    model = sew_model("sew18-224", "triton").cuda()
+    to_channels_last(model)
+    set_backend(model, "triton")
+    opt = build_optimizer(model, {"name": "adamw", "lr": 0.002, "weight_decay": 1e-4})  # conf/task/classify.yaml
+    params = [p for g in opt.param_groups for p in g["params"]]
+
+    def objective(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision.startswith("bf16")):
+            return {"loss": torch.nn.functional.cross_entropy(model(x), y)}
+
+    reduce = (lambda: all_reduce_gradients(params, world)) if world > 1 else None
+    graph = StepGraph(training_step_fn(objective, opt, reduce), opt)
+    flag = _SigtermFlag(torch.device("cuda", rank)) if world > 1 else None
+    x, y = case_input("sew18-224", torch.Generator(device="cuda").manual_seed(rank))
+
+    def step() -> None:
+        if flag is not None:
+            flag.ask(False)
+        graph(x, y)
+
+    for _ in range(8):
+        step()
+    rounds = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        if world > 1:
+            torch.distributed.barrier()
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        ms = torch.tensor((time.perf_counter() - t) / steps * 1e3, device="cuda")
+        if world > 1:
+            torch.distributed.all_reduce(ms, op=torch.distributed.ReduceOp.MAX)
+        rounds.append(float(ms))
+    if rank == 0:
+        queue.put(rounds)
+    graph = None  # dropped before the communicator goes (NCCL waits for graphs that hold it)
+    torch.cuda.synchronize()
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def bare(devices: int, precision: str, steps: int = 60) -> dict:
+    """The bare whole-step graph of the ``sew18`` case on ``devices`` GPUs (``--bare``)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    queue = mp.get_context("spawn").Queue()
+    mp.start_processes(_bare_worker, args=(devices, port, precision, steps, queue), nprocs=devices,
+                       start_method="spawn")
+    rounds = queue.get()
+    ms = sorted(rounds)[len(rounds) // 2]
+    return {"case": "sew18", "devices": devices, "provider": "bare step, whole-step graph", "precision": precision,
+            "batch_per_gpu": 32, "ms_per_step_rounds": rounds, "images_per_s": 32 * devices / ms * 1e3}
+
+
 def _comm_worker(rank: int, world: int, port: int, megabytes: float, queue) -> None:
     torch.cuda.set_device(rank)
     torch.distributed.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -166,6 +250,7 @@ def main() -> None:
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--precision", default="32-true")
     p.add_argument("--accelerator", default="gpu", choices=["gpu", "cpu"], help="cpu: a dry run of the script")
+    p.add_argument("--bare", action="store_true", help="also time the bare whole-step graph of sew18 (see above)")
     p.add_argument("--comm", action="store_true", help="time an NCCL all-reduce over all GPUs instead of runs")
     p.add_argument("--comm-mb", type=float, default=47.0, help="all-reduce size in MB (--comm)")
     p.add_argument("extra", nargs="*", help="more overrides for every run (e.g. trainer.sync_batchnorm=true)")
@@ -180,24 +265,29 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra, args.accelerator)
             for case in args.cases for n in args.devices]
-    base = {r["case"]: r["images_per_s"] for r in rows
+    for r in rows:
+        r.setdefault("provider", "command line")
+    if args.bare:
+        rows += [bare(n, args.precision) for n in args.devices]
+    base = {(r["case"], r["provider"]): r["images_per_s"] for r in rows
             if r.get("devices") == min(args.devices) and r.get("images_per_s")}
     for r in rows:
-        if r.get("images_per_s") and base.get(r["case"]):
-            r["speedup"] = r["images_per_s"] / base[r["case"]]
+        if r.get("images_per_s") and base.get((r["case"], r["provider"])):
+            r["speedup"] = r["images_per_s"] / base[(r["case"], r["provider"])]
     info = {"gpu": torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu",
             "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
             "rows": rows}
     (out / "bench_ddp.json").write_text(json.dumps(info, indent=2))
     print(f"\nGPU: {info['gpu']} x {info['gpus']}  torch {info['torch']}  date {info['date']}")
-    print(f"{'case':9s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} {'same val metrics on all ranks':>30s}")
+    print(f"{'case':9s} {'provider':28s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} "
+          f"{'same val metrics on all ranks':>30s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['case']:9s} {r['devices']:4d} failed: {r['error']}")
+            print(f"{r['case']:9s} {r['provider']:28s} {r['devices']:4d} failed: {r['error']}")
             continue
         rate = f"{r['images_per_s']:.1f}" if r["images_per_s"] else "-"
-        print(f"{r['case']:9s} {r['devices']:4d} {rate:>10s} {r.get('speedup', float('nan')):9.2f} "
-              f"{str(r['ranks_report_same_val_metrics']):>30s}")
+        print(f"{r['case']:9s} {r['provider']:28s} {r['devices']:4d} {rate:>10s} {r.get('speedup', float('nan')):9.2f} "
+              f"{str(r.get('ranks_report_same_val_metrics', '')):>30s}")
     print(f"json: {out / 'bench_ddp.json'}")
 
 
