@@ -1,7 +1,9 @@
 """Efficiency report of a spiking model: firing rates, activation sparsity, synaptic operations,
 footprint and energy estimates, counted on the device during validation.
 
-Counting (:class:`ActivityCounter`) uses forward hooks on the model's layers:
+Counting (:class:`ActivityCounter`) uses forward hooks on the model's layers (a
+:class:`~snntrain.nn.norm_neuron.NormNeuron` hands its spikes to the counter itself, and its fused
+batch-norm kernel adds them up per channel as it fires them, without a second read):
 
 * **Connection layers** (``Linear``, ``Conv1d/2d/3d``): each call's input is counted the way
   NeuroBench's ``SynapticOperations`` counts it. The effective operations of a call are the
@@ -284,19 +286,32 @@ class _Spiking:
         self._row_views: Sequence[torch.Tensor] = ()
         self._plans: dict[tuple, Any] = {}  # the kernel's launch and channel map per input shape and layout
 
-    def count(self, s: torch.Tensor, kernel: bool = False) -> None:
-        channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
-        channels = s.shape[channel_dim]
+    def _allocate(self, channels: int, device: torch.device) -> None:
         if self.rows is None:
             with torch.inference_mode(False):  # normal tensors: totals() may run outside inference mode
-                self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=s.device)
-                self.acc = torch.zeros(channels, dtype=torch.float64, device=s.device)
+                self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=device)
+                self.acc = torch.zeros(channels, dtype=torch.float64, device=device)
                 self._row_views = self.rows.unbind(0)
         elif self.rows.shape[1] != channels:
             raise RuntimeError(f"spiking layer {self.name} gave {channels} channels after {self.rows.shape[1]}")
-        if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
+
+    def next_row(self, channels: int, per_channel: int, device: torch.device) -> torch.Tensor | None:
+        """The zeroed float32 row that the next call's spikes may be added to by the kernel that fires them
+        (then :meth:`count` with ``counted``), or None where its float32 sums would not be exact."""
+        self._allocate(channels, device)
+        return self._row_views[self.used] if per_channel < 2**24 else None
+
+    def count(self, s: torch.Tensor, kernel: bool = False, counted: bool = False) -> None:
+        """Count the spikes ``s`` of one call; ``counted``: the kernel that fired them has already added them to
+        :meth:`next_row` (only the host's part is left)."""
+        channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
+        channels = s.shape[channel_dim]
+        self._allocate(channels, s.device)
+        if counted or s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
             row = self._row_views[self.used]
-            if kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
+            if counted:
+                pass
+            elif kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
                 key = (tuple(s.shape), s.stride())
                 plan = self._plans.get(key)
                 if plan is None:
@@ -326,6 +341,27 @@ class _Spiking:
         self.acc += self.rows[: self.used].sum(0, dtype=torch.float64)
         self.rows[: self.used].zero_()  # the kernel adds into its row
         self.used = 0
+
+
+class _Sink:
+    """A :class:`NormNeuron`'s ``activity`` while a counter is attached: the layer calls it with every call's
+    spikes (``counted``: its fused kernel already added them to :meth:`row`), instead of a forward hook."""
+
+    __slots__ = ("counter", "layer")
+
+    def __init__(self, counter: ActivityCounter, layer: _Spiking) -> None:
+        self.counter, self.layer = counter, layer
+
+    def row(self, x: torch.Tensor, steps: int | None) -> torch.Tensor | None:
+        """The row the fused kernel adds the spikes of input ``x`` to, where this counter counts with kernels."""
+        if not self.counter._kernel(x):
+            return None
+        channels = x.shape[-3]
+        return self.layer.next_row(channels, x.numel() // channels * (steps or 1), x.device)
+
+    def __call__(self, spikes: torch.Tensor, counted: bool = False) -> None:
+        self.counter._first(self.layer.name)
+        self.layer.count(spikes, self.counter._kernel(spikes), counted)
 
 
 def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -409,13 +445,22 @@ class ActivityCounter:
         for layer in self.connections.values():
             self._handles.append(layer.module.register_forward_pre_hook(partial(self._connection_pre, layer)))
         for layer in self.spiking.values():
-            self._handles.append(layer.module.register_forward_hook(partial(self._spiking_post, layer)))
+            if isinstance(layer.module, NormNeuron) and layer.module.activity is None:
+                # it hands its spikes over itself (and may count them as it fires them); a hook if another counter
+                # holds it
+                layer.module.activity = _Sink(self, layer)
+            else:
+                self._handles.append(layer.module.register_forward_hook(partial(self._spiking_post, layer)))
         return self
 
     def detach(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for layer in self.spiking.values():
+            if isinstance(layer.module, NormNeuron) and isinstance(layer.module.activity, _Sink) \
+                    and layer.module.activity.counter is self:
+                layer.module.activity = None
 
     def reset(self) -> None:
         for name, layer in self.spiking.items():

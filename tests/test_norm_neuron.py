@@ -201,6 +201,35 @@ def test_running_statistics_and_eval(momentum, device):
         assert torch.equal(m(x), s0)
 
 
+@pytest.mark.parametrize("shape,steps,layout", [((3, 2, 5, 4, 3), None, "contiguous"),
+                                                 ((2, 6, 3, 3), 3, "channels_last"),
+                                                 ((11, 2, 8, 5, 5), None, "channels_last")])
+def test_inference_counts_spikes_per_channel_as_it_fires(shape, steps, layout, device):
+    """``bn_neuron(..., count=row)`` (the activity report in validation): the forward kernel adds each channel's
+    spikes to ``row`` (over every step, sample and position, tiles' padding excluded) and fires the same spikes
+    as without it; with gradients it refuses, naming what to do."""
+    torch.manual_seed(70)
+    x = torch.randn(shape, device=device) * 2
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x.transpose(2, -1).contiguous() \
+            .transpose(2, -1)
+    C = x.shape[-3]
+    weight, bias = torch.rand(C, device=device) + 0.5, torch.randn(C, device=device) * 0.5
+    mean, var = torch.randn(C, device=device) * 0.1, torch.rand(C, device=device) + 0.5
+    kw = dict(training=False, momentum=0.1, eps=1e-5, steps=steps, kind="lif", tau=2.0)
+    row = torch.full((C,), 3.0, device=device)  # adds to what is there
+    with torch.no_grad():
+        counted = K.bn_neuron(x, weight, bias, mean, var, count=row, **kw)
+        plain = K.bn_neuron(x, weight, bias, mean, var, **kw)
+    assert torch.equal(counted, plain) and 0 < float(plain.mean()) < 1
+    assert torch.equal(row, plain.sum(dim=(0, 1, 3, 4)) + 3)
+    with pytest.raises(ValueError, match="count= counts spikes during inference"):
+        K.bn_neuron(x, weight.requires_grad_(), bias, mean, var, count=row, **kw)
+    with pytest.raises(ValueError, match="count must be a contiguous float32 tensor of the"):
+        with torch.no_grad():
+            K.bn_neuron(x, weight, bias, mean, var, count=row.double(), **kw)
+
+
 @pytest.mark.parametrize("case", ["no_affine", "no_running_stats", "no_running_stats_eval"])
 def test_batch_norm_variants(case, device):
     if case == "no_affine":

@@ -290,6 +290,7 @@ def _bn_neuron_fwd_kernel(
     k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
     s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
+    cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
     T, B, C, S, s_tiles,
     sx_t, sx_b, sx_c, sx_s,
     so_t, so_b, so_c, so_s,
@@ -302,6 +303,7 @@ def _bn_neuron_fwd_kernel(
     HAS_B: tl.constexpr,
     EXPANDED: tl.constexpr,
     STORE_CKPT: tl.constexpr,
+    COUNT: tl.constexpr,
     NO_FMA: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -319,6 +321,7 @@ def _bn_neuron_fwd_kernel(
     out_dtype = s_ptr.dtype.element_ty
     if EXPANDED:
         y_e = _bn_apply(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), scale, shift)
+    fired = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     n_chunks = tl.cdiv(T, CHUNK)
     for c_iter in range(n_chunks):
         c = tl.cast(c_iter, tl.int32)
@@ -343,7 +346,11 @@ def _bn_neuron_fwd_kernel(
             spike = fire(h, v_threshold)
             tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
                      mask=mask & valid)
+            if COUNT:
+                fired += tl.where(spike & mask & valid, 1.0, 0.0)
             v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+    if COUNT:  # the activity report's spikes per channel, while they are in registers (no second read)
+        tl.atomic_add(cnt_ptr + offs_c, tl.sum(fired, axis=0), mask=mask_c)
 
 
 @triton.jit(do_not_specialize=["T", "TPP"])
@@ -842,7 +849,9 @@ def _check_size(B: int, C: int, S: int) -> None:
 
 def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                  running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 launch: bool, wrap=direct, count: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
+    that the forward kernel adds each channel's spikes to."""
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
     S = H * W
@@ -877,11 +886,12 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     s_tiles = cdiv(S, bs)
     so = _strides(spikes, False)
     wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, cdiv(C, bc))](
-        xk, mean, rstd, weight, bias, k_tensor, spikes, ckpt,
+        xk, mean, rstd, weight, bias, k_tensor, spikes, ckpt, mean if count is None else count,
         T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
         k, v_threshold, v_reset,
         **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
+        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, COUNT=count is not None, NO_FMA=NO_FMA,
+        CHUNK=chunk_steps(T),
         BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS,
     )
     return spikes, mean, rstd, var, ckpt
@@ -1185,7 +1195,7 @@ def _needs_ckpt(*tensors) -> bool:
 
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
-              steps: int | None = None, **neuron) -> Tensor:
+              steps: int | None = None, count: Tensor | None = None, **neuron) -> Tensor:
     """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
 
     ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``steps=T`` (the same input at every
@@ -1196,8 +1206,15 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     :func:`snntrain.kernels.lif.neuron_multistep` (``tau``, ``w``, ``v_threshold``,
     ``v_reset``, ``decay_input``, ``detach_reset``, ``surrogate``, ``alpha``), validated already.
     Differentiable in ``x``, ``weight``, ``bias`` and PLIF's ``w``.
+
+    ``count``: a float32 ``[C]`` tensor on ``x``'s device that the forward kernel adds each channel's spikes to,
+    counted in registers as they are fired (the activity report, :mod:`snntrain.efficiency`), for inference
+    without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
+    total stays below 2**24.
     """
     T, flags, k, k_tensor = _prepare(x, steps, neuron)
+    if count is not None:
+        _check_count(count, x, weight, bias, k_tensor)
     batch = training or running_mean is None or running_var is None
     if batch:
         n = (1 if steps is not None else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
@@ -1208,13 +1225,29 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     if _needs_ckpt(x, weight, bias, k_tensor):
         flags |= F_SAVE_CKPT
     params = _params(k, neuron, eps)
-    fn = bn_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
-    spikes, mean, _rstd, var, _ckpt = fn(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
+    if count is not None:  # inference: no autograd, no checkpoints
+        with profiled("snntrain::bn_neuron_fwd"):
+            spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                           params, flags, True, count=count)
+    else:
+        fn = bn_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
+        spikes, mean, _rstd, var, _ckpt = fn(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
     if training and running_mean is not None and running_var is not None:
         with torch.no_grad():
             running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             running_var.lerp_(var.to(running_var.dtype), momentum)
     return spikes
+
+
+def _check_count(count: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                 k_tensor: Tensor | None) -> None:
+    C = x.shape[-3]
+    if count.dtype != torch.float32 or count.shape != (C,) or not count.is_contiguous() or count.device != x.device:
+        raise ValueError(f"count must be a contiguous float32 tensor of the {C} channels on {x.device}, got "
+                         f"{count.dtype} of shape {tuple(count.shape)} on {count.device}")
+    if _needs_ckpt(x, weight, bias, k_tensor) or traced(x, weight, bias, k_tensor):
+        raise ValueError("count= counts spikes during inference: call bn_neuron under torch.no_grad() or "
+                         "torch.inference_mode(), outside torch.compile")
 
 
 def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, steps: int | None = None,

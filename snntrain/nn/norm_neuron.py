@@ -47,6 +47,11 @@ class NormNeuron(nn.Module):
     (a plain attribute: the norm's and the neuron's own kernels, one after the other).
     """
 
+    #: While an :class:`snntrain.efficiency.ActivityCounter` is attached: the counter's sink for this layer's
+    #: spikes. The layer hands it every call's spikes; the fused batch-norm kernel, in inference, adds them up
+    #: per channel as it fires them (``sink.row``), so that the counter does not read them again.
+    activity = None
+
     def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
         super().__init__()
         if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d, nn.Identity)):
@@ -65,24 +70,29 @@ class NormNeuron(nn.Module):
                              f"{tuple(x.shape)}")
         if steps is not None and x.dim() != 4:
             raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
+        sink = self.activity
         if isinstance(self.norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
             y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
-            return self.neuron(y)
-        channels = self.norm.num_channels if isinstance(self.norm, LayerNorm2d) else self.norm.num_features
-        if x.shape[-3] != channels:
-            raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
-                             f"was built for {channels}")
-        if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES and not self.neuron.store_v_seq
-                and not isinstance(self.norm, nn.SyncBatchNorm)):
-            return self._fused(x, steps)
-        if steps is not None:
-            y = self.norm(x)
-            y = y.unsqueeze(0).expand(steps, *y.shape)
+            spikes = self.neuron(y)
         else:
-            y = self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-        return self.neuron(y)
+            channels = self.norm.num_channels if isinstance(self.norm, LayerNorm2d) else self.norm.num_features
+            if x.shape[-3] != channels:
+                raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
+                                 f"was built for {channels}")
+            if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES
+                    and not self.neuron.store_v_seq and not isinstance(self.norm, nn.SyncBatchNorm)):
+                return self._fused(x, steps, sink)
+            if steps is not None:
+                y = self.norm(x)
+                y = y.unsqueeze(0).expand(steps, *y.shape)
+            else:
+                y = self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+            spikes = self.neuron(y)
+        if sink is not None:
+            sink(spikes)
+        return spikes
 
-    def _fused(self, x: torch.Tensor, steps: int | None) -> torch.Tensor:
+    def _fused(self, x: torch.Tensor, steps: int | None, sink=None) -> torch.Tensor:
         from ..kernels import norm_neuron as K
 
         p = self.neuron.params
@@ -90,7 +100,10 @@ class NormNeuron(nn.Module):
                       decay_input=p.decay_input, detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
         norm = self.norm
         if isinstance(norm, LayerNorm2d):
-            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron)
+            spikes = K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron)
+            if sink is not None:
+                sink(spikes)
+            return spikes
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
         factor: float | torch.Tensor = 0.0 if norm.momentum is None else norm.momentum
         if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
@@ -98,11 +111,16 @@ class NormNeuron(nn.Module):
             if norm.momentum is None:
                 factor = 1.0 / norm.num_batches_tracked
         use_running = not norm.training or norm.track_running_stats
-        return K.bn_neuron(
+        # in inference (validation, task=report) the kernel counts the spikes for an attached counter
+        row = sink.row(x, steps) if sink is not None and not torch.is_grad_enabled() else None
+        spikes = K.bn_neuron(
             x, norm.weight, norm.bias, norm.running_mean if use_running else None,
             norm.running_var if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
-            steps=steps, **neuron,
+            steps=steps, count=row, **neuron,
         )
+        if sink is not None:
+            sink(spikes, counted=row is not None)
+        return spikes
 
     def extra_repr(self) -> str:
         return f"backend={self.backend}"
