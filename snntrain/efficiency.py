@@ -308,22 +308,8 @@ class _Spiking:
         channels = s.shape[channel_dim]
         self._allocate(channels, s.device)
         if counted or s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
-            row = self._row_views[self.used]
-            if counted:
-                pass
-            elif kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
-                key = (tuple(s.shape), s.stride())
-                plan = self._plans.get(key)
-                if plan is None:
-                    if len(self._plans) >= 8:
-                        self._plans.clear()
-                    synops = _synops()
-                    p = synops.plan(key[0], key[1], s.dim() - channel_dim, device=s.device, sums=True)
-                    plan = self._plans[key] = (p, synops.channel_block(p, s.device))
-                _synops().launch_channel_sums(plan[0], s.detach(), plan[1], row)
-            else:
-                dims = [d for d in range(s.dim()) if d != channel_dim]
-                torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=row)
+            if not counted:
+                self._sum_into(self._row_views[self.used], s, channel_dim, kernel)
             self.used += 1
             if self.used == ROWS:
                 self.fold()
@@ -334,6 +320,21 @@ class _Spiking:
         self.host[0] += 1
         self.host[1] += s.numel()
         self.host[2] += s.numel() // s.shape[0]
+
+    def _sum_into(self, row: torch.Tensor, s: torch.Tensor, channel_dim: int, kernel: bool) -> None:
+        if kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
+            key = (tuple(s.shape), s.stride())
+            plan = self._plans.get(key)
+            if plan is None:
+                if len(self._plans) >= 8:
+                    self._plans.clear()
+                synops = _synops()
+                p = synops.plan(key[0], key[1], s.dim() - channel_dim, device=s.device, sums=True)
+                plan = self._plans[key] = (p, synops.channel_block(p, s.device))
+            _synops().launch_channel_sums(plan[0], s.detach(), plan[1], row)
+        else:
+            dims = [d for d in range(s.dim()) if d != channel_dim]
+            torch.sum(s.detach(), dim=dims, dtype=torch.float32, out=row)
 
     def fold(self) -> None:
         if self.used == 0:
