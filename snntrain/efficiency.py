@@ -461,7 +461,7 @@ class ActivityCounter:
         for layer in self.spiking.values():
             if isinstance(layer.module, NormNeuron) and isinstance(layer.module.activity, _Sink) \
                     and layer.module.activity.counter is self:
-                layer.module.activity = None
+                del layer.module.activity  # back to the class's None: the module as it was
 
     def reset(self) -> None:
         for name, layer in self.spiking.items():

@@ -334,6 +334,8 @@ def test_triton_counting_matches_reference_on_a_network(net_backend, device, mon
     assert ref["workload"] == kern["workload"] and ref["layers"] == kern["layers"]
     assert ref["workload"]["ActivationSparsity"] < 1
     assert len(reads) == (0 if net_backend == "triton" else 2 * len(E.spiking_layers(net)))  # 2 batches
+    # detached, the layers are as they were (a compiled training step guards on nothing the counter left)
+    assert not any("activity" in vars(m) for m in net.modules())
 
 
 def test_sew_resnet_report_structure():

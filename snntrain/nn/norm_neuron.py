@@ -70,7 +70,8 @@ class NormNeuron(nn.Module):
                              f"{tuple(x.shape)}")
         if steps is not None and x.dim() != 4:
             raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
-        sink = self.activity
+        # never read under torch.compile: a compiled training step neither counts nor guards on the counter
+        sink = None if torch.compiler.is_compiling() else self.activity
         if isinstance(self.norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
             y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
             spikes = self.neuron(y)
