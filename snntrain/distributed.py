@@ -257,16 +257,23 @@ def _memory_order(t: torch.Tensor) -> torch.Tensor | None:
     return t.as_strided((t.numel(),), (1,)) if dense else None
 
 
+def _flat_groups(tensors: list[torch.Tensor]) -> Iterator[tuple[list[int], list[torch.Tensor | None], torch.Tensor]]:
+    """``tensors`` grouped by dtype and device: per group, the indices of its tensors, their :func:`_memory_order`
+    views and one flat copy of them all (dense ones in memory order, others in logical order)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    for idx in groups.values():
+        views = [_memory_order(tensors[i]) for i in idx]
+        yield idx, views, torch.cat([v if v is not None else tensors[i].reshape(-1) for i, v in zip(idx, views)])
+
+
 def _coalesced(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], Any]) -> None:
     """Run ``collective`` (in place, on one flat tensor) over ``tensors`` grouped by dtype and device: one
     copy in, one collective and one copy out per group, whatever the number and layout of the tensors."""
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for group in groups.values():
-        views = [_memory_order(t) for t in group]
-        flat = torch.cat([v if v is not None else t.reshape(-1) for t, v in zip(group, views)])
+    for idx, views, flat in _flat_groups(tensors):
         collective(flat)
+        group = [tensors[i] for i in idx]
         parts = flat.split([t.numel() for t in group])
         dense = [(v, p) for v, p in zip(views, parts) if v is not None]
         if dense:
@@ -282,10 +289,10 @@ def all_reduce_gradients(params: Iterable[torch.Tensor], world_size: int) -> Non
     reduces the same tensors and applies the same update, as DDP does for a parameter that another process
     used).
 
-    The gradients are copied into one flat buffer per dtype (in memory order: channels-last ones too), which
-    is averaged in place (NCCL's ``AVG``; a sum and a division elsewhere) and then *becomes* the gradients:
-    each ``p.grad`` is rebound to a view of it with its own shape and strides, which saves copying the average
-    back (measured in docs/benchmarks.md). A gradient that is not dense gets a contiguous view."""
+    The gradients are copied into one flat buffer per dtype (:func:`_flat_groups`), which is averaged in place
+    (NCCL's ``AVG``; a sum and a division elsewhere) and then *becomes* the gradients: each ``p.grad`` is
+    rebound to a view of it with its own shape and strides, which saves copying the average back (measured in
+    docs/benchmarks.md). A gradient that is not dense gets a contiguous view."""
     owners = []
     for p in params:
         if not p.requires_grad:
@@ -293,22 +300,17 @@ def all_reduce_gradients(params: Iterable[torch.Tensor], world_size: int) -> Non
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         owners.append(p)
-    if not owners:
-        return
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for p in owners:
-        groups.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+    grads = [p.grad for p in owners]
     with torch.no_grad():
-        for group in groups.values():
-            views = [_memory_order(p.grad) for p in group]
-            flat = torch.cat([v if v is not None else p.grad.reshape(-1) for p, v in zip(group, views)])
+        for idx, views, flat in _flat_groups(grads):
             if torch.distributed.get_backend() == "nccl":
                 torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.AVG)
             else:  # gloo has no AVG
                 torch.distributed.all_reduce(flat)
                 flat.div_(world_size)
-            for p, v, part in zip(group, views, flat.split([p.numel() for p in group])):
-                p.grad = part.as_strided(p.grad.shape, p.grad.stride()) if v is not None else part.view(p.grad.shape)
+            for i, v, part in zip(idx, views, flat.split([grads[i].numel() for i in idx])):
+                g = grads[i]
+                owners[i].grad = part.as_strided(g.shape, g.stride()) if v is not None else part.view(g.shape)
 
 
 def broadcast_from_rank_zero(tensors: Iterable[torch.Tensor]) -> None:
