@@ -72,6 +72,7 @@ class NormNeuron(nn.Module):
             raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
         # never read under torch.compile: a compiled training step neither counts nor guards on the counter
         sink = None if torch.compiler.is_compiling() else self.activity
+        counted = False  # by the fused kernel, into the sink's row
         if isinstance(self.norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
             y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
             spikes = self.neuron(y)
@@ -82,18 +83,18 @@ class NormNeuron(nn.Module):
                                  f"was built for {channels}")
             if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES
                     and not self.neuron.store_v_seq and not isinstance(self.norm, nn.SyncBatchNorm)):
-                return self._fused(x, steps, sink)
-            if steps is not None:
+                spikes, counted = self._fused(x, steps, sink)
+            elif steps is not None:
                 y = self.norm(x)
-                y = y.unsqueeze(0).expand(steps, *y.shape)
+                spikes = self.neuron(y.unsqueeze(0).expand(steps, *y.shape))
             else:
-                y = self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-            spikes = self.neuron(y)
+                spikes = self.neuron(self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
         if sink is not None:
-            sink(spikes)
+            sink(spikes, counted)
         return spikes
 
-    def _fused(self, x: torch.Tensor, steps: int | None, sink=None) -> torch.Tensor:
+    def _fused(self, x: torch.Tensor, steps: int | None, sink=None) -> tuple[torch.Tensor, bool]:
+        """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
         from ..kernels import norm_neuron as K
 
         p = self.neuron.params
@@ -101,10 +102,7 @@ class NormNeuron(nn.Module):
                       decay_input=p.decay_input, detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
         norm = self.norm
         if isinstance(norm, LayerNorm2d):
-            spikes = K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron)
-            if sink is not None:
-                sink(spikes)
-            return spikes
+            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron), False
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
         factor: float | torch.Tensor = 0.0 if norm.momentum is None else norm.momentum
         if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
@@ -119,9 +117,7 @@ class NormNeuron(nn.Module):
             norm.running_var if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
             steps=steps, count=row, **neuron,
         )
-        if sink is not None:
-            sink(spikes, counted=row is not None)
-        return spikes
+        return spikes, row is not None
 
     def extra_repr(self) -> str:
         return f"backend={self.backend}"
