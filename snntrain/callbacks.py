@@ -56,7 +56,7 @@ class FiringRateMonitor(L.Callback):
             self._counter.detach()
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from .efficiency import build_report, layer_chart
+        from .efficiency import build_report, chart_png
 
         self._detach()
         counter = self._counter
@@ -90,8 +90,7 @@ class FiringRateMonitor(L.Callback):
                 metrics[f"efficiency/{e['model']}_uJ"] = e["snn_uJ"]
                 metrics[f"efficiency/ann_{e['model']}_uJ"] = e["ann_uJ"]
             if draw:
-                tb.experiment.add_image("efficiency/per_layer", layer_chart(report), trainer.global_step,
-                                        dataformats="HWC")
+                add_png(tb.experiment, "efficiency/per_layer", *chart_png(report), trainer.global_step)
             self.report = report
         publish(trainer, metrics)
 
@@ -101,6 +100,15 @@ class FiringRateMonitor(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._detach()
+
+
+def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: int) -> None:
+    """Write an encoded PNG as an image summary of a ``SummaryWriter`` (what ``add_image`` writes, without its
+    float conversion and RGB re-encoding of an array)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 class ProgressBar(TQDMProgressBar):

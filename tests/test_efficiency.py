@@ -234,6 +234,40 @@ def test_kernel_matches_reference_and_definition(case, dtype, device):
             definition(layer, xx.float(), dense=True)
 
 
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_fanout_block_is_the_fanout_map_in_memory_order(case):
+    """The fan-out the kernel reads, built by one product with the shape's tap-reach matrix, equals the
+    reference map laid out in memory order: channels-first, channels-last, a strided view (counted from a
+    copy), 1x1 maps and a single channel."""
+    from snntrain.kernels import synops
+
+    make, shape = CASES[case]
+    gen = torch.Generator().manual_seed(case)
+    layer = make()
+    with torch.no_grad():
+        layer.weight.masked_fill_(torch.rand(layer.weight.shape, generator=gen) < 0.3, 0.0)
+    x = torch.rand(shape, generator=gen)
+    layouts = [x]
+    if x.dim() == 4:
+        layouts += [x.contiguous(memory_format=torch.channels_last), x[:, :, :, 1:], x[:, :, :1, :1],
+                    x[:, :, :1, :1].contiguous(memory_format=torch.channels_last),
+                    x[:, :1].contiguous(memory_format=torch.channels_last)]
+    m = E.weight_fanin(layer)
+    for xx in layouts:
+        if xx.shape[1] != x.shape[1]:  # one input channel: a layer made for it
+            layer1 = nn.Conv2d(1, 3, 3, stride=2, padding=1)
+            m1, geo = E.weight_fanin(layer1), E.geometry(layer1, xx.shape)
+        else:
+            m1, geo = m, E.geometry(layer, xx.shape)
+        if any(o < 1 for o in geo.out_size):
+            continue
+        frame = xx.shape[geo.channel_dim + 1:] if geo.spatial_dims else ()
+        p = synops.plan(tuple(xx.shape), xx.stride(), xx.dim() - geo.channel_dim)
+        block = E.fanout_block(m1, geo, p)
+        assert block.dtype == torch.int32
+        assert block.tolist() == synops.fan_block(E.fanout_map(m1, geo, frame), p).tolist(), (tuple(xx.shape), xx.stride())
+
+
 def test_kernel_64_bit_offsets(device):
     from snntrain.kernels import synops
 
@@ -336,6 +370,31 @@ def test_triton_counting_matches_reference_on_a_network(net_backend, device, mon
     assert len(reads) == (0 if net_backend == "triton" else 2 * len(E.spiking_layers(net)))  # 2 batches
     # detached, the layers are as they were (a compiled training step guards on nothing the counter left)
     assert not any("activity" in vars(m) for m in net.modules())
+
+
+@pytest.mark.parametrize("rows", [64, 2])
+def test_one_counter_over_many_validations_counts_each_from_zero(rows, monkeypatch):
+    """A counter keeps its device buffers over attaches (as the monitor does over validations): each validation
+    is counted from zero, also after one that ended without its totals, and also when the per-call rows fill up
+    and are folded mid-validation (``rows=2``)."""
+    monkeypatch.setattr(E, "ROWS", rows)
+    net = sew("ADD")
+    a = [torch.randn(3, 1, 12, 12, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    b = [torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(10 + i)) for i in range(2)]
+    counter = E.ActivityCounter(net, backend="torch")
+
+    def validation(batches, totals=True):
+        counter.attach()
+        with torch.inference_mode():
+            for x in batches:
+                net(x)
+        counter.detach()
+        return E.build_report(counter.unpack(counter.totals()), E.static_metrics(net)) if totals else None
+
+    first = validation(a)
+    validation(b, totals=False)  # interrupted: its counts are left in the buffers
+    second = validation(b)
+    assert first == counted(net, a) and second == counted(net, b) and first != second
 
 
 def test_sew_resnet_report_structure():
