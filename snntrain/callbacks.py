@@ -76,7 +76,7 @@ class FiringRateMonitor(L.Callback):
             total_spikes += layer["spikes"]
             total_count += layer["neuron_steps"]
             if self.histograms and draw:
-                tb.experiment.add_histogram(f"firing_rate_per_channel/{name}", rates.float(), trainer.global_step)
+                add_histogram(tb.experiment, f"firing_rate_per_channel/{name}", rates, trainer.global_step)
         if total_count:
             metrics["firing_rate/mean"] = total_spikes / total_count
         if self.efficiency:
@@ -100,6 +100,20 @@ class FiringRateMonitor(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._detach()
+
+
+def add_histogram(writer: Any, tag: str, values: torch.Tensor, step: int, bins: int = 30) -> None:
+    """Write a histogram summary of a small CPU tensor to a ``SummaryWriter``: ``bins`` equal buckets from its
+    minimum to its maximum (about 0.16 ms, where ``add_histogram``'s numpy binning takes about 0.5 ms)."""
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+
+    v = values.detach().double().flatten()
+    lo, hi = (float(x) for x in v.aminmax())
+    top = hi if hi > lo else lo + 1.0
+    proto = HistogramProto(min=lo, max=hi, num=v.numel(), sum=float(v.sum()), sum_squares=float(v.dot(v)),
+                           bucket_limit=torch.linspace(lo, top, bins + 1, dtype=torch.float64)[1:].tolist(),
+                           bucket=torch.histc(v, bins=bins, min=lo, max=top).tolist())
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, histo=proto)]), step)
 
 
 def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: int) -> None:

@@ -306,7 +306,7 @@ class _Connection:
         else:
             if fan is None:
                 fan = self._fan[key] = fanout_map(m, geo, frame)
-            row.copy_(count_reference(x, m, geo, fan))
+            row.copy_(count_reference(x.detach(), m, geo, fan))
         self.used += 1
         if self.used == ROWS:
             self.fold()
@@ -486,7 +486,7 @@ class ActivityCounter:
 
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
         self._first(layer.name)
-        x = args[0].detach()
+        x = args[0]
         store = self._stores.get(x.device)
         if store is None:
             store = self._stores[x.device] = _Store(len(self.connections), x.device)
@@ -630,8 +630,10 @@ def static_metrics(model: nn.Module, fanin: dict[str, torch.Tensor] | None = Non
     footprint = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     layers = connection_layers(model)
     total = sum(m.weight.numel() for _, m in layers)
-    nonzero = [fanin[name].sum(dtype=torch.int64) if name in fanin else (m.weight.detach() != 0).sum()
-               for name, m in layers]
+    read = [fanin[name].flatten() for name, _ in layers if name in fanin]
+    nonzero = [(m.weight.detach() != 0).sum() for name, m in layers if name not in fanin]
+    if read:  # the counts the counter read: one concatenation and one sum, not a launch per layer
+        nonzero.append(torch.cat([f.to(read[0].device) for f in read]).sum(dtype=torch.int64))
     zeros = total - int(torch.stack([n.to(nonzero[0].device) for n in nonzero]).sum()) if layers else 0
     return {"ParameterCount": params, "Footprint": footprint,
             "ConnectionSparsity": zeros / total if total else 0.0}

@@ -583,3 +583,39 @@ def test_report_task_errors(tmp_path, compose_run):
 
     with pytest.raises(ValueError, match="task=report needs ckpt_path"):
         run(compose_run(tmp_path, "debug=tiny", "task=report"))
+
+
+def test_chart_and_histograms_reach_tensorboard(tmp_path):
+    """The monitor's summaries, written without ``add_image``/``add_histogram``: the chart's PNG decodes to
+    :func:`layer_chart`'s picture, a histogram holds every value in buckets that numpy agrees with, a constant
+    layer's rates one bucket."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from snntrain.callbacks import add_histogram, add_png
+
+    report = counted(sew("ADD"), [torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(0))])
+    rates = torch.rand(37, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    writer = SummaryWriter(str(tmp_path))
+    add_png(writer, "chart", *E.chart_png(report), 4)
+    add_histogram(writer, "rates", rates, 4, bins=7)
+    add_histogram(writer, "constant", torch.full((5,), 0.25), 4)
+    writer.close()
+    ea = EventAccumulator(str(next(tmp_path.glob("events.out.tfevents.*"))),
+                          size_guidance={"images": 0, "histograms": 0})
+    ea.Reload()
+    (image,) = ea.Images("chart")
+    assert image.step == 4
+    decoded = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))
+    assert (decoded == E.layer_chart(report)).all() and (image.height, image.width) == decoded.shape[:2]
+    h = ea.Histograms("rates")[0].histogram_value
+    counts, edges = np.histogram(rates.numpy(), bins=7)
+    assert h.num == 37 and h.min == rates.min() and h.max == rates.max()
+    assert h.sum == pytest.approx(float(rates.sum())) and h.sum_squares == pytest.approx(float((rates ** 2).sum()))
+    assert list(h.bucket) == counts.tolist() and h.bucket_limit == pytest.approx(edges[1:].tolist())
+    c = ea.Histograms("constant")[0].histogram_value
+    assert c.num == 5 and sum(c.bucket) == 5 and c.min == c.max == 0.25
