@@ -342,7 +342,8 @@ class _Spiking:
         self._plans: dict[tuple, Any] = {}  # the kernel's launch and channel map per input shape and layout
 
     def _allocate(self, channels: int, device: torch.device) -> None:
-        if self.rows is None:
+        if self.rows is None or (not self.host[0] and self.rows.device != device):  # none yet, or kept from a
+            # validation on another device
             with torch.inference_mode(False):  # normal tensors: totals() may run outside inference mode
                 self.rows = torch.zeros(ROWS, channels, dtype=torch.float32, device=device)
                 self.acc = torch.zeros(channels, dtype=torch.float64, device=device)
