@@ -417,8 +417,7 @@ class _Sink:
         return self.layer.next_row(channels, x.numel() // channels * (steps or 1), x.device)
 
     def __call__(self, spikes: torch.Tensor, counted: bool = False) -> None:
-        self.counter._first(self.layer.name)
-        self.layer.count(spikes, self.counter._kernel(spikes), counted)
+        self.counter._count_spikes(self.layer, spikes, counted)
 
 
 def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -493,10 +492,13 @@ class ActivityCounter:
             store = self._stores[x.device] = _Store(len(self.connections), x.device)
         layer.count(x, self._batch, self._kernel(x), store)
 
-    def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
+    def _count_spikes(self, layer: _Spiking, s: torch.Tensor, counted: bool = False) -> None:
+        """Count one call's spikes of ``layer`` (from its hook or its :class:`_Sink`)."""
         self._first(layer.name)
-        s = output[0] if isinstance(output, tuple) else output
-        layer.count(s, self._kernel(s))
+        layer.count(s, self._kernel(s), counted)
+
+    def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
+        self._count_spikes(layer, output[0] if isinstance(output, tuple) else output)
 
     def attach(self) -> ActivityCounter:
         self.detach()
