@@ -105,7 +105,7 @@ class FiringRateMonitor(L.Callback):
 def add_histogram(writer: Any, tag: str, values: torch.Tensor, step: int, bins: int = 30) -> None:
     """Write a histogram summary of a small CPU tensor to a ``SummaryWriter``: ``bins`` equal buckets from its
     minimum to its maximum (about 0.16 ms, where ``add_histogram``'s numpy binning takes about 0.5 ms)."""
-    from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto
 
     v = values.detach().double().flatten()
     lo, hi = (float(x) for x in v.aminmax())
@@ -113,7 +113,7 @@ def add_histogram(writer: Any, tag: str, values: torch.Tensor, step: int, bins: 
     proto = HistogramProto(min=lo, max=hi, num=v.numel(), sum=float(v.sum()), sum_squares=float(v.dot(v)),
                            bucket_limit=torch.linspace(lo, top, bins + 1, dtype=torch.float64)[1:].tolist(),
                            bucket=torch.histc(v, bins=bins, min=lo, max=top).tolist())
-    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, histo=proto)]), step)
+    _write_summary(writer, tag, step, histo=proto)
 
 
 def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: int) -> None:
@@ -121,8 +121,15 @@ def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: in
     float conversion and RGB re-encoding of an array)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
-    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    _write_summary(writer, tag, step,
+                   image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png))
+
+
+def _write_summary(writer: Any, tag: str, step: int, **value: Any) -> None:
+    """One summary value (``histo=`` or ``image=``) under ``tag`` into a ``SummaryWriter``'s event file."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, **value)]), step)
 
 
 class ProgressBar(TQDMProgressBar):
