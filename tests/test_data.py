@@ -133,3 +133,38 @@ def test_small_tensors_leave_loader_processes_inside_the_pickle():
     images, targets = next(iter(DeviceLoader(_ImagesAndTargets(64), batch_size=4, num_workers=1)))
     assert not images.is_shared() and not targets["boxes"].is_shared()
     torch.testing.assert_close(images, single[0][0][:, :, :64, :64])
+
+
+def test_evaluation_loaders_hand_out_batches_on_the_trainers_device(tmp_path):
+    """Every datamodule's validation loader is an :func:`eval_loader`: the dataset in order, and on a CUDA
+    trainer a DeviceLoader bound to that device (pinned, copied one batch ahead, like the training loader);
+    without a trainer it hands out the host batches as a plain loader would."""
+    from types import SimpleNamespace
+
+    from snntrain.data.common import DeviceLoader
+    from snntrain.data.faces import FacesDataModule
+    from snntrain.data.synthetic import SyntheticDataModule
+
+    _write_images(tmp_path / "train")
+    _write_images(tmp_path / "val", n=2)
+    modules = {
+        "digits": DigitsDataModule(batch_size=8),
+        "synthetic": SyntheticDataModule(num_train=8, num_val=6, image_size=8, pool_size=8, batch_size=4),
+        "synthetic frames": SyntheticDataModule(num_train=8, num_val=6, image_size=8, pool_size=8, batch_size=4,
+                                                frames=2),
+        "image folder": ImageFolderDataModule(root=str(tmp_path), image_size=12, batch_size=2, num_workers=0),
+        "faces": FacesDataModule(num_train=4, num_val=4, num_test=4, batch_size=2, seed=7),
+    }
+    for name, dm in modules.items():
+        dm.setup("fit")
+        loader = dm.val_dataloader()
+        assert isinstance(loader, DeviceLoader) and loader.device is None and not loader.pin_memory, name
+        first = next(iter(loader))
+        x = first[0]
+        frames = 2 if name == "synthetic frames" else None
+        expected = torch.stack([dm.val_set[i][0] for i in range(x.shape[1] if frames else x.shape[0])])
+        assert torch.equal(x.transpose(0, 1) if frames else x, expected), name  # in dataset order
+        dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+        loader = dm.val_dataloader()
+        assert isinstance(loader, DeviceLoader) and loader.device == torch.device("cuda", 0), name
+        assert loader.pin_memory and not isinstance(loader.sampler, torch.utils.data.RandomSampler), name

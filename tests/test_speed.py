@@ -463,6 +463,42 @@ def test_gpu_training_steps_never_wait_for_the_host(task, cuda_graph, tmp_path: 
     assert {int(r["epoch"]) for r in rows if r.get("train/lr")} == {0}
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_validation_with_the_report_never_waits_for_the_host(tmp_path: Path, compose_run):
+    """From the second validation batch to the last, with the efficiency report on (every run's default),
+    nothing synchronises with the host: the batches arrive copied one batch ahead (the evaluation loader), the
+    counting hooks and kernels keep every count on the device, the metrics accumulate there. The report is
+    read once, after the last batch."""
+    import lightning as L
+
+    from snntrain.cli import train
+
+    class NoSync(L.Callback):
+        batches = 0
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if batch_idx >= 1 and not trainer.sanity_checking:
+                assert batch[0].is_cuda  # already on the device when the step starts
+                torch.cuda.set_sync_debug_mode("error")
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if batch_idx >= 1 and not trainer.sanity_checking:
+                NoSync.batches += 1
+            if batch_idx + 1 >= trainer.num_val_batches[0]:  # the report is read after the last batch
+                torch.cuda.set_sync_debug_mode("default")
+
+    cfg = compose_run(tmp_path, "task=classify", "backend=triton", "data=synthetic", "data.image_size=32",
+                      "data.num_train=64", "data.num_val=96", "data.batch_size=16", "trainer.max_epochs=1",
+                      "trainer.enable_progress_bar=false", "logger=csv")
+    try:
+        metrics = train(cfg, callbacks=[NoSync()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert NoSync.batches == 5
+    assert metrics["efficiency/Effective_ACs"] > 0 and metrics["firing_rate/mean"] > 0, metrics
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task, loss_op", [("classify", "cross_entropy"), ("detect", "binary_cross_entropy_with_logits")])
 def test_compile_captures_the_loss_with_the_network_in_one_graph(task, loss_op, tmp_path: Path, monkeypatch,

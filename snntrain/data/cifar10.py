@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 from .common import (
     check_fraction,
     check_num_workers,
-    eval_sampler,
+    eval_loader,
     loader_workers,
     positive_int,
     train_loader,
@@ -100,6 +100,4 @@ class CIFAR10DataModule(L.LightningDataModule):
                             num_workers=workers, persistent_workers=workers > 0)
 
     def val_dataloader(self) -> DataLoader:
-        workers = loader_workers(self)
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=workers,
-                          persistent_workers=workers > 0, sampler=eval_sampler(self.val_set))
+        return eval_loader(self, self.val_set, self.batch_size, num_workers=loader_workers(self))

@@ -25,7 +25,7 @@ from ..distributed import eval_sampler, process_group_shape
 from ..validation import positive_int
 
 __all__ = ["BadDataError", "DeviceLoader", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction",
-           "derive_seed", "eval_sampler", "loader_device", "loader_workers", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
+           "derive_seed", "eval_loader", "eval_sampler", "loader_device", "loader_workers", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
            "reads_numpy_random", "split_indices", "train_loader"]
 
 
@@ -438,6 +438,20 @@ class ResumableLoader(DeviceLoader):
                 stacklevel=2)
             done = 0
         sampler.resume_at(int(state["epoch"]), done * int(self.batch_size))
+
+
+def eval_loader(datamodule: Any, dataset: Dataset, batch_size: int, **kwargs: Any) -> DeviceLoader:
+    """The evaluation (validation, test) loader of ``datamodule``: ``dataset`` in order, in contiguous shards
+    when several processes evaluate together (:func:`eval_sampler`). On a CUDA trainer its batches arrive on
+    the device, pinned and copied one batch ahead (:class:`DeviceLoader`), as training batches do: a batch
+    copied from pageable memory when the step asks for it makes the host wait for the device once per batch,
+    so that the host's work and the device's add up instead of overlapping."""
+    kwargs.setdefault("device", loader_device(datamodule))
+    kwargs.setdefault("sampler", eval_sampler(dataset))
+    kwargs.setdefault("shuffle", False)
+    workers = kwargs.get("num_workers", 0)
+    kwargs.setdefault("persistent_workers", workers > 0)
+    return DeviceLoader(dataset, batch_size=batch_size, **kwargs)
 
 
 def train_loader(datamodule: Any, dataset: Dataset, batch_size: int, seed: int, **kwargs: Any) -> ResumableLoader:

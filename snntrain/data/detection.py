@@ -40,11 +40,10 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from .common import (
-    DeviceLoader,
     SeededDataset,
     check_num_workers,
     derive_seed,
-    eval_sampler,
+    eval_loader,
     loader_device,
     loader_workers,
     open_image,
@@ -835,16 +834,8 @@ class DetectionDataModule(L.LightningDataModule):
             return train_loader(self, dataset, self.batch_size, self.seed, num_workers=workers,
                                 persistent_workers=workers > 0,
                                 collate_fn=DetectionCollate(self.max_boxes, drop=True))
-        return DeviceLoader(  # no device: Lightning moves evaluation batches
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=False,
-            drop_last=False,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            collate_fn=DetectionCollate(self.max_boxes, drop=False, size_divisor=self.size_divisor),
-            sampler=eval_sampler(dataset),
-        )
+        return eval_loader(self, dataset, self.batch_size, num_workers=workers,
+                           collate_fn=DetectionCollate(self.max_boxes, drop=False, size_divisor=self.size_divisor))
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled (by ``seed``), augmented training batches with fixed ``max_boxes`` when set."""

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from .common import (
     check_fraction,
     check_num_workers,
-    eval_sampler,
+    eval_loader,
     loader_workers,
     positive_int,
     train_loader,
@@ -69,5 +69,4 @@ class DigitsDataModule(L.LightningDataModule):
         return train_loader(self, self.train_set, self.batch_size, self.seed, num_workers=loader_workers(self))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=loader_workers(self),
-                          sampler=eval_sampler(self.val_set))
+        return eval_loader(self, self.val_set, self.batch_size, num_workers=loader_workers(self))

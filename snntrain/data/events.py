@@ -38,6 +38,7 @@ from ..validation import number, one_of
 from .common import (
     check_fraction,
     check_num_workers,
+    eval_loader,
     loader_workers,
     positive_int,
     split_indices,
@@ -357,9 +358,8 @@ class EventDataModule(L.LightningDataModule):
                             persistent_workers=workers > 0, collate_fn=collate_time_first)
 
     def val_dataloader(self) -> DataLoader:
-        workers = loader_workers(self)
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=workers,
-                          persistent_workers=workers > 0, collate_fn=collate_time_first)
+        return eval_loader(self, self.val_set, self.batch_size, num_workers=loader_workers(self),
+                           collate_fn=collate_time_first)
 
 
 # ----------------------------------------------------------------------------- recorded datasets

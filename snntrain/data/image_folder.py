@@ -47,7 +47,7 @@ from .common import (
     BadDataError,
     check_fraction,
     check_num_workers,
-    eval_sampler,
+    eval_loader,
     loader_workers,
     open_image,
     positive_int,
@@ -352,8 +352,8 @@ class ImageFolderDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False, num_workers=loader_workers(self),
-                          sampler=eval_sampler(self.val_set), collate_fn=self._collate())
+        return eval_loader(self, self.val_set, self.batch_size, num_workers=loader_workers(self),
+                           collate_fn=self._collate())
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """A ``gpu`` / ``dali`` batch arrives encoded on its device: decode and augment it there."""

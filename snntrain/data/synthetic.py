@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from .common import (
     DeviceLoader,
     check_num_workers,
-    eval_sampler,
+    eval_loader,
     loader_device,
     loader_generator,
     loader_workers,
@@ -129,7 +129,5 @@ class SyntheticDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         from .events import collate_time_first
 
-        return DataLoader(self.val_set, batch_size=self.batch_size, shuffle=False,
-                          num_workers=loader_workers(self),
-                          collate_fn=collate_time_first if self.frames is not None else None,
-                          sampler=eval_sampler(self.val_set))
+        return eval_loader(self, self.val_set, self.batch_size, num_workers=loader_workers(self),
+                           collate_fn=collate_time_first if self.frames is not None else None)
