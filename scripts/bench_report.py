@@ -81,10 +81,10 @@ def build(task_name: str, overrides: list[str], ckpt: str | None, out: Path):
 
 
 def validate(cfg, task, datamodule, variant: str, clock: Clock, monitors: list, batches, logdir: Path) -> None:
-    from lightning.pytorch.loggers import TensorBoardLogger
+    from snntrain.callbacks import BatchedTensorBoardLogger  # the run's logger
 
     trainer = L.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
-                        logger=TensorBoardLogger(str(logdir), name=variant), callbacks=[clock, *monitors],
+                        logger=BatchedTensorBoardLogger(str(logdir), name=variant), callbacks=[clock, *monitors],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=batches if batches else 1.0)
     trainer.validate(task, datamodule=datamodule, verbose=False)

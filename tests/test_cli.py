@@ -235,3 +235,30 @@ def test_epoch_means_are_those_of_their_own_epoch(tmp_path, compose_run, task, k
         means = [float(r[f"train/{key}_epoch"]) for r in rows if r.get(f"train/{key}_epoch") and int(r["epoch"]) == epoch]
         assert len(steps) == 2 and len(means) == 1, rows
         assert means[0] == pytest.approx(sum(steps) / 2, rel=1e-5)
+
+
+def test_tensorboard_logger_writes_the_values_of_a_call_as_one_event(tmp_path):
+    """The run's TensorBoard logger writes every value of a ``log_metrics`` call under its step (what
+    Lightning's logger writes value by value), as one event; tensors are read, dicts are Lightning's
+    ``add_scalars``, anything else is refused by name."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from snntrain.callbacks import BatchedTensorBoardLogger
+
+    logger = BatchedTensorBoardLogger(str(tmp_path), name="tb", version="", default_hp_metric=False)
+    logger.log_metrics({"a": 1.5, "b/c": torch.tensor(-2.0), "n": 3}, step=4)
+    logger.log_metrics({"a": 0.25}, step=7)
+    logger.log_metrics({"pair": {"x": 1.0, "y": 2.0}}, step=8)
+    with pytest.raises(ValueError, match="metric bad='text' cannot be logged"):
+        logger.log_metrics({"bad": "text"}, step=9)
+    logger.finalize("success")
+    (events,) = glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
+    written = [e for e in EventFileLoader(events).Load() if e.HasField("summary")]
+    assert [(e.step, len(e.summary.value)) for e in written] == [(4, 3), (7, 1)]
+    ea = EventAccumulator(events, size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [(s.step, s.value) for s in ea.Scalars("a")] == [(4, 1.5), (7, 0.25)]
+    assert [(s.step, s.value) for s in ea.Scalars("b/c")] == [(4, -2.0)] and ea.Scalars("n")[0].value == 3
+    assert glob.glob(str(tmp_path / "tb" / "pair_x" / "events.out.tfevents.*"))  # add_scalars' own writers
