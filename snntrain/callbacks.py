@@ -72,15 +72,19 @@ class FiringRateMonitor(L.Callback):
         draw = tb is not None and trainer.is_global_zero
         metrics: dict[str, float] = {}
         total_spikes, total_count = 0.0, 0.0
+        histograms = {}
         for name, layer in totals["spiking"].items():
-            rates = layer["channel_spikes"] / (layer["neuron_steps"] / layer["channel_spikes"].numel())
-            metrics[f"firing_rate/{name}"] = float(rates.mean())
+            # a layer's rate is its spikes over its neuron-steps (the mean of its channels' rates)
+            metrics[f"firing_rate/{name}"] = layer["spikes"] / layer["neuron_steps"] if layer["neuron_steps"] else 0.0
             total_spikes += layer["spikes"]
             total_count += layer["neuron_steps"]
-            if self.histograms and draw:
-                add_histogram(tb.experiment, f"firing_rate_per_channel/{name}", rates, trainer.global_step)
+            if self.histograms and draw and layer["neuron_steps"]:
+                spikes = layer["channel_spikes"]
+                histograms[f"firing_rate_per_channel/{name}"] = spikes / (layer["neuron_steps"] / spikes.numel())
         if total_count:
             metrics["firing_rate/mean"] = total_spikes / total_count
+        if histograms:
+            add_histograms(tb.experiment, histograms, trainer.global_step)
         if self.efficiency:
             report = build_report(totals, counter.static_metrics())
             report["global_step"] = trainer.global_step
@@ -104,18 +108,38 @@ class FiringRateMonitor(L.Callback):
         self._detach()
 
 
-def add_histogram(writer: Any, tag: str, values: torch.Tensor, step: int, bins: int = 30) -> None:
-    """Write a histogram summary of a small CPU tensor to a ``SummaryWriter``: ``bins`` equal buckets from its
-    minimum to its maximum (about 0.16 ms, where ``add_histogram``'s numpy binning takes about 0.5 ms)."""
-    from tensorboard.compat.proto.summary_pb2 import HistogramProto
+def add_histograms(writer: Any, histograms: Mapping[str, torch.Tensor], step: int, bins: int = 30) -> None:
+    """Write a histogram summary of each small CPU tensor of ``histograms`` (tag -> values) to a
+    ``SummaryWriter``, all as one event: ``bins`` equal buckets from each tensor's minimum to its maximum,
+    bucketed as ``numpy.histogram`` does. The statistics of all tensors come from a handful of vectorised
+    operations over their concatenation (about 25 us a histogram, where ``add_histogram`` takes about 0.5 ms
+    and writes an event each)."""
+    import numpy as np
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
-    v = values.detach().double().flatten()
-    lo, hi = (float(x) for x in v.aminmax())
-    top = hi if hi > lo else lo + 1.0
-    proto = HistogramProto(min=lo, max=hi, num=v.numel(), sum=float(v.sum()), sum_squares=float(v.dot(v)),
-                           bucket_limit=torch.linspace(lo, top, bins + 1, dtype=torch.float64)[1:].tolist(),
-                           bucket=torch.histc(v, bins=bins, min=lo, max=top).tolist())
-    _write_summary(writer, tag, step, histo=proto)
+    if not histograms:
+        return
+    arrays = [values.numpy(force=True).astype(np.float64, copy=False).ravel() for values in histograms.values()]
+    sizes = np.array([a.size for a in arrays])
+    if (sizes == 0).any():
+        raise ValueError(f"empty values for histograms {[t for t, n in zip(histograms, sizes) if n == 0]}")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    v = np.concatenate(arrays)
+    seg = np.repeat(np.arange(len(arrays)), sizes)
+    lo, hi = np.minimum.reduceat(v, starts), np.maximum.reduceat(v, starts)
+    top = np.where(hi > lo, hi, lo + 1.0)
+    edges = lo[:, None] + (top - lo)[:, None] * (np.arange(bins + 1) / bins)  # numpy.linspace's, last = top
+    edges[:, -1] = top
+    idx = ((v - lo[seg]) * (bins / (top - lo))[seg]).astype(np.int64)  # numpy.histogram's, then its corrections
+    idx[idx == bins] = bins - 1
+    idx -= v < edges[seg, idx]
+    idx += (v >= edges[seg, idx + 1]) & (idx != bins - 1)
+    counts = np.bincount(seg * bins + idx, minlength=len(arrays) * bins).reshape(len(arrays), bins)
+    sums, squares = np.add.reduceat(v, starts), np.add.reduceat(v * v, starts)
+    values = [Summary.Value(tag=tag, histo=HistogramProto(
+        min=float(lo[i]), max=float(hi[i]), num=int(sizes[i]), sum=float(sums[i]), sum_squares=float(squares[i]),
+        bucket_limit=edges[i, 1:].tolist(), bucket=counts[i].tolist())) for i, tag in enumerate(histograms)]
+    writer._get_file_writer().add_summary(Summary(value=values), step)
 
 
 def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: int) -> None:
@@ -127,11 +151,40 @@ def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: in
                    image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png))
 
 
+def fast_record_checksums() -> bool:
+    """Make TensorBoard's event files checksum their records with ``google-crc32c`` (C) instead of the CRC32C in
+    pure Python that TensorBoard uses without TensorFlow: the same checksums, about a thousand times faster. The
+    pure-Python one takes about 0.1 us a byte (1.4 ms for a 12 KB event, the per-layer chart several times that)
+    on the writer's thread, holding the interpreter lock the training loop needs. Returns whether it is on."""
+    try:
+        import google_crc32c
+        from tensorboard.summary.writer import record_writer
+    except ImportError:
+        return False
+    if getattr(record_writer.masked_crc32c, "native", False):
+        return True
+    if google_crc32c.implementation != "c":
+        return False
+
+    def masked_crc32c(data: bytes) -> int:
+        x = google_crc32c.value(data)
+        return (((x >> 15) | ((x << 17) & 0xFFFFFFFF)) + 0xA282EAD8) & 0xFFFFFFFF
+
+    masked_crc32c.native = True  # type: ignore[attr-defined]
+    record_writer.masked_crc32c = masked_crc32c
+    return True
+
+
 class BatchedTensorBoardLogger(TensorBoardLogger):
     """Lightning's ``TensorBoardLogger`` that writes the scalars of one ``log_metrics`` call as one event (one
     summary holding every value), where Lightning's writes an event per value through ``add_scalar`` (about
     0.1 ms each on a 2-core CPU: 4 ms for the 40 values of a validation with the efficiency report, against
-    0.25 ms as one event). TensorBoard reads both the same way; dict values still go through ``add_scalars``."""
+    0.25 ms as one event). TensorBoard reads both the same way; dict values still go through ``add_scalars``.
+    Its records are checksummed in C (:func:`fast_record_checksums`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        fast_record_checksums()
+        super().__init__(*args, **kwargs)
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:

@@ -262,3 +262,33 @@ def test_tensorboard_logger_writes_the_values_of_a_call_as_one_event(tmp_path):
     assert [(s.step, s.value) for s in ea.Scalars("a")] == [(4, 1.5), (7, 0.25)]
     assert [(s.step, s.value) for s in ea.Scalars("b/c")] == [(4, -2.0)] and ea.Scalars("n")[0].value == 3
     assert glob.glob(str(tmp_path / "tb" / "pair_x" / "events.out.tfevents.*"))  # add_scalars' own writers
+
+
+def test_tensorboard_records_are_checksummed_in_c_with_the_same_checksums(tmp_path):
+    """The run's logger switches TensorBoard's record checksums to google-crc32c: the same masked CRC32C as
+    TensorBoard's pure-Python one, and a written event file whose every record carries it."""
+    import struct
+
+    import numpy as np
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as python_crc
+    from tensorboard.summary.writer import record_writer
+
+    from snntrain.callbacks import BatchedTensorBoardLogger, fast_record_checksums
+
+    assert fast_record_checksums() and record_writer.masked_crc32c is not python_crc
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 1000, 12345):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert record_writer.masked_crc32c(data) == python_crc(data), n
+    logger = BatchedTensorBoardLogger(str(tmp_path), name="tb", version="", default_hp_metric=False)
+    logger.log_metrics({f"m{i}": float(i) for i in range(50)}, step=1)
+    logger.finalize("success")
+    (events,) = glob.glob(str(tmp_path / "tb" / "events.out.tfevents.*"))
+    raw, records = Path(events).read_bytes(), 0
+    while raw:
+        (length,) = struct.unpack("<Q", raw[:8])
+        assert struct.unpack("<I", raw[8:12])[0] == python_crc(raw[:8])
+        data, raw = raw[12:12 + length], raw[12 + length:]
+        assert struct.unpack("<I", raw[:4])[0] == python_crc(data)
+        raw, records = raw[4:], records + 1
+    assert records == 2  # the file version, then the 50 values

@@ -587,8 +587,8 @@ def test_report_task_errors(tmp_path, compose_run):
 
 def test_chart_and_histograms_reach_tensorboard(tmp_path):
     """The monitor's summaries, written without ``add_image``/``add_histogram``: the chart's PNG decodes to
-    :func:`layer_chart`'s picture, a histogram holds every value in buckets that numpy agrees with, a constant
-    layer's rates one bucket."""
+    :func:`layer_chart`'s picture; the histograms, all in one event, each hold every value in the buckets
+    ``numpy.histogram`` gives (values on bucket edges included), a constant tensor's values one bucket."""
     import io
 
     import numpy as np
@@ -596,15 +596,20 @@ def test_chart_and_histograms_reach_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from snntrain.callbacks import add_histogram, add_png
+    from snntrain.callbacks import add_histograms, add_png
 
     report = counted(sew("ADD"), [torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(0))])
-    rates = torch.rand(37, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    tensors = {"rates": torch.rand(37, dtype=torch.float64, generator=gen),
+               "edges": torch.arange(15, dtype=torch.float32) / 14,  # many values on bucket edges
+               "constant": torch.full((5,), 0.25), "one": torch.tensor([3.0]),
+               "counts": torch.randint(0, 9, (4, 6), generator=gen).float()}
     writer = SummaryWriter(str(tmp_path))
     add_png(writer, "chart", *E.chart_png(report), 4)
-    add_histogram(writer, "rates", rates, 4, bins=7)
-    add_histogram(writer, "constant", torch.full((5,), 0.25), 4)
+    add_histograms(writer, tensors, 4, bins=7)
     writer.close()
+    with pytest.raises(ValueError, match=r"empty values for histograms \['none'\]"):
+        add_histograms(writer, {"none": torch.zeros(0)}, 5)
     ea = EventAccumulator(str(next(tmp_path.glob("events.out.tfevents.*"))),
                           size_guidance={"images": 0, "histograms": 0})
     ea.Reload()
@@ -612,10 +617,13 @@ def test_chart_and_histograms_reach_tensorboard(tmp_path):
     assert image.step == 4
     decoded = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))
     assert (decoded == E.layer_chart(report)).all() and (image.height, image.width) == decoded.shape[:2]
-    h = ea.Histograms("rates")[0].histogram_value
-    counts, edges = np.histogram(rates.numpy(), bins=7)
-    assert h.num == 37 and h.min == rates.min() and h.max == rates.max()
-    assert h.sum == pytest.approx(float(rates.sum())) and h.sum_squares == pytest.approx(float((rates ** 2).sum()))
-    assert list(h.bucket) == counts.tolist() and h.bucket_limit == pytest.approx(edges[1:].tolist())
-    c = ea.Histograms("constant")[0].histogram_value
-    assert c.num == 5 and sum(c.bucket) == 5 and c.min == c.max == 0.25
+    for tag, values in tensors.items():
+        (event,) = ea.Histograms(tag)
+        h, v = event.histogram_value, values.double().flatten().numpy()
+        assert event.step == 4 and h.num == v.size and h.min == v.min() and h.max == v.max(), tag
+        assert h.sum == pytest.approx(v.sum()) and h.sum_squares == pytest.approx((v ** 2).sum()), tag
+        if v.min() < v.max():
+            counts, edges = np.histogram(v, bins=7)
+            assert list(h.bucket) == counts.tolist() and h.bucket_limit == pytest.approx(edges[1:].tolist()), tag
+        else:
+            assert sum(h.bucket) == v.size and max(h.bucket) == v.size, tag
