@@ -869,16 +869,26 @@ def layer_chart(report: dict[str, Any], width: int = 640):
 
 
 def chart_png(report: dict[str, Any], width: int = 640) -> tuple[bytes, int, int]:
-    """The per-layer chart encoded as a palette PNG (one byte per pixel, fast deflate): (bytes, height, width).
-    About 0.5 ms, where an RGB array through ``SummaryWriter.add_image`` (float conversion, RGB PNG at the
-    default compression) takes about 15 ms on a 2-core CPU."""
-    import io
+    """The per-layer chart encoded as a 4-bit palette PNG: (bytes, height, width). Written here with ``zlib``
+    (rows unfiltered, two pixels a byte, fastest deflate), about 0.4 ms on a 2-core CPU, where PIL's PNG encoder
+    takes 1.2-2.4 ms for the same picture as 8-bit palette indices, and ``SummaryWriter.add_image`` (float
+    conversion, RGB PNG at the default compression) about 15 ms."""
+    import struct
+    import zlib
 
-    from PIL import Image
+    import numpy as np
 
     idx = chart_indices(report, width)
-    img = Image.frombytes("P", (idx.shape[1], idx.shape[0]), idx.tobytes())
-    img.putpalette([c for rgb in CHART_PALETTE for c in rgb])
-    out = io.BytesIO()
-    img.save(out, format="PNG", compress_level=1)
-    return out.getvalue(), idx.shape[0], idx.shape[1]
+    h, w = idx.shape
+    packed = np.zeros((h, 1 + (w + 1) // 2), dtype=np.uint8)  # a filter-type byte (0: none), then the row
+    packed[:, 1:1 + w // 2] = (idx[:, 0:w - w % 2:2] << 4) | idx[:, 1:w:2]
+    if w % 2:
+        packed[:, -1] = idx[:, -1] << 4
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 4, 3, 0, 0, 0))
+           + chunk(b"PLTE", bytes(c for rgb in CHART_PALETTE for c in rgb))
+           + chunk(b"IDAT", zlib.compress(packed.tobytes(), 1)) + chunk(b"IEND", b""))
+    return png, h, w

@@ -617,6 +617,10 @@ def test_chart_and_histograms_reach_tensorboard(tmp_path):
     assert image.step == 4
     decoded = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))
     assert (decoded == E.layer_chart(report)).all() and (image.height, image.width) == decoded.shape[:2]
+    png, height, width = E.chart_png(report, width=331)  # an odd width: the last byte of a row holds one pixel
+    odd = Image.open(io.BytesIO(png))
+    assert odd.mode == "P" and (height, width) == (odd.height, odd.width) == E.chart_indices(report, 331).shape
+    assert (np.asarray(odd.convert("RGB")) == E.layer_chart(report, 331)).all()
     for tag, values in tensors.items():
         (event,) = ea.Histograms(tag)
         h, v = event.histogram_value, values.double().flatten().numpy()
