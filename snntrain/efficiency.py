@@ -259,21 +259,44 @@ class _Store:
         self.acc.zero_()
 
 
+class _Call:
+    """One kind of call of a connection layer (input shape, layout, batch, counting path) since the last attach:
+    how it is counted (the kernel's plan, or the reference), the fan-out its counting reads, and what each such
+    call adds to the host sums."""
+
+    __slots__ = ("calls", "plan", "fan", "geo", "sums")
+
+    def __init__(self, plan: Any, fan: torch.Tensor, geo: _Geometry, sums: tuple[int, ...]) -> None:
+        self.calls, self.plan, self.fan, self.geo, self.sums = 0, plan, fan, geo, sums
+
+
 class _Connection:
     """Counts of one connection layer: its device rows and totals in the counter's :class:`_Store` (row
-    ``index``); host sums of what shapes decide."""
+    ``index``); host sums of what shapes decide, kept per kind of call (:class:`_Call`) and added up at the end."""
+
+    #: the kinds of call kept before their host sums are added up and they are made again (varied input shapes)
+    MAX_CALLS = 64
 
     def __init__(self, name: str, module: nn.Module, index: int) -> None:
         self.name, self.module, self.index = name, module, index
         self.rows: torch.Tensor | None = None
         self.used = 0
         self.acc: torch.Tensor | None = None
-        self.host = [0, 0, 0, 0, 0, 0]  # calls, frames, input elements, dense ops, ANN ops, ANN input elements
+        self._calls: dict[tuple, _Call] = {}  # per attach: the fan-out maps depend on the weights
+        self._done = [0, 0, 0, 0, 0, 0]  # host sums of the kinds of call no longer in _calls
         self._geo: dict[tuple, _Geometry] = {}
         self._plan: dict[tuple, Any] = {}
-        self._fan: dict[tuple, torch.Tensor] = {}  # fan-out maps (the kernel's: in memory order), read per attach
         self._m: torch.Tensor | None = None  # per-tap weight counts
         self._row_views: Sequence[torch.Tensor] = ()
+
+    @property
+    def host(self) -> list[int]:
+        """calls, frames, input elements, dense ops, ANN ops, ANN input elements since the last attach."""
+        h = list(self._done)
+        for call in self._calls.values():
+            for i, v in enumerate(call.sums):
+                h[i] += call.calls * v
+        return h
 
     def fanin(self) -> torch.Tensor:
         """The weights' per-tap counts, read at the first call after :meth:`ActivityCounter.attach`."""
@@ -282,43 +305,49 @@ class _Connection:
         return self._m
 
     def count(self, x: torch.Tensor, batch: int | None, kernel: bool, store: _Store) -> None:
-        key = (tuple(x.shape), x.stride())
-        geo = self._geo.get(key)
+        key = (x.shape, x.stride(), batch, kernel)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._prepare(x, batch, kernel, store)
+            if len(self._calls) >= self.MAX_CALLS:
+                self._done = self.host
+                self._calls.clear()
+            self._calls[key] = call
+        row = self._row_views[self.used]
+        if call.plan is not None:
+            _synops().launch(call.plan, x, call.fan, row)
+        else:
+            row.copy_(count_reference(x.detach(), self._m, call.geo, call.fan))
+        call.calls += 1
+        self.used += 1
+        if self.used == ROWS:
+            self.fold()
+
+    def _prepare(self, x: torch.Tensor, batch: int | None, kernel: bool, store: _Store) -> _Call:
+        """The first call of its kind since the attach: geometry and plan (kept over attaches, shapes decide
+        them), the fan-out from this validation's weights, the row views of the store."""
+        shape = (tuple(x.shape), x.stride())
+        geo = self._geo.get(shape)
         if geo is None:
-            geo = self._geo[key] = geometry(self.module, x.shape)
+            geo = self._geo[shape] = geometry(self.module, x.shape)
         m = self.fanin()
         if self.rows is None:
             self.rows, self.acc = store.rows[self.index], store.acc[self.index]
             self._row_views = store.row_views[self.index * ROWS: (self.index + 1) * ROWS]
-        row = self._row_views[self.used]
-        frame = x.shape[geo.channel_dim + 1:] if geo.spatial_dims else ()  # the fan-out map's spatial sizes
-        fan = self._fan.get(key)
-        if fan is None and len(self._fan) >= 8:
-            self._fan.clear()
         if kernel and len(geo.spatial_dims) in (0, 2):
-            synops = _synops()
-            p = self._plan.get(key)
+            p = self._plan.get(shape)
             if p is None:
-                p = self._plan[key] = synops.plan(key[0], key[1], x.dim() - geo.channel_dim, device=x.device)
-            if fan is None:
-                fan = self._fan[key] = fanout_block(m, geo, p)
-            synops.launch(p, x, fan, row)
+                p = self._plan[shape] = _synops().plan(shape[0], shape[1], x.dim() - geo.channel_dim,
+                                                       device=x.device)
+            fan = fanout_block(m, geo, p)
         else:
-            if fan is None:
-                fan = self._fan[key] = fanout_map(m, geo, frame)
-            row.copy_(count_reference(x.detach(), m, geo, fan))
-        self.used += 1
-        if self.used == ROWS:
-            self.fold()
+            p = None
+            fan = fanout_map(m, geo, x.shape[geo.channel_dim + 1:] if geo.spatial_dims else ())
         steps = geo.frames // batch if batch and geo.frames % batch == 0 else 1
         ann_frames = geo.frames // steps  # the ANN runs each frame of a sample once, not once per step
-        h = self.host
-        h[0] += 1
-        h[1] += geo.frames
-        h[2] += geo.frames * geo.frame_numel
-        h[3] += geo.frames * geo.dense_per_frame
-        h[4] += ann_frames * geo.dense_per_frame
-        h[5] += ann_frames * geo.frame_numel
+        sums = (1, geo.frames, geo.frames * geo.frame_numel, geo.frames * geo.dense_per_frame,
+                ann_frames * geo.dense_per_frame, ann_frames * geo.frame_numel)
+        return _Call(p, fan, geo, sums)
 
     def fold(self) -> None:
         if self.used == 0:
@@ -485,12 +514,15 @@ class ActivityCounter:
             self.order.append(name)
 
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
-        self._first(layer.name)
+        if layer.name not in self._seen:
+            self._first(layer.name)
         x = args[0]
-        store = self._stores.get(x.device)
+        device = x.device
+        store = self._stores.get(device)
         if store is None:
-            store = self._stores[x.device] = _Store(len(self.connections), x.device)
-        layer.count(x, self._batch, self._kernel(x), store)
+            store = self._stores[device] = _Store(len(self.connections), device)
+        kernel = self._kernels.get(device)
+        layer.count(x, self._batch, self._kernel(x) if kernel is None else kernel, store)
 
     def _count_spikes(self, layer: _Spiking, s: torch.Tensor, counted: bool = False) -> None:
         """Count one call's spikes of ``layer`` (from its hook or its :class:`_Sink`)."""

@@ -44,3 +44,23 @@ def test_fast_launch_matches_triton_for_every_specialisation():
             assert torch.equal(out, plain)  # the same kernel: bit for bit
             torch.testing.assert_close(out, x[: n * step: step] * a + b)
     assert 1 <= len(fast._cache) <= len(cases)
+
+
+@pytest.mark.gpu
+def test_bound_launch_matches_triton_whatever_tensors_each_call_passes():
+    """A bound launch (fixed grid, scalars and options) launches what Triton would for each call's tensors,
+    also when a call's tensor is unaligned or of another dtype than the call before (a new specialisation)."""
+    fast = op_utils.direct(_axpb_kernel)
+    n, block = 1000, 256
+    bound = fast.bind((triton.cdiv(n, block),), (None, None, n, 2.0, 1.0), {"STEP": 1, "BLOCK": block, "num_warps": 4})
+    g = torch.Generator(device="cuda").manual_seed(1)
+    base = torch.randn(n + 8, device="cuda", generator=g)
+    for _ in range(2):  # the second round takes the bound cache
+        for offset, dtype in [(0, torch.float32), (1, torch.float32), (0, torch.float16), (3, torch.float32)]:
+            x = base.to(dtype)[offset:]  # offset 1 or 3: not 16-byte aligned
+            out, plain = (torch.full((n,), float("nan"), device="cuda", dtype=dtype) for _ in range(2))
+            bound(x, out)
+            _axpb_kernel[(triton.cdiv(n, block),)](x, plain, n, 2.0, 1.0, STEP=1, BLOCK=block, num_warps=4)
+            assert torch.equal(out, plain), (offset, dtype)
+    with pytest.raises(TypeError):  # missing arguments: Triton's own launch names them
+        fast.bind((1,), (None, None, n, 2.0), {"BLOCK": block})(base, base)

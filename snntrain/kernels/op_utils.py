@@ -101,6 +101,50 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
+    def bind(self, grid, args: tuple, kwargs: dict):
+        """``self[grid](*args, **kwargs)`` for a call site whose grid, non-tensor arguments and options stay the
+        same while its tensors change: the returned ``launch(*tensors)`` fills the positions of ``args`` given as
+        ``None``, in order. Its key per call is only those tensors' dtypes and 16-byte alignment and the device
+        (everything else was keyed once), and it calls the compiled kernel's launcher with the argument list
+        built at binding: a few microseconds less per launch than :meth:`launch`, for kernels launched once per
+        layer call (the activity counter's)."""
+        slots = [i for i, a in enumerate(args) if a is None]
+        template = list(args)
+        ok = self._ok
+        for name in self._names[len(args):] if ok else ():
+            if name not in kwargs and name not in self._defaults:
+                ok = False  # a missing argument: Triton's launch says which
+                break
+            template.append(kwargs[name] if name in kwargs else self._defaults[name])
+        n = len(grid)
+        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        cache: dict = {}
+
+        def launch(*tensors):
+            values = template.copy()
+            for i, t in zip(slots, tensors):
+                values[i] = t
+            runtime = _knobs().runtime
+            enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+            if not ok or (enter is not None and getattr(enter, "calls", True)) \
+                    or (exit_ is not None and getattr(exit_, "calls", True)):
+                return self.kernel[grid](*values[: len(args)], **kwargs)
+            device = torch.cuda.current_device()
+            key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+            entry = cache.get(key)
+            if entry is None:
+                compiled = self.launch(grid, tuple(values[: len(args)]), kwargs)
+                entry = self._cache.get(self._key(values, kwargs, device))
+                if entry is not None:
+                    cache[key] = entry
+                return compiled
+            compiled, run, function, metadata = entry
+            run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
+                *values)
+            return compiled
+
+        return launch
+
     def _key(self, values: list, kwargs: dict, device: int) -> tuple:
         key: list = [device]
         append = key.append
@@ -128,9 +172,7 @@ class FastLaunch:
         return tuple(key)
 
     def launch(self, grid, args: tuple, kwargs: dict):
-        from triton import knobs
-
-        runtime = knobs.runtime
+        runtime = _knobs().runtime
         # HookChains (empty unless a profiler such as Proton added hooks) or functions
         enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
         if not self._ok or (enter is not None and getattr(enter, "calls", True)) \
@@ -161,6 +203,19 @@ class FastLaunch:
         # what CompiledKernel's runner does, without hooks (none is set) and so without launch metadata
         run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None, *values)
         return compiled
+
+
+_KNOBS = None
+
+
+def _knobs():
+    """``triton.knobs``, imported once (an import statement per launch costs a lookup)."""
+    global _KNOBS
+    if _KNOBS is None:
+        from triton import knobs
+
+        _KNOBS = knobs
+    return _KNOBS
 
 
 def _int_width(a: int) -> int:

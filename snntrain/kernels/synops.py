@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -186,13 +187,29 @@ def _offsets(shape: tuple[int, ...], strides: tuple[int, ...], device: torch.dev
 
 def launch(p: Plan, x: torch.Tensor, fan: torch.Tensor, out: torch.Tensor) -> None:
     """Add the counts of ``x`` (of the shape and layout ``p`` was made for) to ``out``, with ``fan`` from
-    :func:`fan_block`; no checks."""
-    N, S = p.args
-    if N == 0 or S == 0:
-        return
-    if p.copy:
-        x = x.contiguous()
-    direct(_count_synops_kernel)[p.grid](x, fan, out, N, S, INT64=p.int64, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    :func:`fan_block`; no checks. Launched through the plan's bound launch (one per plan: its grid and sizes
+    fixed, only the three tensors passed per call)."""
+    key = (p, BLOCK, NUM_WARPS)
+    bound = _BOUND.get(key)
+    if bound is None:
+        if len(_BOUND) >= 256:
+            _BOUND.clear()
+        N, S = p.args
+        if N == 0 or S == 0:
+            bound = _BOUND[key] = _nothing
+        else:
+            kernel, args = direct(_count_synops_kernel), (None, None, None, N, S)
+            options = dict(INT64=p.int64, BLOCK=BLOCK, num_warps=NUM_WARPS)
+            bound = _BOUND[key] = kernel.bind(p.grid, args, options) if hasattr(kernel, "bind") else \
+                (lambda x_, fan_, out_: kernel[p.grid](x_, fan_, out_, N, S, **options))
+    bound(x.contiguous() if p.copy else x, fan, out)
+
+
+_BOUND: dict[tuple, Callable] = {}  # the bound launch of the plans launched lately (and the options they ran with)
+
+
+def _nothing(*tensors: torch.Tensor) -> None:
+    """An empty input's launch."""
 
 
 def launch_channel_sums(p: Plan, x: torch.Tensor, chan: torch.Tensor, out: torch.Tensor) -> None:
