@@ -389,22 +389,33 @@ class _Spiking:
     def count(self, s: torch.Tensor, kernel: bool = False, counted: bool = False) -> None:
         """Count the spikes ``s`` of one call; ``counted``: the kernel that fired them has already added them to
         :meth:`next_row` (only the host's part is left)."""
+        if counted:  # the row was handed out (and made) by next_row: only the bookkeeping is left
+            self._counted(s)
+            return
         channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
         channels = s.shape[channel_dim]
         self._allocate(channels, s.device)
-        if counted or s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
-            if not counted:
-                self._sum_into(self._row_views[self.used], s, channel_dim, kernel)
-            self.used += 1
-            if self.used == ROWS:
-                self.fold()
+        if s.numel() // channels < 2**24:  # a float32 sum of fewer than 2**24 zeros and ones is exact
+            self._sum_into(self._row_views[self.used], s, channel_dim, kernel)
+            self._counted(s)
         else:
             dims = [d for d in range(s.dim()) if d != channel_dim]
             self.acc += torch.sum(s.detach(), dim=dims, dtype=torch.float64)
-        self.steps = max(self.steps, int(s.shape[0]))
-        self.host[0] += 1
-        self.host[1] += s.numel()
-        self.host[2] += s.numel() // s.shape[0]
+            self._counted(s, row=False)
+
+    def _counted(self, s: torch.Tensor, row: bool = True) -> None:
+        """The host's part of a call whose spikes are in its row (``row``) or already in the totals."""
+        if row:
+            self.used += 1
+            if self.used == ROWS:
+                self.fold()
+        steps, n = s.shape[0], s.numel()
+        if steps > self.steps:
+            self.steps = steps
+        h = self.host
+        h[0] += 1
+        h[1] += n
+        h[2] += n // steps
 
     def _sum_into(self, row: torch.Tensor, s: torch.Tensor, channel_dim: int, kernel: bool) -> None:
         if kernel:  # one pass in memory order (the Triton kernel adds into the zeroed row)
@@ -526,8 +537,12 @@ class ActivityCounter:
 
     def _count_spikes(self, layer: _Spiking, s: torch.Tensor, counted: bool = False) -> None:
         """Count one call's spikes of ``layer`` (from its hook or its :class:`_Sink`)."""
-        self._first(layer.name)
-        layer.count(s, self._kernel(s), counted)
+        if layer.name not in self._seen:
+            self._first(layer.name)
+        if counted:
+            layer._counted(s)
+        else:
+            layer.count(s, self._kernel(s))
 
     def _spiking_post(self, layer: _Spiking, module: nn.Module, args: tuple, output: Any) -> None:
         self._count_spikes(layer, output[0] if isinstance(output, tuple) else output)
