@@ -283,6 +283,7 @@ class _Connection:
         self.used = 0
         self.acc: torch.Tensor | None = None
         self._calls: dict[tuple, _Call] = {}  # per attach: the fan-out maps depend on the weights
+        self._fans: dict[tuple, torch.Tensor] = {}  # per attach: fan-out per frame layout (the kernel's, or the map)
         self._done = [0, 0, 0, 0, 0, 0]  # host sums of the kinds of call no longer in _calls
         self._geo: dict[tuple, _Geometry] = {}
         self._plan: dict[tuple, Any] = {}
@@ -312,6 +313,7 @@ class _Connection:
             if len(self._calls) >= self.MAX_CALLS:
                 self._done = self.host
                 self._calls.clear()
+                self._fans.clear()
             self._calls[key] = call
         row = self._row_views[self.used]
         if call.plan is not None:
@@ -339,10 +341,12 @@ class _Connection:
             if p is None:
                 p = self._plan[shape] = _synops().plan(shape[0], shape[1], x.dim() - geo.channel_dim,
                                                        device=x.device)
-            fan = fanout_block(m, geo, p)
+            frame: tuple = (p.block_shape, p.block_strides)
         else:
-            p = None
-            fan = fanout_map(m, geo, x.shape[geo.channel_dim + 1:] if geo.spatial_dims else ())
+            p, frame = None, (tuple(x.shape[geo.channel_dim + 1:]) if geo.spatial_dims else (),)
+        fan = self._fans.get(frame)  # one per frame layout: a smaller last batch reads the same fan-out
+        if fan is None:
+            fan = self._fans[frame] = fanout_block(m, geo, p) if p is not None else fanout_map(m, geo, frame[0])
         steps = geo.frames // batch if batch and geo.frames % batch == 0 else 1
         ann_frames = geo.frames // steps  # the ANN runs each frame of a sample once, not once per step
         sums = (1, geo.frames, geo.frames * geo.frame_numel, geo.frames * geo.dense_per_frame,

@@ -397,15 +397,19 @@ def test_one_counter_over_many_validations_counts_each_from_zero(rows, monkeypat
     assert first == counted(net, a) and second == counted(net, b) and first != second
 
 
-def test_a_layer_called_with_many_input_shapes_counts_them_all(monkeypatch):
-    """Each kind of call (input shape, batch) keeps its own host sums; a layer that sees more kinds than it keeps
-    (as multi-scale inference would) adds up the ones it lets go: the same report either way."""
-    net = sew("ADD")
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_layer_called_with_many_input_shapes_counts_them_all(backend, device, monkeypatch):
+    """Each kind of call (input shape, batch) keeps its own host sums, and batches of another size read the same
+    fan-out; a layer that sees more kinds than it keeps (as multi-scale inference would) adds up the ones it lets
+    go: the same report either way, by the kernels and by the reference."""
+    net = sew("ADD").to(device)
     gen = torch.Generator().manual_seed(5)
-    batches = [torch.randn(b, 1, size, size, generator=gen) for b, size in [(2, 12), (3, 12), (2, 16), (1, 8), (2, 12)]]
+    batches = [torch.randn(b, 1, size, size, generator=gen).to(device)
+               for b, size in [(2, 12), (3, 12), (2, 16), (1, 8), (2, 12)]]
     full = counted(net, batches)
+    assert counted(net, batches, backend) == full
     monkeypatch.setattr(E._Connection, "MAX_CALLS", 2)
-    assert counted(net, batches) == full
+    assert counted(net, batches, backend) == full
     assert full["samples"] == 10 and full["layers"][0]["calls_per_pass"] == 1
 
 
