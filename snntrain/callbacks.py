@@ -136,10 +136,9 @@ def add_histograms(writer: Any, histograms: Mapping[str, torch.Tensor], step: in
     idx += (v >= edges[seg, idx + 1]) & (idx != bins - 1)
     counts = np.bincount(seg * bins + idx, minlength=len(arrays) * bins).reshape(len(arrays), bins)
     sums, squares = np.add.reduceat(v, starts), np.add.reduceat(v * v, starts)
-    values = [Summary.Value(tag=tag, histo=HistogramProto(
+    _write_summary(writer, step, [Summary.Value(tag=tag, histo=HistogramProto(
         min=float(lo[i]), max=float(hi[i]), num=int(sizes[i]), sum=float(sums[i]), sum_squares=float(squares[i]),
-        bucket_limit=edges[i, 1:].tolist(), bucket=counts[i].tolist())) for i, tag in enumerate(histograms)]
-    writer._get_file_writer().add_summary(Summary(value=values), step)
+        bucket_limit=edges[i, 1:].tolist(), bucket=counts[i].tolist())) for i, tag in enumerate(histograms)])
 
 
 def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: int) -> None:
@@ -147,8 +146,8 @@ def add_png(writer: Any, tag: str, png: bytes, height: int, width: int, step: in
     float conversion and RGB re-encoding of an array)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    _write_summary(writer, tag, step,
-                   image=Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png))
+    _write_summary(writer, step, [Summary.Value(tag=tag, image=Summary.Image(
+        height=height, width=width, colorspace=3, encoded_image_string=png))])
 
 
 def fast_record_checksums() -> bool:
@@ -202,16 +201,17 @@ class BatchedTensorBoardLogger(TensorBoardLogger):
                 raise ValueError(f"metric {k}={v!r} cannot be logged: log a number, a one-element tensor or a "
                                  "dict of them") from ex
         if values:
-            self.experiment._get_file_writer().add_summary(Summary(value=values), step)
+            _write_summary(self.experiment, step, values)
         for k, v in nested.items():
             self.experiment.add_scalars(k, v, step)
 
 
-def _write_summary(writer: Any, tag: str, step: int, **value: Any) -> None:
-    """One summary value (``histo=`` or ``image=``) under ``tag`` into a ``SummaryWriter``'s event file."""
+def _write_summary(writer: Any, step: int, values: list) -> None:
+    """Summary values (``Summary.Value``: scalars, histograms, images) into a ``SummaryWriter``'s event file as one
+    event."""
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, **value)]), step)
+    writer._get_file_writer().add_summary(Summary(value=values), step)
 
 
 class ProgressBar(TQDMProgressBar):

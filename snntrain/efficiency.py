@@ -390,12 +390,9 @@ class _Spiking:
         self._allocate(channels, device)
         return self._row_views[self.used] if per_channel < 2**24 else None
 
-    def count(self, s: torch.Tensor, kernel: bool = False, counted: bool = False) -> None:
-        """Count the spikes ``s`` of one call; ``counted``: the kernel that fired them has already added them to
-        :meth:`next_row` (only the host's part is left)."""
-        if counted:  # the row was handed out (and made) by next_row: only the bookkeeping is left
-            self._counted(s)
-            return
+    def count(self, s: torch.Tensor, kernel: bool = False) -> None:
+        """Count the spikes ``s`` of one call (a call whose spikes the firing kernel already added to
+        :meth:`next_row` has only the host's part left: :meth:`_counted`)."""
         channel_dim = 2 if s.dim() >= 3 else 1  # [T, B, C, ...] or [T, N]
         channels = s.shape[channel_dim]
         self._allocate(channels, s.device)
@@ -529,21 +526,17 @@ class ActivityCounter:
             self.order.append(name)
 
     def _connection_pre(self, layer: _Connection, module: nn.Module, args: tuple) -> None:
-        if layer.name not in self._seen:
-            self._first(layer.name)
+        self._first(layer.name)
         x = args[0]
-        device = x.device
-        store = self._stores.get(device)
+        store = self._stores.get(x.device)
         if store is None:
-            store = self._stores[device] = _Store(len(self.connections), device)
-        kernel = self._kernels.get(device)
-        layer.count(x, self._batch, self._kernel(x) if kernel is None else kernel, store)
+            store = self._stores[x.device] = _Store(len(self.connections), x.device)
+        layer.count(x, self._batch, self._kernel(x), store)
 
     def _count_spikes(self, layer: _Spiking, s: torch.Tensor, counted: bool = False) -> None:
         """Count one call's spikes of ``layer`` (from its hook or its :class:`_Sink`)."""
-        if layer.name not in self._seen:
-            self._first(layer.name)
-        if counted:
+        self._first(layer.name)
+        if counted:  # the row was handed out (and made) by next_row: only the bookkeeping is left
             layer._counted(s)
         else:
             layer.count(s, self._kernel(s))

@@ -124,10 +124,7 @@ class FastLaunch:
             values = template.copy()
             for i, t in zip(slots, tensors):
                 values[i] = t
-            runtime = _knobs().runtime
-            enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-            if not ok or (enter is not None and getattr(enter, "calls", True)) \
-                    or (exit_ is not None and getattr(exit_, "calls", True)):
+            if not ok or _launch_hooks():
                 return self.kernel[grid](*values[: len(args)], **kwargs)
             device = torch.cuda.current_device()
             key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
@@ -172,11 +169,7 @@ class FastLaunch:
         return tuple(key)
 
     def launch(self, grid, args: tuple, kwargs: dict):
-        runtime = _knobs().runtime
-        # HookChains (empty unless a profiler such as Proton added hooks) or functions
-        enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
-        if not self._ok or (enter is not None and getattr(enter, "calls", True)) \
-                or (exit_ is not None and getattr(exit_, "calls", True)):
+        if not self._ok or _launch_hooks():
             return self.kernel[grid](*args, **kwargs)
         try:
             values = list(args)
@@ -208,14 +201,19 @@ class FastLaunch:
 _KNOBS = None
 
 
-def _knobs():
-    """``triton.knobs``, imported once (an import statement per launch costs a lookup)."""
+def _launch_hooks() -> bool:
+    """Whether Triton's launch hooks are set (a profiler such as Proton adds them): launches then take Triton's
+    own path, which calls them. ``triton.knobs`` is imported once (an import statement per launch costs a
+    lookup); the hooks are HookChains (empty unless something added hooks) or functions."""
     global _KNOBS
     if _KNOBS is None:
         from triton import knobs
 
         _KNOBS = knobs
-    return _KNOBS
+    runtime = _KNOBS.runtime
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool((enter is not None and getattr(enter, "calls", True))
+                or (exit_ is not None and getattr(exit_, "calls", True)))
 
 
 def _int_width(a: int) -> int:
