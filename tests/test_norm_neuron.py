@@ -142,6 +142,23 @@ def test_layouts(norm, layout, device):
     _check(norm, neuron, (3, 2, 5, 4, 3), device, seed=14, layout="channels_last" if layout != "nchw" else None)
 
 
+def test_eager_plans_are_reused_per_layout_and_kept_apart(device):
+    """Eager calls keep one launch plan per layout (shape, strides, options): a second round over the same
+    layouts adds no plan and gives the reference's spikes and gradients again, while a layout seen in between
+    (other strides, another batch, the direct encoding) never runs with another layout's plan."""
+    neuron = _NEURONS[0]
+    layouts = [dict(shape=(3, 2, 5, 4, 3)), dict(shape=(3, 2, 5, 4, 3), layout="channels_last"),
+               dict(shape=(3, 4, 5, 4, 3)), dict(shape=(3, 2, 5, 4, 6), make_x=lambda t: t.transpose(-1, -2)),
+               dict(shape=(2, 5, 4, 3), steps=3)]
+    for norm in ("bn", "ln"):
+        for case in layouts:
+            _check(norm, neuron, device=device, seed=31, **case)
+    plans = len(K._BN_FWD_PLANS), len(K._BN_BWD_PLANS)
+    for case in reversed(layouts):
+        _check("bn", neuron, device=device, seed=32, **case)
+    assert (len(K._BN_FWD_PLANS), len(K._BN_BWD_PLANS)) == plans
+
+
 def test_stride0_grad_output_and_layout(device):
     """dL/dS given as an expanded tensor (a plain sum) and a channels-last input."""
     m = _module("bn", 3, _NEURONS[0]).to(device)

@@ -26,6 +26,8 @@ per-program partial sums (PLIF's dL/dk).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -74,15 +76,26 @@ def neuron_flags(kind: str, tau: float, w: Tensor | None, v_reset: float | None,
                  detach_reset: bool, surrogate: str) -> tuple[int, float, Tensor | None]:
     """``(flags, k, k_tensor)`` of a neuron for the kernels: the option bits, ``k = 1/tau``
     and, for PLIF, ``k`` as a tensor ``sigmoid(w)`` (differentiable in ``w``)."""
-    k_tensor = None
+    try:
+        flags, k = _static_flags(kind, tau, v_reset, decay_input, detach_reset, surrogate)
+    except TypeError:  # an unhashable option: checked without the cache
+        flags, k = _static_flags.__wrapped__(kind, tau, v_reset, decay_input, detach_reset, surrogate)
+    if kind != "plif":
+        return flags, k, None
+    if not isinstance(w, Tensor) or w.numel() != 1:
+        raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
+    return flags, k, torch.sigmoid(w.to(torch.float32))
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of the options, called by every layer call
+def _static_flags(kind: str, tau: float, v_reset: float | None, decay_input: bool, detach_reset: bool,
+                  surrogate: str) -> tuple[int, float]:
     if kind == "lif":
         flags, k = F_LEAK, 1.0 / tau
     elif kind == "if":
         flags, k = 0, 1.0
     elif kind == "plif":
-        if not isinstance(w, Tensor) or w.numel() != 1:
-            raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")
-        flags, k, k_tensor = F_LEAK, 0.0, torch.sigmoid(w.to(torch.float32))
+        flags, k = F_LEAK, 0.0
     else:
         raise ValueError(f"neuron kind={kind!r} is not valid; choose one of if, lif, plif")
     sid = _SURROGATE_ID.get(surrogate)
@@ -94,7 +107,7 @@ def neuron_flags(kind: str, tau: float, w: Tensor | None, v_reset: float | None,
         flags |= F_HARD_RESET
     if detach_reset:
         flags |= F_DETACH_RESET
-    return flags | sid << F_SURROGATE_SHIFT, k, k_tensor
+    return flags | sid << F_SURROGATE_SHIFT, k
 
 
 # ----------------------------------------------------------------------------

@@ -55,8 +55,17 @@ dW and dB are per-program partial sums, summed in a fixed order by a second kern
 
 Per-channel sums (statistics, dL/dW, dL/dB, the BN backward's means) and PLIF's dL/dk
 are per-program partials finished by small kernels in a fixed order: deterministic, no
-atomics, no host synchronisation. The running statistics are returned (batch mean and
-unbiased variance) and folded into the buffers by the caller with in-place tensor ops.
+atomics, no host synchronisation. The running statistics: the registered operator returns
+the batch mean and unbiased variance and the caller folds them into the buffers with in-place
+tensor ops (``torch.compile`` fuses them); eager calls with a float momentum fold them in, and
+count ``num_batches_tracked``, in the statistics' finishing kernel (two launches fewer a layer).
+
+Host side. An eager call is host-bound at these sizes (a layer's kernels run for tens of
+microseconds), so its host function keeps one plan per layout (input shape and strides,
+flags, options): the allocations' shapes and each kernel's grid and scalar arguments, with the
+launches bound once (:class:`~snntrain.kernels.op_utils.Planned`); a call allocates its
+outputs and launches with its tensors. Traced calls (``torch.compile``, ``torch.export``)
+build the same plan afresh and launch through ``wrap_triton``.
 """
 
 from __future__ import annotations
@@ -113,13 +122,28 @@ from .norm_neuron_tuning import (
     ln_tiles,
     tile_groups,
 )
-from .op_utils import FLOAT_DTYPES, INT32_MAX, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
+from .op_utils import (
+    FLOAT_DTYPES,
+    INT32_MAX,
+    PlanCache,
+    Planned,
+    cdiv,
+    direct,
+    eager_function,
+    op_wrap,
+    profiled,
+    register_op,
+    traced,
+)
 
 __all__ = ["bn_neuron", "ln_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd"]
 
 #: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`): batch statistics (training mode),
 #: gradients of the norm's weight and bias.
 F_BATCH_STATS, F_GRAD_WB = 1 << 13, 1 << 14
+#: Eager calls only (never the registered operator, which mutates nothing): the statistics kernel also folds the
+#: batch statistics into the float32 running statistics with the momentum ``params[5]`` (and counts the batch).
+F_UPDATE_RUNNING = 1 << 15
 
 
 # ----------------------------------------------------------------------------
@@ -249,7 +273,12 @@ def _bn_stats_finish_kernel(
     mean_ptr,  # [C] fp32 out: batch mean
     rstd_ptr,  # [C] fp32 out: 1 / sqrt(biased variance + eps)
     var_ptr,  # [C] fp32 out: unbiased variance (for the running statistics)
-    G0, C, eps,
+    rm_ptr,  # [C] fp32 running mean, updated in place when UPDATE: rm += momentum * (mean - rm)
+    rv_ptr,  # [C] fp32 running variance, likewise with the unbiased variance
+    nbt_ptr,  # [] int64 num_batches_tracked, + 1 when UPDATE and COUNT_BATCH (by program 0)
+    G0, C, eps, momentum,
+    UPDATE: tl.constexpr,
+    COUNT_BATCH: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -277,7 +306,17 @@ def _bn_stats_finish_kernel(
         n += n_b
     tl.store(mean_ptr + offs_c, mean, mask=mask_c)
     tl.store(rstd_ptr + offs_c, tl.rsqrt(m2 / tl.maximum(n, 1.0) + eps), mask=mask_c)
-    tl.store(var_ptr + offs_c, m2 / tl.maximum(n - 1.0, 1.0), mask=mask_c)
+    var = m2 / tl.maximum(n - 1.0, 1.0)
+    tl.store(var_ptr + offs_c, var, mask=mask_c)
+    if UPDATE:  # BatchNorm2d's running statistics, as torch.lerp_ folds them in
+        momentum = tl.cast(momentum, tl.float32)
+        rm = tl.load(rm_ptr + offs_c, mask=mask_c, other=0.0)
+        rv = tl.load(rv_ptr + offs_c, mask=mask_c, other=0.0)
+        tl.store(rm_ptr + offs_c, rm + momentum * (mean - rm), mask=mask_c)
+        tl.store(rv_ptr + offs_c, rv + momentum * (var - rv), mask=mask_c)
+        if COUNT_BATCH:
+            if tl.program_id(0) == 0:
+                tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -847,58 +886,222 @@ def _check_size(B: int, C: int, S: int) -> None:
                          f"{INT32_MAX}")
 
 
-def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
-                 running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct, count: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
-    that the forward kernel adds each channel's spikes to."""
+class _BNFwdPlan:
+    """What a batch-norm forward launches for one layout (input shape and strides, flags, options): the
+    allocations' shapes and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
+
+    __slots__ = ("copy", "out_shape", "channels_last", "ckpt_shape", "C", "part_shape", "launches")
+
+
+def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
+                 count: bool, launches: bool, nbt: bool = False) -> _BNFwdPlan:
     expanded = x.dim() == 4
     xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
     S = H * W
     _check_size(B, C, S)
+    plan = _BNFwdPlan()
+    plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
+    xs = x.stride()
+    plan.channels_last = cl_out = C > 1 and H * W > 1 and xs[-3] == 1  # the spikes in x's memory format
+    plan.out_shape = (T, B, H, W, C) if cl_out else (T, B, C, H, W)
+    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
+    if not launches or B * C * S == 0:
+        return plan
+    k, v_threshold, v_reset, _alpha, eps = params[:5]
+    cl = sc < ss
+    out = []
+    if flags & F_BATCH_STATS:
+        bs, bc = bn_tiles(C, S, cl, STATS_TILE, FWD_CL_CHANNELS)
+        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), x.device, STATS_PROGRAMS_PER_SM)
+        g0 = B * groups
+        plan.part_shape = (g0, 3, C)
+        out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
+                           ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss),
+                           dict(BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)))
+        update = bool(flags & F_UPDATE_RUNNING)
+        out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, FINISH_C),),
+                           ("part", "mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else
+                                                             ("mean", "mean", "mean")),
+                            g0, C, eps, params[5] if update else 0.0),
+                           dict(UPDATE=update, COUNT_BATCH=update and nbt, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C,
+                                num_warps=4)))
+    bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
+    s_tiles = cdiv(S, bs)
+    so = (B * S * C, S * C, 1, C) if cl_out else (B * C * S, C * S, S, 1)  # the strides of the spikes made below
+    out.append(Planned(
+        _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
+        ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
+         T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
+        dict(**_neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
+             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
+             BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
+    plan.launches = tuple(out)
+    return plan
+
+
+_BN_FWD_PLANS = PlanCache()
+_BN_BWD_PLANS = PlanCache()
+
+
+def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                 running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=direct, count: Tensor | None = None,
+                 nbt: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
+    that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
+    ``num_batches_tracked`` to count the batch in. Eager calls reuse the plan of their layout."""
+    if launch and wrap is direct:
+        key = (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None, k_tensor is None, count is None,
+               nbt is None, *params)
+        plan = _BN_FWD_PLANS.get(key)
+        if plan is None:
+            plan = _BN_FWD_PLANS.put(key, _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None,
+                                                       k_tensor is not None, count is not None, True, nbt is not None))
+    else:
+        plan = _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
+                            count is not None, launch)
     dev = x.device
-    spikes = _like(x, (T, B, C, H, W), x.dtype)
-    ckpt = torch.empty((_n_ckpt(T, flags), B, C, S), dtype=torch.float32, device=dev)
-    k, v_threshold, v_reset, _alpha, eps = params
-    batch = bool(flags & F_BATCH_STATS)
-    if batch:
+    spikes = torch.empty(plan.out_shape, dtype=x.dtype, device=dev)
+    if plan.channels_last:
+        spikes = spikes.movedim(-1, -3)
+    ckpt = torch.empty(plan.ckpt_shape, dtype=torch.float32, device=dev)
+    C = plan.C
+    if flags & F_BATCH_STATS:
         mean = torch.empty(C, dtype=torch.float32, device=dev)
         rstd = torch.empty(C, dtype=torch.float32, device=dev)
         var = torch.empty(C, dtype=torch.float32, device=dev)
     else:
         mean = running_mean.to(torch.float32, copy=True)  # an op's output may not alias its input
-        rstd = torch.rsqrt(running_var.to(torch.float32) + eps)
+        rstd = torch.rsqrt(running_var.to(torch.float32) + params[4])
         var = torch.empty(0, dtype=torch.float32, device=dev)
-    if not launch or B * C * S == 0:
+    if not launch or not plan.launches:
         return spikes, mean, rstd, var, ckpt
-    cl = sc < ss
-    if batch:
-        bs, bc = bn_tiles(C, S, cl, STATS_TILE, FWD_CL_CHANNELS)
-        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), dev, STATS_PROGRAMS_PER_SM)
-        g0 = B * groups
-        part = torch.empty((g0, 3, C), dtype=torch.float32, device=dev)
-        wrap(_bn_stats_kernel)[(g0, cdiv(C, bc))](
-            xk, part, 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
-            BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)
-        wrap(_bn_stats_finish_kernel)[(cdiv(C, FINISH_C),)](
-            part, mean, rstd, var, g0, C, eps, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)
-    bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
-    s_tiles = cdiv(S, bs)
-    so = _strides(spikes, False)
-    wrap(_bn_neuron_fwd_kernel)[(B * s_tiles, cdiv(C, bc))](
-        xk, mean, rstd, weight, bias, k_tensor, spikes, ckpt, mean if count is None else count,
-        T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
-        k, v_threshold, v_reset,
-        **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, COUNT=count is not None, NO_FMA=NO_FMA,
-        CHUNK=chunk_steps(T),
-        BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS,
-    )
+    tensors = {"x": x.contiguous() if plan.copy else x, "mean": mean, "rstd": rstd, "var": var, "weight": weight,
+               "bias": bias, "k": k_tensor, "spikes": spikes, "ckpt": ckpt, "count": count, "rm": running_mean,
+               "rv": running_var, "nbt": nbt}
+    if plan.part_shape is not None:
+        tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+    for planned in plan.launches:
+        planned(wrap, tensors)
     return spikes, mean, rstd, var, ckpt
 
 
+def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
+        ib: int) -> tuple[Tensor, Tensor]:
+    """dL/dweight and dL/dbias (sums ``iw``, ``ib``, fp32) in the parameters' dtypes; empty if not needed."""
+    if not need_wb:
+        return sums[0].new_empty(0), sums[0].new_empty(0)  # two tensors: an op's outputs may not alias
+    gw = sums[iw] if weight.dtype == torch.float32 else sums[iw].to(weight.dtype)
+    if bias is None:
+        return gw, sums[0].new_empty(0)
+    return gw, sums[ib] if bias.dtype == torch.float32 else sums[ib].to(bias.dtype)
+
+
+class _BNBwdPlan:
+    """What a batch-norm backward launches for one layout (input and gradient strides, flags, options)."""
+
+    __slots__ = ("copy_x", "copy_g", "need_x", "need_wb", "need_k", "C", "part_shape", "gk_shape", "launches")
+
+
+def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
+                 has_b: bool, has_k: bool, launches: bool) -> _BNBwdPlan:
+    expanded = x.dim() == 4
+    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
+    S = H * W
+    plan = _BNBwdPlan()
+    plan.copy_x, plan.copy_g, plan.C, plan.part_shape, plan.gk_shape, plan.launches = xk is not x, False, C, None, \
+        None, ()
+    plan.need_x = need_x = bool(flags & F_GRAD_X)
+    plan.need_wb = need_wb = bool(flags & F_GRAD_WB) and has_w
+    plan.need_k = need_k = bool(flags & F_GRAD_K) and has_k
+    if not launches or B * C * S == 0:
+        return plan
+    gs, sg = _grad_map(grad_spikes)
+    plan.copy_g = gs is not grad_spikes
+    sd = _strides(torch.empty_like(xk, device="meta"), expanded) if need_x else (0, 0, 0, 0)
+    batch = bool(flags & F_BATCH_STATS)
+    cl = sc < ss
+    chunk = chunk_steps(T)
+    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS if chunk <= SHORT_CHUNK else BWD_CL_CHANNELS_LONG)
+    g1 = cdiv(C, bc)
+    k, v_threshold, v_reset, alpha, _eps = params[:5]
+    n = (1 if expanded else T) * B * S
+    common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
+                  SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
+                  EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
+                  num_warps=BWD_WARPS)
+    args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+    tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "sum0", "sum1", "grad_x")
+    groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
+    g0 = B * groups
+    out = []
+    if batch or need_wb or need_k:
+        plan.part_shape = (g0, 2, C)
+        plan.gk_shape = (g0 * g1,) if need_k else None
+        # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
+        out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
+                           (*tensors, "part", "gk_part" if need_k else "part", T, B, C, S, groups, tpp, *args),
+                           dict(PASS=1, STORE_GK=need_k, STORE_GY=need_x, **common)))
+        out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
+                           dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
+        if need_k:
+            out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=SUM_BLOCK, num_warps=4)))
+        if need_x:
+            bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
+            s_tiles = cdiv(S, bs)
+            steps = 1 if expanded else T
+            out.append(Planned(
+                _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
+                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_x", steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
+                 1.0 / n),
+                dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
+    elif need_x:  # no sums to take: dL/dx in one pass
+        out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
+                           (*tensors, "mean", "mean", T, B, C, S, groups, tpp, *args),
+                           dict(PASS=2, STORE_GK=False, STORE_GY=False, **common)))
+    plan.launches = tuple(out)
+    return plan
+
+
+def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K).
+    Eager calls reuse the plan of their layout."""
+    if launch and wrap is direct:
+        key = (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None, bias is None,
+               k_tensor is None, *params)
+        plan = _BN_BWD_PLANS.get(key)
+        if plan is None:
+            plan = _BN_BWD_PLANS.put(key, _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None,
+                                                       bias is not None, k_tensor is not None, True))
+    else:
+        plan = _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
+                            k_tensor is not None, launch)
+    if plan.copy_x:
+        x = x.contiguous()
+    dev = x.device
+    grad_x = torch.empty_like(x) if plan.need_x else torch.empty(0, dtype=x.dtype, device=dev)
+    sums = (torch.empty(plan.C, dtype=torch.float32, device=dev), torch.empty(plan.C, dtype=torch.float32, device=dev))
+    grad_k = torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
+    if launch and not plan.launches:  # nothing to add up: the sums are zero
+        for t in (*sums, grad_k):
+            t.zero_()
+    if launch and plan.launches:
+        tensors = {"x": x, "mean": mean, "rstd": rstd, "weight": weight, "bias": bias, "k": k_tensor, "ckpt": ckpt,
+                   "gs": grad_spikes.contiguous() if plan.copy_g else grad_spikes, "sum0": sums[0], "sum1": sums[1],
+                   "grad_x": grad_x, "grad_k": grad_k}
+        if plan.part_shape is not None:
+            tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+            if plan.gk_shape is not None:
+                tensors["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
+        for planned in plan.launches:
+            planned(wrap, tensors)
+    return grad_x, *_wb(sums, weight, bias, plan.need_wb, 1, 0), grad_k
+
+
 def _grads_out(xk: Tensor, weight: Tensor | None, k_tensor: Tensor | None, flags: int):
-    """Outputs of a backward; dL/dx in the layout of the (mapped) input ``xk``."""
+    """Outputs of a layer-norm backward; dL/dx in the layout of the (mapped) input ``xk``."""
     dev = xk.device
     need_x = bool(flags & F_GRAD_X)
     need_wb = bool(flags & F_GRAD_WB) and weight is not None
@@ -908,69 +1111,6 @@ def _grads_out(xk: Tensor, weight: Tensor | None, k_tensor: Tensor | None, flags
     sums = (torch.empty(C, dtype=torch.float32, device=dev), torch.empty(C, dtype=torch.float32, device=dev))
     grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
     return need_x, need_wb, need_k, grad_x, sums, grad_k
-
-
-def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
-        ib: int) -> tuple[Tensor, Tensor]:
-    """dL/dweight and dL/dbias (sums ``iw``, ``ib``, fp32) in the parameters' dtypes; empty if not needed."""
-    if not need_wb:
-        return sums[0].new_empty(0), sums[0].new_empty(0)  # two tensors: an op's outputs may not alias
-    return sums[iw].to(weight.dtype), (sums[ib].to(bias.dtype) if bias is not None else sums[0].new_empty(0))
-
-
-def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
-                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K)."""
-    expanded = x.dim() == 4
-    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
-    S = H * W
-    need_x, need_wb, need_k, grad_x, sums, grad_k = _grads_out(xk, weight, k_tensor, flags)
-    batch = bool(flags & F_BATCH_STATS)
-    if not launch or B * C * S == 0:
-        if launch:
-            for t in (*sums, grad_k):
-                t.zero_()
-        return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
-    gs, sg = _grad_map(grad_spikes)
-    sd = _strides(grad_x, expanded) if need_x else (0, 0, 0, 0)
-    cl = sc < ss
-    chunk = chunk_steps(T)
-    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS if chunk <= SHORT_CHUNK else BWD_CL_CHANNELS_LONG)
-    g1 = cdiv(C, bc)
-    k, v_threshold, v_reset, alpha, _eps = params
-    n = (1 if expanded else T) * B * S
-    common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
-                  SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
-                  HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, BATCH_STATS=batch,
-                  NO_FMA=NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc, num_warps=BWD_WARPS)
-    args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
-    if batch or need_wb or need_k:
-        groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
-        g0 = B * groups
-        part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
-        gk_part = torch.empty((g0 * g1 if need_k else 1,), dtype=torch.float32, device=x.device)
-        # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
-        wrap(_bn_neuron_bwd_kernel)[(g0, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, part, gk_part,
-            T, B, C, S, groups, tpp, *args, PASS=1, STORE_GK=need_k, STORE_GY=need_x, **common)
-        wrap(_pair_sum_kernel)[(cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
-                                                            BLOCK_C=FINISH_C, num_warps=4)
-        if need_k:
-            wrap(sum_kernel)[(1,)](gk_part, grad_k, g0 * g1, BLOCK=SUM_BLOCK, num_warps=4)
-        if need_x:
-            bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
-            s_tiles = cdiv(S, bs)
-            steps = 1 if expanded else T
-            wrap(_bn_dx_kernel)[(steps * B * s_tiles, cdiv(C, bc))](
-                xk, mean, rstd, weight, sums[0], sums[1], grad_x, steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
-                1.0 / n, HAS_W=weight is not None, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)
-    elif need_x:  # no sums to take: dL/dx in one pass
-        groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
-        wrap(_bn_neuron_bwd_kernel)[(B * groups, g1)](
-            xk, mean, rstd, weight, bias, k_tensor, ckpt, gs, sums[0], sums[1], grad_x, mean, mean,
-            T, B, C, S, groups, tpp, *args, PASS=2, STORE_GK=False, STORE_GY=False, **common)
-    return grad_x, *_wb(sums, weight, bias, need_wb, 1, 0), grad_k
 
 
 def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
@@ -1150,9 +1290,22 @@ def _eager_ln_bwd(*args):
         return _ln_bwd_host(*args, launch=True)
 
 
-# The registered ops' forward and backward without the operator machinery (eager calls).
-_EagerBNNeuron = eager_function("snntrain::bn_neuron_fwd", functools.partial(_bn_fwd_host, launch=True),
-                                _bn_setup_context, functools.partial(_bn_backward, bwd=_eager_bn_bwd))
+def _eager_bn_fwd(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt):
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, nbt=nbt)
+
+
+def _eager_bn_setup_context(ctx, inputs, output) -> None:
+    _bn_setup_context(ctx, inputs[:9], output)
+
+
+def _eager_bn_backward(ctx, *grads):
+    return *_bn_backward(ctx, *grads, bwd=_eager_bn_bwd), None  # nbt
+
+
+# The registered ops' forward and backward without the operator machinery (eager calls). The batch-norm one takes
+# num_batches_tracked as a tenth input: eager training folds the running statistics in its statistics kernel.
+_EagerBNNeuron = eager_function("snntrain::bn_neuron_fwd", _eager_bn_fwd, _eager_bn_setup_context,
+                                _eager_bn_backward)
 _EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln_fwd_host, launch=True),
                                 _ln_setup_context, functools.partial(_ln_backward, bwd=_eager_ln_bwd))
 
@@ -1195,7 +1348,8 @@ def _needs_ckpt(*tensors) -> bool:
 
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
-              steps: int | None = None, count: Tensor | None = None, **neuron) -> Tensor:
+              steps: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
+              **neuron) -> Tensor:
     """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
 
     ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``steps=T`` (the same input at every
@@ -1206,6 +1360,9 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     :func:`snntrain.kernels.lif.neuron_multistep` (``tau``, ``w``, ``v_threshold``,
     ``v_reset``, ``decay_input``, ``detach_reset``, ``surrogate``, ``alpha``), validated already.
     Differentiable in ``x``, ``weight``, ``bias`` and PLIF's ``w``.
+
+    ``num_batches_tracked``: BatchNorm2d's batch counter, incremented by one in training with running statistics
+    (eager calls count it in the statistics kernel, which also folds in the running statistics).
 
     ``count``: a float32 ``[C]`` tensor on ``x``'s device that the forward kernel adds each channel's spikes to,
     counted in registers as they are fired (the activity report, :mod:`snntrain.efficiency`), for inference
@@ -1225,17 +1382,29 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     if _needs_ckpt(x, weight, bias, k_tensor):
         flags |= F_SAVE_CKPT
     params = _params(k, neuron, eps)
+    update = training and running_mean is not None and running_var is not None
     if count is not None:  # inference: no autograd, no checkpoints
         with profiled("snntrain::bn_neuron_fwd"):
             spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
                                                            params, flags, True, count=count)
+    elif traced(x, weight, bias, k_tensor):  # the operator is functional: the running statistics follow it
+        spikes, mean, _rstd, var, _ckpt = bn_neuron_fwd(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                        params, flags)
     else:
-        fn = bn_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerBNNeuron.apply
-        spikes, mean, _rstd, var, _ckpt = fn(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
-    if training and running_mean is not None and running_var is not None:
+        if update and type(momentum) is float and running_mean.dtype == running_var.dtype == torch.float32:
+            flags |= F_UPDATE_RUNNING
+            params.append(momentum)
+            update = False  # done by the statistics kernel
+        spikes, mean, _rstd, var, _ckpt = _EagerBNNeuron.apply(x, weight, bias, running_mean, running_var, k_tensor,
+                                                               T, params, flags,
+                                                               num_batches_tracked if flags & F_UPDATE_RUNNING
+                                                               else None)
+    if update:
         with torch.no_grad():
             running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             running_var.lerp_(var.to(running_var.dtype), momentum)
+    if training and num_batches_tracked is not None and not flags & F_UPDATE_RUNNING:
+        num_batches_tracked.add_(1)
     return spikes
 
 

@@ -30,7 +30,8 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "next_pow2", "direct", "FastLaunch", "op_wrap", "no_launch",
+__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "next_pow2", "direct", "FastLaunch", "Planned",
+           "PlanCache", "op_wrap", "no_launch",
            "register_op", "profiled", "traced", "eager_function"]
 
 #: Triton's CPU interpreter is on (``TRITON_INTERPRET=1``, set by the tests on a machine without CUDA).
@@ -101,14 +102,16 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
-    def bind(self, grid, args: tuple, kwargs: dict):
+    def bind(self, grid, args: tuple, kwargs: dict, slots: tuple[int, ...] | None = None):
         """``self[grid](*args, **kwargs)`` for a call site whose grid, non-tensor arguments and options stay the
-        same while its tensors change: the returned ``launch(*tensors)`` fills the positions of ``args`` given as
-        ``None``, in order. Its key per call is only those tensors' dtypes and 16-byte alignment and the device
+        same while its tensors change: the returned ``launch(*tensors)`` fills the positions ``slots`` of ``args``
+        (by default those given as ``None``), in order; a slot may be filled with ``None`` (an absent optional
+        pointer). Its key per call is only those tensors' dtypes and 16-byte alignment and the device
         (everything else was keyed once), and it calls the compiled kernel's launcher with the argument list
         built at binding: a few microseconds less per launch than :meth:`launch`, for kernels launched once per
-        layer call (the activity counter's)."""
-        slots = [i for i, a in enumerate(args) if a is None]
+        layer call (the activity counter's, the eager norm-neuron plans')."""
+        if slots is None:
+            slots = [i for i, a in enumerate(args) if a is None]
         template = list(args)
         ok = self._ok
         for name in self._names[len(args):] if ok else ():
@@ -127,7 +130,7 @@ class FastLaunch:
             if not ok or _launch_hooks():
                 return self.kernel[grid](*values[: len(args)], **kwargs)
             device = torch.cuda.current_device()
-            key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+            key = (device, *[None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
             entry = cache.get(key)
             if entry is None:
                 compiled = self.launch(grid, tuple(values[: len(args)]), kwargs)
@@ -245,6 +248,59 @@ def _jit_function_type():
     return JITFunction
 
 
+class Planned:
+    """One launch of a host function's plan, ``kernel[grid](*args, **kwargs)``, whose entries of ``args`` that are
+    strings name the tensors of each call (everything else depends only on shapes, strides and options, so a plan
+    can be cached per layout). ``planned(wrap, tensors)`` launches it with ``tensors`` (a dict of those names):
+    eager calls (:func:`direct`) through :meth:`FastLaunch.bind`, bound once; any other ``wrap`` (``op_wrap``
+    under tracing, :func:`no_launch`) as ``wrap(kernel)[grid](...)``."""
+
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "names", "_bound")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
+        self.kernel, self.grid, self.args, self.kwargs = kernel, grid, args, kwargs
+        self.slots = tuple(i for i, a in enumerate(args) if type(a) is str)
+        self.names = tuple(args[i] for i in self.slots)
+        self._bound = None
+
+    def __call__(self, wrap, tensors: dict) -> None:
+        if wrap is direct:
+            bound = self._bound
+            if bound is None:
+                kernel = direct(self.kernel)
+                bound = self._bound = (kernel.bind(self.grid, self.args, self.kwargs, self.slots)
+                                       if isinstance(kernel, FastLaunch) else self._plain(kernel))
+            bound(*[tensors[n] for n in self.names])
+            return
+        self._plain(wrap(self.kernel))(*[tensors[n] for n in self.names])
+
+    def _plain(self, kernel):
+        launch = kernel[self.grid]
+
+        def run(*tensors):
+            values = list(self.args)
+            for i, t in zip(self.slots, tensors):
+                values[i] = t
+            return launch(*values, **self.kwargs)
+
+        return run
+
+
+class PlanCache(dict):
+    """Eager plans by key (shapes, strides, options), at most ``limit`` of them (emptied when full: a model has
+    a few dozen layouts)."""
+
+    def __init__(self, limit: int = 512) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, plan):
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
 class _NoLaunch:
     """Stands in for a kernel in fake (shape-only) runs: indexing by a grid gives a no-op launcher."""
 
@@ -317,6 +373,9 @@ def eager_function(name: str, forward, setup_context, backward) -> type[torch.au
         with profiled(name):
             output = forward(*inputs)
         setup_context(ctx, inputs, output)
+        # outputs without a gradient (statistics, checkpoints, unused states) reach the backward as None, not as
+        # zero tensors made for each of them: the backwards take None for any of their gradients
+        ctx.set_materialize_grads(False)
         return output
 
     cls_name = "Eager_" + name.split("::")[-1]

@@ -17,6 +17,8 @@ with the running statistics.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -25,6 +27,13 @@ from .neurons import BaseNeuron
 from .norm import LayerNorm2d
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=256)  # NeuronParams is frozen and hashable; read by every fused call
+def _neuron_options(p) -> dict:
+    """The fused kernels' neuron options of a :class:`~snntrain.nn.functional.NeuronParams` (without PLIF's ``w``)."""
+    return dict(kind=p.kind, tau=p.tau, v_threshold=p.v_threshold, v_reset=p.v_reset, decay_input=p.decay_input,
+                detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
 
 
 class NormNeuron(nn.Module):
@@ -97,25 +106,28 @@ class NormNeuron(nn.Module):
         """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
         from ..kernels import norm_neuron as K
 
-        p = self.neuron.params
-        neuron = dict(kind=p.kind, tau=p.tau, w=self.neuron._w(), v_threshold=p.v_threshold, v_reset=p.v_reset,
-                      decay_input=p.decay_input, detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
+        neuron_module = self.neuron
+        neuron = _neuron_options(neuron_module.params)
+        w = neuron_module._w()
         norm = self.norm
         if isinstance(norm, LayerNorm2d):
-            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, **neuron), False
+            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, w=w, **neuron), False
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
         factor: float | torch.Tensor = 0.0 if norm.momentum is None else norm.momentum
+        nbt = None
         if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
-            norm.num_batches_tracked.add_(1)
-            if norm.momentum is None:
+            if norm.momentum is None:  # the cumulative average: the count first, then its reciprocal
+                norm.num_batches_tracked.add_(1)
                 factor = 1.0 / norm.num_batches_tracked
+            else:  # counted with the running statistics' update
+                nbt = norm.num_batches_tracked
         use_running = not norm.training or norm.track_running_stats
         # in inference (validation, task=report) the kernel counts the spikes for an attached counter
         row = sink.row(x, steps) if sink is not None and not torch.is_grad_enabled() else None
         spikes = K.bn_neuron(
             x, norm.weight, norm.bias, norm.running_mean if use_running else None,
             norm.running_var if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
-            steps=steps, count=row, **neuron,
+            steps=steps, count=row, num_batches_tracked=nbt, w=w, **neuron,
         )
         return spikes, row is not None
 
