@@ -153,10 +153,12 @@ def test_eager_plans_are_reused_per_layout_and_kept_apart(device):
     for norm in ("bn", "ln"):
         for case in layouts:
             _check(norm, neuron, device=device, seed=31, **case)
-    plans = len(K._BN_FWD_PLANS), len(K._BN_BWD_PLANS)
-    for case in reversed(layouts):
-        _check("bn", neuron, device=device, seed=32, **case)
-    assert (len(K._BN_FWD_PLANS), len(K._BN_BWD_PLANS)) == plans
+    caches = (K._BN_FWD_PLANS, K._BN_BWD_PLANS, K._LN_FWD_PLANS, K._LN_BWD_PLANS)
+    plans = [len(c) for c in caches]
+    for norm in ("bn", "ln"):
+        for case in reversed(layouts):
+            _check(norm, neuron, device=device, seed=32, **case)
+    assert [len(c) for c in caches] == plans
 
 
 def test_stride0_grad_output_and_layout(device):

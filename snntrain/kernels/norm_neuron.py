@@ -847,18 +847,6 @@ def _strides(t: Tensor, expanded: bool) -> tuple[int, int, int, int]:
     return st, sb, sc, (sw if W > 1 else sh)
 
 
-def _like(x: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """An empty [..., C, H, W] tensor in x's memory format (channels-last when x's channels are dense)."""
-    C, H, W = shape[-3:]
-    st = x.stride()
-    channels_last = C > 1 and H * W > 1 and st[-3] == 1
-    if channels_last:
-        lead = shape[:-3]
-        t = torch.empty((*lead, H, W, C), dtype=dtype, device=x.device)
-        return t.movedim(-1, -3)
-    return torch.empty(shape, dtype=dtype, device=x.device)
-
-
 def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
     """dL/dS addressed as [T, B, C, S]; an odd layout is copied once."""
     T, B, C, H, W = g.shape
@@ -886,25 +874,51 @@ def _check_size(B: int, C: int, S: int) -> None:
                          f"{INT32_MAX}")
 
 
-class _BNFwdPlan:
-    """What a batch-norm forward launches for one layout (input shape and strides, flags, options): the
-    allocations' shapes and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
+class _FwdPlan:
+    """What a forward launches for one layout (input shape and strides, flags, options): the allocations' shapes
+    and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
 
     __slots__ = ("copy", "out_shape", "channels_last", "ckpt_shape", "C", "part_shape", "launches")
 
 
-def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
-                 count: bool, launches: bool, nbt: bool = False) -> _BNFwdPlan:
+def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, Tensor, int, int, int, int, tuple[int, ...]]:
+    """A forward plan with its outputs' shapes (spikes in x's memory format), and x mapped as ``_map`` does."""
     expanded = x.dim() == 4
-    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
-    S = H * W
-    _check_size(B, C, S)
-    plan = _BNFwdPlan()
+    xk, B, C, H, W, strides = _map(x, T if expanded else None)
+    _check_size(B, C, H * W)
+    plan = _FwdPlan()
     plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
-    xs = x.stride()
-    plan.channels_last = cl_out = C > 1 and H * W > 1 and xs[-3] == 1  # the spikes in x's memory format
-    plan.out_shape = (T, B, H, W, C) if cl_out else (T, B, C, H, W)
-    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
+    plan.channels_last = C > 1 and H * W > 1 and x.stride()[-3] == 1
+    plan.out_shape = (T, B, H, W, C) if plan.channels_last else (T, B, C, H, W)
+    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, H * W)
+    return plan, xk, B, C, H, W, strides
+
+
+def _spike_strides(plan: _FwdPlan, B: int, C: int, S: int) -> tuple[int, int, int, int]:
+    """(st, sb, sc, ss) of the spikes :func:`_fwd_outputs` makes."""
+    return (B * S * C, S * C, 1, C) if plan.channels_last else (B * C * S, C * S, S, 1)
+
+
+def _fwd_outputs(plan: _FwdPlan, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The spikes (x's dtype and memory format) and the checkpoints of a forward."""
+    spikes = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)
+    if plan.channels_last:
+        spikes = spikes.movedim(-1, -3)
+    return spikes, torch.empty(plan.ckpt_shape, dtype=torch.float32, device=x.device)
+
+
+def _plan(cache: PlanCache, key: tuple, build):
+    """An eager call's plan: ``build(True)``, kept in ``cache`` under ``key`` (traced and fake calls build theirs
+    afresh)."""
+    plan = cache.get(key)
+    return cache.put(key, build(True)) if plan is None else plan
+
+
+def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
+                 count: bool, launches: bool, nbt: bool = False) -> _FwdPlan:
+    expanded = x.dim() == 4
+    plan, _xk, B, C, H, W, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
+    S = H * W
     if not launches or B * C * S == 0:
         return plan
     k, v_threshold, v_reset, _alpha, eps = params[:5]
@@ -927,7 +941,7 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
                                 num_warps=4)))
     bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
-    so = (B * S * C, S * C, 1, C) if cl_out else (B * C * S, C * S, S, 1)  # the strides of the spikes made below
+    so = _spike_strides(plan, B, C, S)
     out.append(Planned(
         _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
         ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
@@ -950,21 +964,17 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
     that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
     ``num_batches_tracked`` to count the batch in. Eager calls reuse the plan of their layout."""
+    def build(launches: bool) -> _FwdPlan:
+        return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
+                            count is not None, launches, nbt is not None)
+
     if launch and wrap is direct:
-        key = (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None, k_tensor is None, count is None,
-               nbt is None, *params)
-        plan = _BN_FWD_PLANS.get(key)
-        if plan is None:
-            plan = _BN_FWD_PLANS.put(key, _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None,
-                                                       k_tensor is not None, count is not None, True, nbt is not None))
+        plan = _plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
+                                     k_tensor is None, count is None, nbt is None, *params), build)
     else:
-        plan = _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                            count is not None, launch)
+        plan = build(launch)
     dev = x.device
-    spikes = torch.empty(plan.out_shape, dtype=x.dtype, device=dev)
-    if plan.channels_last:
-        spikes = spikes.movedim(-1, -3)
-    ckpt = torch.empty(plan.ckpt_shape, dtype=torch.float32, device=dev)
+    spikes, ckpt = _fwd_outputs(plan, x)
     C = plan.C
     if flags & F_BATCH_STATS:
         mean = torch.empty(C, dtype=torch.float32, device=dev)
@@ -997,28 +1007,69 @@ def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None,
     return gw, sums[ib] if bias.dtype == torch.float32 else sums[ib].to(bias.dtype)
 
 
-class _BNBwdPlan:
-    """What a batch-norm backward launches for one layout (input and gradient strides, flags, options)."""
+class _BwdPlan:
+    """What a backward launches for one layout (input and gradient strides, flags, options)."""
 
     __slots__ = ("copy_x", "copy_g", "need_x", "need_wb", "need_k", "C", "part_shape", "gk_shape", "launches")
 
 
-def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool) -> _BNBwdPlan:
+def _bwd_plan(x: Tensor, T: int, flags: int, has_w: bool, has_k: bool):
+    """A backward plan with what it needs, and x mapped as ``_map`` does."""
     expanded = x.dim() == 4
-    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
-    S = H * W
-    plan = _BNBwdPlan()
+    xk, B, C, H, W, strides = _map(x, T if expanded else None)
+    plan = _BwdPlan()
     plan.copy_x, plan.copy_g, plan.C, plan.part_shape, plan.gk_shape, plan.launches = xk is not x, False, C, None, \
         None, ()
-    plan.need_x = need_x = bool(flags & F_GRAD_X)
-    plan.need_wb = need_wb = bool(flags & F_GRAD_WB) and has_w
-    plan.need_k = need_k = bool(flags & F_GRAD_K) and has_k
-    if not launches or B * C * S == 0:
-        return plan
+    plan.need_x = bool(flags & F_GRAD_X)
+    plan.need_wb = bool(flags & F_GRAD_WB) and has_w
+    plan.need_k = bool(flags & F_GRAD_K) and has_k
+    return plan, xk, B, C, H, W, strides
+
+
+def _bwd_grad_maps(plan: _BwdPlan, xk: Tensor, grad_spikes: Tensor, expanded: bool):
+    """dL/dS's strides (``plan.copy_g`` where it is copied) and dL/dx's (in the layout of the mapped input)."""
     gs, sg = _grad_map(grad_spikes)
     plan.copy_g = gs is not grad_spikes
-    sd = _strides(torch.empty_like(xk, device="meta"), expanded) if need_x else (0, 0, 0, 0)
+    sd = _strides(torch.empty_like(xk, device="meta"), expanded) if plan.need_x else (0, 0, 0, 0)
+    return sg, sd
+
+
+def _bwd_outputs(plan: _BwdPlan, x: Tensor, k_tensor: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
+    """dL/dx (empty unless needed), the two per-channel sums and dL/dk (empty unless needed) of a backward."""
+    dev = x.device
+    grad_x = torch.empty_like(x) if plan.need_x else torch.empty(0, dtype=x.dtype, device=dev)
+    sums = (torch.empty(plan.C, dtype=torch.float32, device=dev), torch.empty(plan.C, dtype=torch.float32, device=dev))
+    grad_k = torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
+    return grad_x, sums, grad_k
+
+
+def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor, Tensor], grad_k: Tensor,
+             grad_spikes: Tensor, **tensors) -> None:
+    """Launch a backward plan (the sums are zero where it launches nothing)."""
+    if not plan.launches:
+        for t in (*sums, grad_k):
+            t.zero_()
+        return
+    dev = x.device
+    tensors.update(x=x, gs=grad_spikes.contiguous() if plan.copy_g else grad_spikes, sum0=sums[0], sum1=sums[1],
+                   grad_x=grad_x, grad_k=grad_k)
+    if plan.part_shape is not None:
+        tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+    if plan.gk_shape is not None:
+        tensors["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
+    for planned in plan.launches:
+        planned(wrap, tensors)
+
+
+def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
+                 has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
+    expanded = x.dim() == 4
+    plan, xk, B, C, H, W, (st, sb, sc, ss) = _bwd_plan(x, T, flags, has_w, has_k)
+    S = H * W
+    need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
+    if not launches or B * C * S == 0:
+        return plan
+    sg, sd = _bwd_grad_maps(plan, xk, grad_spikes, expanded)
     batch = bool(flags & F_BATCH_STATS)
     cl = sc < ss
     chunk = chunk_steps(T)
@@ -1068,111 +1119,117 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
                  launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K).
     Eager calls reuse the plan of their layout."""
+    def build(launches: bool) -> _BwdPlan:
+        return _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
+                            k_tensor is not None, launches)
+
     if launch and wrap is direct:
-        key = (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None, bias is None,
-               k_tensor is None, *params)
-        plan = _BN_BWD_PLANS.get(key)
-        if plan is None:
-            plan = _BN_BWD_PLANS.put(key, _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None,
-                                                       bias is not None, k_tensor is not None, True))
+        plan = _plan(_BN_BWD_PLANS, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
+                                     bias is None, k_tensor is None, *params), build)
     else:
-        plan = _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
-                            k_tensor is not None, launch)
+        plan = build(launch)
     if plan.copy_x:
         x = x.contiguous()
-    dev = x.device
-    grad_x = torch.empty_like(x) if plan.need_x else torch.empty(0, dtype=x.dtype, device=dev)
-    sums = (torch.empty(plan.C, dtype=torch.float32, device=dev), torch.empty(plan.C, dtype=torch.float32, device=dev))
-    grad_k = torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
-    if launch and not plan.launches:  # nothing to add up: the sums are zero
-        for t in (*sums, grad_k):
-            t.zero_()
-    if launch and plan.launches:
-        tensors = {"x": x, "mean": mean, "rstd": rstd, "weight": weight, "bias": bias, "k": k_tensor, "ckpt": ckpt,
-                   "gs": grad_spikes.contiguous() if plan.copy_g else grad_spikes, "sum0": sums[0], "sum1": sums[1],
-                   "grad_x": grad_x, "grad_k": grad_k}
-        if plan.part_shape is not None:
-            tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
-            if plan.gk_shape is not None:
-                tensors["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
-        for planned in plan.launches:
-            planned(wrap, tensors)
+    grad_x, sums, grad_k = _bwd_outputs(plan, x, k_tensor)
+    if launch:
+        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, mean=mean, rstd=rstd, weight=weight, bias=bias,
+                 k=k_tensor, ckpt=ckpt)
     return grad_x, *_wb(sums, weight, bias, plan.need_wb, 1, 0), grad_k
 
 
-def _grads_out(xk: Tensor, weight: Tensor | None, k_tensor: Tensor | None, flags: int):
-    """Outputs of a layer-norm backward; dL/dx in the layout of the (mapped) input ``xk``."""
-    dev = xk.device
-    need_x = bool(flags & F_GRAD_X)
-    need_wb = bool(flags & F_GRAD_WB) and weight is not None
-    need_k = bool(flags & F_GRAD_K) and k_tensor is not None
-    grad_x = torch.empty_like(xk) if need_x else torch.empty(0, dtype=xk.dtype, device=dev)
-    C = xk.shape[-3]
-    sums = (torch.empty(C, dtype=torch.float32, device=dev), torch.empty(C, dtype=torch.float32, device=dev))
-    grad_k = torch.empty(k_tensor.shape if need_k else (0,), dtype=torch.float32, device=dev)
-    return need_x, need_wb, need_k, grad_x, sums, grad_k
+def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
+                 launches: bool) -> _FwdPlan:
+    expanded = x.dim() == 4
+    plan, _xk, B, C, H, W, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
+    S = H * W
+    if not launches or B * C * S == 0:
+        return plan
+    k, v_threshold, v_reset, _alpha, eps = params[:5]
+    bs, bc = ln_tiles(C, LN_FWD_TILE)
+    s_tiles = cdiv(S, bs)
+    plan.launches = (Planned(
+        _ln_neuron_fwd_kernel, (B * s_tiles,),
+        ("x", "weight", "bias", "k", "spikes", "ckpt", T, B, C, S, s_tiles, st, sb, sc, ss,
+         *_spike_strides(plan, B, C, S), eps, k, v_threshold, v_reset),
+        dict(**_neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
+             STORE_CKPT=plan.ckpt_shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc,
+             num_warps=LN_WARPS)),)
+    return plan
+
+
+_LN_FWD_PLANS = PlanCache()
+_LN_BWD_PLANS = PlanCache()
 
 
 def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
                  params: list[float], flags: int, launch: bool, wrap=direct) -> tuple[Tensor, Tensor]:
-    expanded = x.dim() == 4
-    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
-    S = H * W
-    _check_size(B, C, S)
-    spikes = _like(x, (T, B, C, H, W), x.dtype)
-    ckpt = torch.empty((_n_ckpt(T, flags), B, C, S), dtype=torch.float32, device=x.device)
-    if not launch or B * C * S == 0:
-        return spikes, ckpt
-    k, v_threshold, v_reset, _alpha, eps = params
-    bs, bc = ln_tiles(C, LN_FWD_TILE)
-    s_tiles = cdiv(S, bs)
-    so = _strides(spikes, False)
-    wrap(_ln_neuron_fwd_kernel)[(B * s_tiles,)](
-        xk, weight, bias, k_tensor, spikes, ckpt,
-        T, B, C, S, s_tiles, st, sb, sc, ss, so[0], so[1], so[2], so[3],
-        eps, k, v_threshold, v_reset,
-        **_neuron_consts(flags), K_FROM_PTR=k_tensor is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-        EXPANDED=expanded, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
-        BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
-    )
+    def build(launches: bool) -> _FwdPlan:
+        return _ln_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None, launches)
+
+    if launch and wrap is direct:
+        plan = _plan(_LN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
+                                     k_tensor is None, *params), build)
+    else:
+        plan = build(launch)
+    spikes, ckpt = _fwd_outputs(plan, x)
+    if launch and plan.launches:
+        tensors = {"x": x.contiguous() if plan.copy else x, "weight": weight, "bias": bias, "k": k_tensor,
+                   "spikes": spikes, "ckpt": ckpt}
+        for planned in plan.launches:
+            planned(wrap, tensors)
     return spikes, ckpt
+
+
+def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
+                 has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
+    expanded = x.dim() == 4
+    # the kernel always writes dL/dx (the weight sums come with it)
+    plan, xk, B, C, H, W, (st, sb, sc, ss) = _bwd_plan(x, T, flags | F_GRAD_X, has_w, has_k)
+    S = H * W
+    if not launches or B * C * S == 0:
+        return plan
+    sg, sd = _bwd_grad_maps(plan, xk, grad_spikes, expanded)
+    bs, bc = ln_tiles(C, LN_BWD_TILE)
+    s_tiles = cdiv(S, bs)
+    g0 = B * s_tiles
+    plan.part_shape = (g0, 2, C)
+    plan.gk_shape = (g0,) if plan.need_k else None
+    k, v_threshold, v_reset, alpha, eps = params[:5]
+    out = [Planned(
+        _ln_neuron_bwd_kernel, (g0,),
+        ("x", "weight", "bias", "k", "ckpt", "gs", "grad_x", "part", "gk_part" if plan.need_k else "part",
+         T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps, k, v_threshold, v_reset, alpha),
+        dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
+             SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
+             EXPANDED=expanded, STORE_GK=plan.need_k, NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc,
+             num_warps=LN_WARPS))]
+    if plan.need_wb:
+        out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
+                           dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
+    if plan.need_k:
+        out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0), dict(BLOCK=SUM_BLOCK, num_warps=4)))
+    plan.launches = tuple(out)
+    return plan
 
 
 def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
                  grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
                  wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    expanded = x.dim() == 4
-    xk, B, C, H, W, (st, sb, sc, ss) = _map(x, T if expanded else None)
-    S = H * W
-    # the kernel always writes dL/dx (the weight sums come with it)
-    _nx, need_wb, need_k, grad_x, sums, grad_k = _grads_out(xk, weight, k_tensor, flags | F_GRAD_X)
-    if not launch or B * C * S == 0:
-        if launch:
-            for t in (*sums, grad_k):
-                t.zero_()
-        return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
-    gs, sg = _grad_map(grad_spikes)
-    sd = _strides(grad_x, expanded)
-    bs, bc = ln_tiles(C, LN_BWD_TILE)
-    s_tiles = cdiv(S, bs)
-    g0 = B * s_tiles
-    part = torch.empty((g0, 2, C), dtype=torch.float32, device=x.device)
-    gk_part = torch.empty((g0 if need_k else 1,), dtype=torch.float32, device=x.device)
-    k, v_threshold, v_reset, alpha, eps = params
-    wrap(_ln_neuron_bwd_kernel)[(g0,)](
-        xk, weight, bias, k_tensor, ckpt, gs, grad_x, part, gk_part,
-        T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps, k, v_threshold, v_reset, alpha,
-        **_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
-        SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None,
-        HAS_W=weight is not None, HAS_B=bias is not None, EXPANDED=expanded, STORE_GK=need_k,
-        NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc, num_warps=LN_WARPS,
-    )
-    if need_wb:
-        wrap(_pair_sum_kernel)[(cdiv(C, FINISH_C),)](part, sums[0], sums[1], g0, C, BLOCK_R=FINISH_R,
-                                                            BLOCK_C=FINISH_C, num_warps=4)
-    if need_k:
-        wrap(sum_kernel)[(1,)](gk_part, grad_k, g0, BLOCK=SUM_BLOCK, num_warps=4)
-    return grad_x, *_wb(sums, weight, bias, need_wb, 0, 1), grad_k
+    def build(launches: bool) -> _BwdPlan:
+        return _ln_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
+                            k_tensor is not None, launches)
+
+    if launch and wrap is direct:
+        plan = _plan(_LN_BWD_PLANS, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
+                                     bias is None, k_tensor is None, *params), build)
+    else:
+        plan = build(launch)
+    if plan.copy_x:
+        x = x.contiguous()
+    grad_x, sums, grad_k = _bwd_outputs(plan, x, k_tensor)
+    if launch:
+        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, ckpt=ckpt)
+    return grad_x, *_wb(sums, weight, bias, plan.need_wb, 0, 1), grad_k
 
 
 # ----------------------------------------------------------------------------
