@@ -1114,27 +1114,35 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     return plan
 
 
-def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
-                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K).
-    Eager calls reuse the plan of their layout."""
+def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+              k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
+              wrap, wb: tuple[int, int], **saved: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A backward's host function over its norm's ``plan_fn`` (eager calls reuse the plan of their layout):
+    ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``saved`` are the
+    forward's tensors the kernels read besides x, the parameters and dL/dS."""
     def build(launches: bool) -> _BwdPlan:
-        return _bn_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
-                            k_tensor is not None, launches)
+        return plan_fn(x, grad_spikes, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
+                       launches)
 
     if launch and wrap is direct:
-        plan = _plan(_BN_BWD_PLANS, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
-                                     bias is None, k_tensor is None, *params), build)
+        plan = _plan(cache, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
+                             bias is None, k_tensor is None, *params), build)
     else:
         plan = build(launch)
     if plan.copy_x:
         x = x.contiguous()
     grad_x, sums, grad_k = _bwd_outputs(plan, x, k_tensor)
     if launch:
-        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, mean=mean, rstd=rstd, weight=weight, bias=bias,
-                 k=k_tensor, ckpt=ckpt)
-    return grad_x, *_wb(sums, weight, bias, plan.need_wb, 1, 0), grad_k
+        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved)
+    return grad_x, *_wb(sums, weight, bias, plan.need_wb, *wb), grad_k
+
+
+def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K)."""
+    return _bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
+                     wrap, (1, 0), mean=mean, rstd=rstd, ckpt=ckpt)
 
 
 def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
@@ -1215,21 +1223,9 @@ def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
 def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
                  grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
                  wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    def build(launches: bool) -> _BwdPlan:
-        return _ln_bwd_plan(x, grad_spikes, T, params, flags, weight is not None, bias is not None,
-                            k_tensor is not None, launches)
-
-    if launch and wrap is direct:
-        plan = _plan(_LN_BWD_PLANS, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
-                                     bias is None, k_tensor is None, *params), build)
-    else:
-        plan = build(launch)
-    if plan.copy_x:
-        x = x.contiguous()
-    grad_x, sums, grad_k = _bwd_outputs(plan, x, k_tensor)
-    if launch:
-        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, ckpt=ckpt)
-    return grad_x, *_wb(sums, weight, bias, plan.need_wb, 0, 1), grad_k
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for."""
+    return _bwd_host(_LN_BWD_PLANS, _ln_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
+                     wrap, (0, 1), ckpt=ckpt)
 
 
 # ----------------------------------------------------------------------------
