@@ -881,8 +881,9 @@ class _FwdPlan:
     __slots__ = ("copy", "out_shape", "channels_last", "ckpt_shape", "C", "part_shape", "launches")
 
 
-def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, Tensor, int, int, int, int, tuple[int, ...]]:
-    """A forward plan with its outputs' shapes (spikes in x's memory format), and x mapped as ``_map`` does."""
+def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, int, tuple[int, ...]]:
+    """A forward plan with its outputs' shapes (spikes in x's memory format), whether x is ``[B, C, H, W]``
+    repeated over T (``expanded``), and ``B, C, S = H * W`` and x's strides as ``_map`` gives them."""
     expanded = x.dim() == 4
     xk, B, C, H, W, strides = _map(x, T if expanded else None)
     _check_size(B, C, H * W)
@@ -891,7 +892,7 @@ def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, Tensor, int, int
     plan.channels_last = C > 1 and H * W > 1 and x.stride()[-3] == 1
     plan.out_shape = (T, B, H, W, C) if plan.channels_last else (T, B, C, H, W)
     plan.ckpt_shape = (_n_ckpt(T, flags), B, C, H * W)
-    return plan, xk, B, C, H, W, strides
+    return plan, expanded, B, C, H * W, strides
 
 
 def _spike_strides(plan: _FwdPlan, B: int, C: int, S: int) -> tuple[int, int, int, int]:
@@ -916,9 +917,7 @@ def _plan(cache: PlanCache, key: tuple, build):
 
 def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
                  count: bool, launches: bool, nbt: bool = False) -> _FwdPlan:
-    expanded = x.dim() == 4
-    plan, _xk, B, C, H, W, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
-    S = H * W
+    plan, expanded, B, C, S, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
     k, v_threshold, v_reset, _alpha, eps = params[:5]
@@ -1014,7 +1013,8 @@ class _BwdPlan:
 
 
 def _bwd_plan(x: Tensor, T: int, flags: int, has_w: bool, has_k: bool):
-    """A backward plan with what it needs, and x mapped as ``_map`` does."""
+    """A backward plan with what it needs, x mapped as ``_map`` does, whether it is expanded (as in
+    :func:`_fwd_plan`), ``B, C, S`` and its strides."""
     expanded = x.dim() == 4
     xk, B, C, H, W, strides = _map(x, T if expanded else None)
     plan = _BwdPlan()
@@ -1023,7 +1023,7 @@ def _bwd_plan(x: Tensor, T: int, flags: int, has_w: bool, has_k: bool):
     plan.need_x = bool(flags & F_GRAD_X)
     plan.need_wb = bool(flags & F_GRAD_WB) and has_w
     plan.need_k = bool(flags & F_GRAD_K) and has_k
-    return plan, xk, B, C, H, W, strides
+    return plan, xk, expanded, B, C, H * W, strides
 
 
 def _bwd_grad_maps(plan: _BwdPlan, xk: Tensor, grad_spikes: Tensor, expanded: bool):
@@ -1063,9 +1063,7 @@ def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor
 
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
                  has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
-    expanded = x.dim() == 4
-    plan, xk, B, C, H, W, (st, sb, sc, ss) = _bwd_plan(x, T, flags, has_w, has_k)
-    S = H * W
+    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
         return plan
@@ -1147,9 +1145,7 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
 
 def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
                  launches: bool) -> _FwdPlan:
-    expanded = x.dim() == 4
-    plan, _xk, B, C, H, W, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
-    S = H * W
+    plan, expanded, B, C, S, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
     k, v_threshold, v_reset, _alpha, eps = params[:5]
@@ -1190,10 +1186,8 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
 
 def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
                  has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
-    expanded = x.dim() == 4
     # the kernel always writes dL/dx (the weight sums come with it)
-    plan, xk, B, C, H, W, (st, sb, sc, ss) = _bwd_plan(x, T, flags | F_GRAD_X, has_w, has_k)
-    S = H * W
+    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags | F_GRAD_X, has_w, has_k)
     if not launches or B * C * S == 0:
         return plan
     sg, sd = _bwd_grad_maps(plan, xk, grad_spikes, expanded)

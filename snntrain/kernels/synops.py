@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .op_utils import INT32_MAX, INTERPRET, cdiv, direct, sm_count
+from .op_utils import INT32_MAX, INTERPRET, PlanCache, Planned, cdiv, direct, sm_count
 
 __all__ = ["BLOCK", "Plan", "channel_block", "count_synops", "fan_block", "launch", "launch_channel_sums", "plan"]
 
@@ -190,26 +189,19 @@ def launch(p: Plan, x: torch.Tensor, fan: torch.Tensor, out: torch.Tensor) -> No
     :func:`fan_block`; no checks. Launched through the plan's bound launch (one per plan: its grid and sizes
     fixed, only the three tensors passed per call)."""
     key = (p, BLOCK, NUM_WARPS)
-    bound = _BOUND.get(key)
-    if bound is None:
-        if len(_BOUND) >= 256:
-            _BOUND.clear()
+    planned = _BOUND.get(key)
+    if planned is None:
         N, S = p.args
-        if N == 0 or S == 0:
-            bound = _BOUND[key] = _nothing
-        else:
-            kernel, args = direct(_count_synops_kernel), (None, None, None, N, S)
-            options = dict(INT64=p.int64, BLOCK=BLOCK, num_warps=NUM_WARPS)
-            bound = _BOUND[key] = kernel.bind(p.grid, args, options) if hasattr(kernel, "bind") else \
-                (lambda x_, fan_, out_: kernel[p.grid](x_, fan_, out_, N, S, **options))
-    bound(x.contiguous() if p.copy else x, fan, out)
+        planned = _BOUND.put(key, _EMPTY if N == 0 or S == 0 else Planned(
+            _count_synops_kernel, p.grid, ("x", "fan", "out", N, S),
+            dict(INT64=p.int64, BLOCK=BLOCK, num_warps=NUM_WARPS)))
+    if planned is not _EMPTY:
+        planned(direct, {"x": x.contiguous() if p.copy else x, "fan": fan, "out": out})
 
 
-_BOUND: dict[tuple, Callable] = {}  # the bound launch of the plans launched lately (and the options they ran with)
-
-
-def _nothing(*tensors: torch.Tensor) -> None:
-    """An empty input's launch."""
+#: The bound launch of the plans launched lately (and the options they ran with).
+_BOUND = PlanCache(256)
+_EMPTY = object()  # an empty input's plan: nothing to launch
 
 
 def launch_channel_sums(p: Plan, x: torch.Tensor, chan: torch.Tensor, out: torch.Tensor) -> None:
