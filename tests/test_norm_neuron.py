@@ -161,6 +161,48 @@ def test_eager_plans_are_reused_per_layout_and_kept_apart(device):
     assert [len(c) for c in caches] == plans
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_eager_plans_finish_their_sums_in_the_last_program(layout, device):
+    """An eager plan's batch statistics and backward sums are finished by the last program of each channel block
+    to store its partials (an arrival counter per block), the operator's plan by finishing kernels: both give the
+    same statistics, running statistics, batch count and gradients, call after call, and every counter is back at
+    zero after each launch (a counter left at one more would finish the next call's sums too early)."""
+    C = 24
+    x = torch.randn(3, 4, C, 6, 5, generator=torch.Generator().manual_seed(5)) * 1.3 + 0.2
+    if layout == "channels_last":
+        x = x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, (3, 4))
+    x, g = x.to(device), torch.randn(3, 4, C, 6, 5, generator=torch.Generator().manual_seed(6)).to(device)
+    w, b = torch.linspace(0.5, 1.5, C, device=device), torch.linspace(-0.5, 0.5, C, device=device)
+    T, flags, k, _ = K._prepare(x, None, dict(kind="lif", tau=2.0))
+    flags |= K.F_BATCH_STATS | K.F_UPDATE_RUNNING | K.F_SAVE_CKPT
+    params = [*K._params(k, {}, 1e-5), 0.1]
+    K._BN_FWD_PLANS.clear()
+    K._BN_BWD_PLANS.clear()
+    results = []
+    for wrap in (K.direct, lambda kernel: kernel):  # the eager plan; the operator's, with finishing kernels
+        rm, rv = torch.zeros(C, device=device), torch.ones(C, device=device)
+        nbt = torch.zeros((), dtype=torch.long, device=device)
+        for _ in range(3):
+            spikes, mean, rstd, var, ckpt = K._bn_fwd_host(x, w, b, rm, rv, None, T, params, flags, True, wrap,
+                                                           nbt=nbt, eager=wrap is K.direct)
+            gx, gw, gb, _ = K._bn_bwd_host(x, w, b, mean, rstd, ckpt, None, g, T, params,
+                                           flags | K.F_GRAD_X | K.F_GRAD_WB, True, wrap, eager=wrap is K.direct)
+        results.append(dict(spikes=spikes, mean=mean, rstd=rstd, var=var, running_mean=rm, running_var=rv, nbt=nbt,
+                            gx=gx, gw=gw, gb=gb))
+    fused, kernels = results
+    assert torch.equal(fused["spikes"], kernels["spikes"])
+    assert int(fused["nbt"]) == int(kernels["nbt"]) == 3
+    for name in ("mean", "rstd", "var", "running_mean", "running_var"):
+        assert_close(fused[name], kernels[name], **RUNNING, what=name)
+    for name in ("gx", "gw", "gb"):
+        assert_close(fused[name], kernels[name], **SUMMED, what=name)
+    counters = [a for cache in (K._BN_FWD_PLANS, K._BN_BWD_PLANS) for plan in cache.values()
+                for planned in plan.launches for a in planned.args if isinstance(a, torch.Tensor)]
+    assert len(counters) == 2, "one counter tensor per eager plan (forward statistics, backward sums)"
+    for c in counters:
+        assert c.dtype == torch.int32 and not c.any(), c
+
+
 def test_stride0_grad_output_and_layout(device):
     """dL/dS given as an expanded tensor (a plain sum) and a channels-last input."""
     m = _module("bn", 3, _NEURONS[0]).to(device)

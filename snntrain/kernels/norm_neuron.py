@@ -54,23 +54,30 @@ layer norm's backward is over the channels of a position, which one program hold
 dW and dB are per-program partial sums, summed in a fixed order by a second kernel.
 
 Per-channel sums (statistics, dL/dW, dL/dB, the BN backward's means) and PLIF's dL/dk
-are per-program partials finished by small kernels in a fixed order: deterministic, no
-atomics, no host synchronisation. The running statistics: the registered operator returns
-the batch mean and unbiased variance and the caller folds them into the buffers with in-place
-tensor ops (``torch.compile`` fuses them); eager calls with a float momentum fold them in, and
-count ``num_batches_tracked``, in the statistics' finishing kernel (two launches fewer a layer).
+are per-program partials finished in a fixed order: deterministic, no host synchronisation.
+The registered operator finishes them in small kernels. An eager call's batch-norm
+statistics and backward sums are finished by the last program of each channel block to
+store its partials (an arrival counter per block, the only atomic, kept zeroed by the
+plan: :func:`_last_to_arrive`), one launch fewer in each direction. The running
+statistics: the registered operator returns the batch mean and unbiased variance and the
+caller folds them into the buffers with in-place tensor ops (``torch.compile`` fuses
+them); eager calls with a float momentum fold them in, and count ``num_batches_tracked``,
+where the statistics are finished (two launches fewer a layer).
 
 Host side. An eager call is host-bound at these sizes (a layer's kernels run for tens of
 microseconds), so its host function keeps one plan per layout (input shape and strides,
 flags, options): the allocations' shapes and each kernel's grid and scalar arguments, with the
 launches bound once (:class:`~snntrain.kernels.op_utils.Planned`); a call allocates its
-outputs and launches with its tensors. Traced calls (``torch.compile``, ``torch.export``)
-build the same plan afresh and launch through ``wrap_triton``.
+outputs (the forward's float32 ones as views of one allocation) and launches with its
+tensors. The eager autograd function returns the spikes alone and keeps the statistics and
+checkpoints on its context. Traced calls (``torch.compile``, ``torch.export``) build the same
+plan afresh, without the arrival counters, and launch through ``wrap_triton``.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -234,11 +241,19 @@ def _bn_stats_kernel(
     groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
     TPP,  # position tiles per program
     sx_t, sx_b, sx_c, sx_s,
+    sem_ptr,  # [G1] int32 arrival counters, zero between launches (FINISH)
+    mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr,  # the finish's outputs (FINISH), see _bn_stats_finish
+    eps, momentum,
+    FINISH: tl.constexpr,  # the last program of each channel block to store its partials finishes them
+    UPDATE: tl.constexpr,
+    COUNT_BATCH: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per step of the finish
     BLOCK_S: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    pid1 = tl.program_id(1)
+    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < C
     # Sums of x - K per element, K the channel's mean over the program's first tile at the first step (so that
     # the sum of squares cancels little), reduced over the tile once at the end: the loop only loads and adds.
@@ -265,6 +280,20 @@ def _bn_stats_kernel(
     tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + n, mask=mask_c)
     tl.store(row + C, mean, mask=mask_c)
     tl.store(row + 2 * C, m2, mask=mask_c)
+    if FINISH:
+        if _last_to_arrive(sem_ptr + pid1):
+            _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c,
+                             tl.num_programs(0), C, eps, momentum, pid1 == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
+            tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _last_to_arrive(sem_ptr):
+    """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
+    here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
+    counts, so the last one reads all the others' (the partials it then reads bypass L1: ``cache_modifier=".cg"``)."""
+    tl.debug_barrier()
+    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
 
 
 @triton.jit
@@ -282,9 +311,18 @@ def _bn_stats_finish_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    eps = tl.cast(eps, tl.float32)  # float arguments may arrive as fp64 from a compiled graph
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_c = offs_c < C
+    _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, offs_c < C, G0, C, eps,
+                     momentum, tl.program_id(0) == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c, G0, C, eps,
+                     momentum, first, UPDATE: tl.constexpr, COUNT_BATCH: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """The channels ``offs_c`` of the batch statistics from the G0 partials, in a fixed order; ``first``: the
+    program that counts the batch."""
+    eps = tl.cast(eps, tl.float32)  # float arguments may arrive as fp64 from a compiled graph
     n = tl.zeros([BLOCK_C], dtype=tl.float32)
     mean = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -292,9 +330,9 @@ def _bn_stats_finish_kernel(
         rows = r0 + tl.arange(0, BLOCK_R)
         m = (rows < G0)[:, None] & mask_c[None, :]
         base = part_ptr + rows.to(tl.int64)[:, None] * 3 * C + offs_c[None, :]
-        n_r = tl.load(base, mask=m, other=0.0)
-        mean_r = tl.load(base + C, mask=m, other=0.0)
-        m2_r = tl.load(base + 2 * C, mask=m, other=0.0)
+        n_r = tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
+        mean_r = tl.load(base + C, mask=m, other=0.0, cache_modifier=".cg")
+        m2_r = tl.load(base + 2 * C, mask=m, other=0.0, cache_modifier=".cg")
         n_b = tl.sum(n_r, axis=0)
         mean_b = tl.sum(n_r * mean_r, axis=0) / tl.maximum(n_b, 1.0)
         d = tl.where(m, mean_r - mean_b[None, :], 0.0)
@@ -315,7 +353,7 @@ def _bn_stats_finish_kernel(
         tl.store(rm_ptr + offs_c, rm + momentum * (mean - rm), mask=mask_c)
         tl.store(rv_ptr + offs_c, rv + momentum * (var - rv), mask=mask_c)
         if COUNT_BATCH:
-            if tl.program_id(0) == 0:
+            if first:
                 tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
 
 
@@ -402,11 +440,12 @@ def _bn_neuron_bwd_kernel(
     k_ptr,  # [1] fp32 k, read when K_FROM_PTR
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
     gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s
-    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS)
-    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (read in PASS 2 with BATCH_STATS)
+    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
+    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (likewise)
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
     part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
+    sem_ptr,  # [G1] int32 arrival counters, zero between launches (PASS 1 with FINISH)
     T, B, C, S,
     groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
     TPP,  # position tiles per program (fewer partial sums to finish)
@@ -426,6 +465,8 @@ def _bn_neuron_bwd_kernel(
     EXPANDED: tl.constexpr,
     BATCH_STATS: tl.constexpr,
     PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
+    FINISH: tl.constexpr,  # PASS 1: the last program of each channel block adds the partials into the sums
+    FINISH_R: tl.constexpr,  # rows per step of that sum
     STORE_GK: tl.constexpr,
     STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
     NO_FMA: tl.constexpr,
@@ -468,6 +509,11 @@ def _bn_neuron_bwd_kernel(
         tl.store(row + C, tl.sum(acc_gx, axis=0), mask=mask_c)
         if STORE_GK:
             tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
+        if FINISH:
+            if _last_to_arrive(sem_ptr + pid1):
+                _pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
+                          BLOCK_C)
+                tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
 
 
 @triton.jit
@@ -607,15 +653,20 @@ def _pair_sum_kernel(
     BLOCK_C: tl.constexpr,
 ):
     offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_c = offs_c < C
+    _pair_sum(part_ptr, out0_ptr, out1_ptr, offs_c, offs_c < C, G0, C, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _pair_sum(part_ptr, out0_ptr, out1_ptr, offs_c, mask_c, G0, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The channels ``offs_c`` of the two sums over the G0 partial rows of ``part_ptr``, in a fixed order."""
     acc0 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for r0 in range(0, G0, BLOCK_R):
         rows = r0 + tl.arange(0, BLOCK_R)
         m = (rows < G0)[:, None] & mask_c[None, :]
         base = part_ptr + rows.to(tl.int64)[:, None] * 2 * C + offs_c[None, :]
-        acc0 += tl.load(base, mask=m, other=0.0)
-        acc1 += tl.load(base + C, mask=m, other=0.0)
+        acc0 += tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
+        acc1 += tl.load(base + C, mask=m, other=0.0, cache_modifier=".cg")
     tl.store(out0_ptr + offs_c, tl.sum(acc0, axis=0), mask=mask_c)
     tl.store(out1_ptr + offs_c, tl.sum(acc1, axis=0), mask=mask_c)
 
@@ -878,7 +929,8 @@ class _FwdPlan:
     """What a forward launches for one layout (input shape and strides, flags, options): the allocations' shapes
     and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
 
-    __slots__ = ("copy", "out_shape", "channels_last", "ckpt_shape", "C", "part_shape", "launches")
+    __slots__ = ("copy", "out_shape", "out_strides", "channels_last", "ckpt_shape", "C", "part_shape", "ws",
+                 "launches")
 
 
 def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, int, tuple[int, ...]]:
@@ -890,9 +942,12 @@ def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, 
     plan = _FwdPlan()
     plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
     plan.channels_last = C > 1 and H * W > 1 and x.stride()[-3] == 1
-    plan.out_shape = (T, B, H, W, C) if plan.channels_last else (T, B, C, H, W)
-    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, H * W)
-    return plan, expanded, B, C, H * W, strides
+    S = H * W
+    plan.out_shape = (T, B, C, H, W)
+    plan.out_strides = (B * S * C, S * C, 1, W * C, C) if plan.channels_last else (B * C * S, C * S, S, W, 1)
+    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
+    plan.ws = None
+    return plan, expanded, B, C, S, strides
 
 
 def _spike_strides(plan: _FwdPlan, B: int, C: int, S: int) -> tuple[int, int, int, int]:
@@ -902,21 +957,34 @@ def _spike_strides(plan: _FwdPlan, B: int, C: int, S: int) -> tuple[int, int, in
 
 def _fwd_outputs(plan: _FwdPlan, x: Tensor) -> tuple[Tensor, Tensor]:
     """The spikes (x's dtype and memory format) and the checkpoints of a forward."""
-    spikes = torch.empty(plan.out_shape, dtype=x.dtype, device=x.device)
-    if plan.channels_last:
-        spikes = spikes.movedim(-1, -3)
-    return spikes, torch.empty(plan.ckpt_shape, dtype=torch.float32, device=x.device)
+    return _spikes(plan, x), torch.empty(plan.ckpt_shape, dtype=torch.float32, device=x.device)
+
+
+def _spikes(plan: _FwdPlan, x: Tensor) -> Tensor:
+    return torch.empty_strided(plan.out_shape, plan.out_strides, dtype=x.dtype, device=x.device)
 
 
 def _plan(cache: PlanCache, key: tuple, build):
-    """An eager call's plan: ``build(True)``, kept in ``cache`` under ``key`` (traced and fake calls build theirs
-    afresh)."""
+    """An eager call's plan: ``build(launches=True, fuse=True)``, kept in ``cache`` under ``key`` (traced and fake
+    calls build theirs afresh, without ``fuse``)."""
     plan = cache.get(key)
-    return cache.put(key, build(True)) if plan is None else plan
+    return cache.put(key, build(True, True)) if plan is None else plan
+
+
+def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
+    """The zeroed arrival counters of a kernel whose last program per channel block finishes its partial sums
+    (:func:`_last_to_arrive`), kept by an eager plan and zeroed again by each launch; None where the plan keeps the
+    finishing kernel instead: traced calls, and plans made while a CUDA graph is captured (the counters must not
+    come from the graph's memory pool). The launches of one plan share its counters, so calls of one layout run one
+    after the other (one stream, as a model's layers do), never at once on two streams."""
+    if not fuse or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
-                 count: bool, launches: bool, nbt: bool = False) -> _FwdPlan:
+                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False) -> _FwdPlan:
+    """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer)."""
     plan, expanded, B, C, S, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
@@ -928,16 +996,20 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
         groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), x.device, STATS_PROGRAMS_PER_SM)
         g0 = B * groups
         plan.part_shape = (g0, 3, C)
-        out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
-                           ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss),
-                           dict(BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)))
         update = bool(flags & F_UPDATE_RUNNING)
-        out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, FINISH_C),),
-                           ("part", "mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else
-                                                             ("mean", "mean", "mean")),
-                            g0, C, eps, params[5] if update else 0.0),
-                           dict(UPDATE=update, COUNT_BATCH=update and nbt, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C,
-                                num_warps=4)))
+        finish = ("mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else
+                                           ("mean", "mean", "mean")))
+        momentum = params[5] if update else 0.0
+        opts = dict(UPDATE=update, COUNT_BATCH=update and nbt)
+        sem = _semaphores(cdiv(C, bc), fuse, x.device)
+        out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
+                           ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
+                            *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
+                           dict(FINISH=sem is not None, **opts, BLOCK_R=max(1, FINISH_R * FINISH_C // bc),
+                                BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)))
+        if sem is None:
+            out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, FINISH_C),), ("part", *finish, g0, C, eps, momentum),
+                               dict(**opts, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
     bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
     so = _spike_strides(plan, B, C, S)
@@ -949,6 +1021,9 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
              STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
              BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
     plan.launches = tuple(out)
+    stats = C if flags & F_BATCH_STATS else 0
+    # an eager call's float32 tensors, views of one allocation: mean, rstd, var, partials, checkpoints
+    plan.ws = (stats, stats, stats, 3 * stats * plan.part_shape[0] if stats else 0, math.prod(plan.ckpt_shape))
     return plan
 
 
@@ -958,38 +1033,45 @@ _BN_BWD_PLANS = PlanCache()
 
 def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                  running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct, count: Tensor | None = None,
-                 nbt: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 launch: bool, wrap=direct, count: Tensor | None = None, nbt: Tensor | None = None,
+                 eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
     that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
-    ``num_batches_tracked`` to count the batch in. Eager calls reuse the plan of their layout."""
-    def build(launches: bool) -> _FwdPlan:
+    ``num_batches_tracked`` to count the batch in. Calls that launch directly reuse the plan of their layout;
+    ``eager`` (not the operator, whose outputs may not alias one another): the float32 tensors are views of one
+    allocation."""
+    def build(launches: bool, fuse: bool = False) -> _FwdPlan:
         return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                            count is not None, launches, nbt is not None)
+                            count is not None, launches, nbt is not None, fuse)
 
+    plan = None
     if launch and wrap is direct:
         plan = _plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
                                      k_tensor is None, count is None, nbt is None, *params), build)
-    else:
-        plan = build(launch)
     dev = x.device
-    spikes, ckpt = _fwd_outputs(plan, x)
-    C = plan.C
-    if flags & F_BATCH_STATS:
-        mean = torch.empty(C, dtype=torch.float32, device=dev)
-        rstd = torch.empty(C, dtype=torch.float32, device=dev)
-        var = torch.empty(C, dtype=torch.float32, device=dev)
+    part = None
+    if eager and plan is not None and plan.ws is not None:
+        spikes = _spikes(plan, x)
+        mean, rstd, var, part, ckpt = torch.empty(sum(plan.ws), dtype=torch.float32, device=dev).split_with_sizes(
+            plan.ws)
     else:
+        if plan is None:
+            plan = build(launch)
+        spikes, ckpt = _fwd_outputs(plan, x)
+        if flags & F_BATCH_STATS:
+            mean, rstd, var = (torch.empty(plan.C, dtype=torch.float32, device=dev) for _ in range(3))
+        else:
+            var = torch.empty(0, dtype=torch.float32, device=dev)
+        if plan.part_shape is not None and launch:
+            part = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+    if not flags & F_BATCH_STATS:
         mean = running_mean.to(torch.float32, copy=True)  # an op's output may not alias its input
         rstd = torch.rsqrt(running_var.to(torch.float32) + params[4])
-        var = torch.empty(0, dtype=torch.float32, device=dev)
     if not launch or not plan.launches:
         return spikes, mean, rstd, var, ckpt
     tensors = {"x": x.contiguous() if plan.copy else x, "mean": mean, "rstd": rstd, "var": var, "weight": weight,
                "bias": bias, "k": k_tensor, "spikes": spikes, "ckpt": ckpt, "count": count, "rm": running_mean,
-               "rv": running_var, "nbt": nbt}
-    if plan.part_shape is not None:
-        tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+               "rv": running_var, "nbt": nbt, "part": part}
     for planned in plan.launches:
         planned(wrap, tensors)
     return spikes, mean, rstd, var, ckpt
@@ -1034,35 +1116,41 @@ def _bwd_grad_maps(plan: _BwdPlan, xk: Tensor, grad_spikes: Tensor, expanded: bo
     return sg, sd
 
 
-def _bwd_outputs(plan: _BwdPlan, x: Tensor, k_tensor: Tensor | None) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor]:
-    """dL/dx (empty unless needed), the two per-channel sums and dL/dk (empty unless needed) of a backward."""
+def _bwd_outputs(plan: _BwdPlan, x: Tensor, k_tensor: Tensor | None, launch: bool,
+                 eager: bool) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, dict]:
+    """dL/dx (empty unless needed), the two per-channel sums, dL/dk (empty unless needed; None in an eager call)
+    and the partial sums' buffers of a backward. The sums are separate tensors: they become the parameters'
+    gradients, which keep their storage alive."""
     dev = x.device
     grad_x = torch.empty_like(x) if plan.need_x else torch.empty(0, dtype=x.dtype, device=dev)
     sums = (torch.empty(plan.C, dtype=torch.float32, device=dev), torch.empty(plan.C, dtype=torch.float32, device=dev))
-    grad_k = torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
-    return grad_x, sums, grad_k
+    grad_k = None if eager and not plan.need_k else \
+        torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
+    scratch = {}
+    if launch and plan.part_shape is not None:
+        scratch["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+    if launch and plan.gk_shape is not None:
+        scratch["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
+    return grad_x, sums, grad_k, scratch
 
 
-def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor, Tensor], grad_k: Tensor,
+def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor, Tensor], grad_k: Tensor | None,
              grad_spikes: Tensor, **tensors) -> None:
     """Launch a backward plan (the sums are zero where it launches nothing)."""
     if not plan.launches:
         for t in (*sums, grad_k):
-            t.zero_()
+            if t is not None:
+                t.zero_()
         return
-    dev = x.device
     tensors.update(x=x, gs=grad_spikes.contiguous() if plan.copy_g else grad_spikes, sum0=sums[0], sum1=sums[1],
                    grad_x=grad_x, grad_k=grad_k)
-    if plan.part_shape is not None:
-        tensors["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
-    if plan.gk_shape is not None:
-        tensors["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
     for planned in plan.launches:
         planned(wrap, tensors)
 
 
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> _BwdPlan:
+    """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer)."""
     plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
@@ -1087,12 +1175,16 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     if batch or need_wb or need_k:
         plan.part_shape = (g0, 2, C)
         plan.gk_shape = (g0 * g1,) if need_k else None
+        sem = _semaphores(g1, fuse, x.device)
         # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
-                           (*tensors, "part", "gk_part" if need_k else "part", T, B, C, S, groups, tpp, *args),
-                           dict(PASS=1, STORE_GK=need_k, STORE_GY=need_x, **common)))
-        out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
-                           dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
+                           (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
+                            T, B, C, S, groups, tpp, *args),
+                           dict(PASS=1, FINISH=sem is not None, FINISH_R=max(1, FINISH_R * FINISH_C // bc),
+                                STORE_GK=need_k, STORE_GY=need_x, **common)))
+        if sem is None:
+            out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
+                               dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
         if need_k:
             out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=SUM_BLOCK, num_warps=4)))
         if need_x:
@@ -1106,21 +1198,22 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                 dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
     elif need_x:  # no sums to take: dL/dx in one pass
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
-                           (*tensors, "mean", "mean", T, B, C, S, groups, tpp, *args),
-                           dict(PASS=2, STORE_GK=False, STORE_GY=False, **common)))
+                           (*tensors, "mean", "mean", "mean", T, B, C, S, groups, tpp, *args),
+                           dict(PASS=2, FINISH=False, FINISH_R=1, STORE_GK=False, STORE_GY=False, **common)))
     plan.launches = tuple(out)
     return plan
 
 
 def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias: Tensor | None,
               k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-              wrap, wb: tuple[int, int], **saved: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A backward's host function over its norm's ``plan_fn`` (eager calls reuse the plan of their layout):
-    ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``saved`` are the
-    forward's tensors the kernels read besides x, the parameters and dL/dS."""
-    def build(launches: bool) -> _BwdPlan:
+              wrap, wb: tuple[int, int], eager: bool, **saved: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A backward's host function over its norm's ``plan_fn`` (calls that launch directly reuse the plan of their
+    layout): ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``eager``:
+    not the operator (dL/dk is None where not asked for); ``saved`` are the forward's tensors the kernels read
+    besides x, the parameters and dL/dS."""
+    def build(launches: bool, fuse: bool = False) -> _BwdPlan:
         return plan_fn(x, grad_spikes, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                       launches)
+                       launches, fuse)
 
     if launch and wrap is direct:
         plan = _plan(cache, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
@@ -1129,18 +1222,20 @@ def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias:
         plan = build(launch)
     if plan.copy_x:
         x = x.contiguous()
-    grad_x, sums, grad_k = _bwd_outputs(plan, x, k_tensor)
+    grad_x, sums, grad_k, scratch = _bwd_outputs(plan, x, k_tensor, launch, eager)
     if launch:
-        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved)
+        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved,
+                 **scratch)
     return grad_x, *_wb(sums, weight, bias, plan.need_wb, *wb), grad_k
 
 
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
                  k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K)."""
+                 launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K); dL/dk
+    None where not asked for in an ``eager`` call."""
     return _bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
-                     wrap, (1, 0), mean=mean, rstd=rstd, ckpt=ckpt)
+                     wrap, (1, 0), eager, mean=mean, rstd=rstd, ckpt=ckpt)
 
 
 def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
@@ -1167,7 +1262,7 @@ _LN_BWD_PLANS = PlanCache()
 
 def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
                  params: list[float], flags: int, launch: bool, wrap=direct) -> tuple[Tensor, Tensor]:
-    def build(launches: bool) -> _FwdPlan:
+    def build(launches: bool, fuse: bool = False) -> _FwdPlan:
         return _ln_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None, launches)
 
     if launch and wrap is direct:
@@ -1185,7 +1280,7 @@ def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor
 
 
 def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool) -> _BwdPlan:
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> _BwdPlan:
     # the kernel always writes dL/dx (the weight sums come with it)
     plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags | F_GRAD_X, has_w, has_k)
     if not launches or B * C * S == 0:
@@ -1216,10 +1311,11 @@ def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
 
 def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
                  grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-                 wrap=direct) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for."""
+                 wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for (dL/dk None in an
+    ``eager`` call)."""
     return _bwd_host(_LN_BWD_PLANS, _ln_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
-                     wrap, (0, 1), ckpt=ckpt)
+                     wrap, (0, 1), eager, ckpt=ckpt)
 
 
 # ----------------------------------------------------------------------------
@@ -1291,15 +1387,20 @@ def _bn_setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(mean, rstd, var, ckpt)
 
 
-def _bn_backward(ctx, grad_spikes, _gm, _gr, _gv, _gc, bwd=None):
+def _bn_backward(ctx, grad_spikes, _gm, _gr, _gv, _gc):
     x, weight, bias, mean, rstd, ckpt, k_tensor = ctx.saved_tensors
+    return _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bn_neuron_bwd)
+
+
+def _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bwd) -> tuple:
+    """The gradients of the forward's nine inputs, from ``bwd`` (the backward operator, or the eager host
+    function)."""
     flags, nx, nw, nb, nk = _grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
     if not (nx or nw or nb or nk):
         return (None,) * 9
     if grad_spikes is None:
         grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
-    gx, gw, gb, gk = (bwd or bn_neuron_bwd)(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, ctx.T,
-                                            ctx.params, flags)
+    gx, gw, gb, gk = bwd(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, ctx.T, ctx.params, flags)
     return (gx if nx else None, gw if nw else None, gb if nb else None, None, None, gk if nk else None,
             None, None, None)
 
@@ -1329,30 +1430,42 @@ ln_neuron_fwd.register_autograd(_ln_backward, setup_context=_ln_setup_context)
 
 def _eager_bn_bwd(*args):
     with profiled("snntrain::bn_neuron_bwd"):
-        return _bn_bwd_host(*args, launch=True)
+        return _bn_bwd_host(*args, launch=True, eager=True)
 
 
 def _eager_ln_bwd(*args):
     with profiled("snntrain::ln_neuron_bwd"):
-        return _ln_bwd_host(*args, launch=True)
+        return _ln_bwd_host(*args, launch=True, eager=True)
 
 
-def _eager_bn_fwd(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt):
-    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, nbt=nbt)
+class _EagerBNNeuron(torch.autograd.Function):
+    """``snntrain::bn_neuron_fwd`` and its backward, launched without the operator machinery (eager calls). It
+    takes two inputs more: ``num_batches_tracked`` (eager training folds the running statistics in its statistics
+    kernel and counts the batch there), and ``stats``: whether to return the batch mean and unbiased variance
+    beside the spikes (for the caller to fold in; otherwise it returns the spikes alone, and keeps the statistics
+    and checkpoints on ``ctx``: fewer outputs for autograd to wrap)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats):
+        with profiled("snntrain::bn_neuron_fwd"):
+            spikes, mean, rstd, var, ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                         params, flags, True, nbt=nbt, eager=True)
+        ctx.save_for_backward(x, weight, bias, k_tensor)
+        ctx.mean, ctx.rstd, ctx.ckpt, ctx.T, ctx.params, ctx.flags = mean, rstd, ckpt, T, params, flags
+        ctx.set_materialize_grads(False)
+        if stats:
+            ctx.mark_non_differentiable(mean, var)
+            return spikes, mean, var
+        return spikes
+
+    @staticmethod
+    def backward(ctx, grad_spikes, *_stats):
+        x, weight, bias, k_tensor = ctx.saved_tensors
+        return *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes, _eager_bn_bwd), \
+            None, None
 
 
-def _eager_bn_setup_context(ctx, inputs, output) -> None:
-    _bn_setup_context(ctx, inputs[:9], output)
-
-
-def _eager_bn_backward(ctx, *grads):
-    return *_bn_backward(ctx, *grads, bwd=_eager_bn_bwd), None  # nbt
-
-
-# The registered ops' forward and backward without the operator machinery (eager calls). The batch-norm one takes
-# num_batches_tracked as a tenth input: eager training folds the running statistics in its statistics kernel.
-_EagerBNNeuron = eager_function("snntrain::bn_neuron_fwd", _eager_bn_fwd, _eager_bn_setup_context,
-                                _eager_bn_backward)
+# The layer-norm op's forward and backward without the operator machinery (eager calls).
 _EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln_fwd_host, launch=True),
                                 _ln_setup_context, functools.partial(_ln_backward, bwd=_eager_ln_bwd))
 
@@ -1433,7 +1546,7 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     if count is not None:  # inference: no autograd, no checkpoints
         with profiled("snntrain::bn_neuron_fwd"):
             spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
-                                                           params, flags, True, count=count)
+                                                           params, flags, True, count=count, eager=True)
     elif traced(x, weight, bias, k_tensor):  # the operator is functional: the running statistics follow it
         spikes, mean, _rstd, var, _ckpt = bn_neuron_fwd(x, weight, bias, running_mean, running_var, k_tensor, T,
                                                         params, flags)
@@ -1442,10 +1555,9 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
             flags |= F_UPDATE_RUNNING
             params.append(momentum)
             update = False  # done by the statistics kernel
-        spikes, mean, _rstd, var, _ckpt = _EagerBNNeuron.apply(x, weight, bias, running_mean, running_var, k_tensor,
-                                                               T, params, flags,
-                                                               num_batches_tracked if flags & F_UPDATE_RUNNING
-                                                               else None)
+        out = _EagerBNNeuron.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
+                                   num_batches_tracked if flags & F_UPDATE_RUNNING else None, update)
+        spikes, mean, var = out if update else (out, None, None)
     if update:
         with torch.no_grad():
             running_mean.lerp_(mean.to(running_mean.dtype), momentum)

@@ -82,52 +82,59 @@ class NormNeuron(nn.Module):
         # never read under torch.compile: a compiled training step neither counts nor guards on the counter
         sink = None if torch.compiler.is_compiling() else self.activity
         counted = False  # by the fused kernel, into the sink's row
-        if isinstance(self.norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
+        # the submodules, parameters and buffers from their dicts: what nn.Module.__getattr__ returns, without a
+        # failed attribute lookup first for each of them (host time on every call of every layer)
+        modules = self._modules
+        norm, neuron = modules["norm"], modules["neuron"]
+        if isinstance(norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
             y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
-            spikes = self.neuron(y)
+            spikes = neuron(y)
         else:
-            channels = self.norm.num_channels if isinstance(self.norm, LayerNorm2d) else self.norm.num_features
+            channels = norm.num_channels if isinstance(norm, LayerNorm2d) else norm.num_features
             if x.shape[-3] != channels:
                 raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
                                  f"was built for {channels}")
             if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES
-                    and not self.neuron.store_v_seq and not isinstance(self.norm, nn.SyncBatchNorm)):
-                spikes, counted = self._fused(x, steps, sink)
+                    and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
+                spikes, counted = self._fused(x, steps, norm, neuron, sink)
             elif steps is not None:
-                y = self.norm(x)
-                spikes = self.neuron(y.unsqueeze(0).expand(steps, *y.shape))
+                y = norm(x)
+                spikes = neuron(y.unsqueeze(0).expand(steps, *y.shape))
             else:
-                spikes = self.neuron(self.norm(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
+                spikes = neuron(norm(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
         if sink is not None:
             sink(spikes, counted)
         return spikes
 
-    def _fused(self, x: torch.Tensor, steps: int | None, sink=None) -> tuple[torch.Tensor, bool]:
+    @staticmethod
+    def _fused(x: torch.Tensor, steps: int | None, norm: nn.Module, neuron: BaseNeuron,
+               sink=None) -> tuple[torch.Tensor, bool]:
         """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
         from ..kernels import norm_neuron as K
 
-        neuron_module = self.neuron
-        neuron = _neuron_options(neuron_module.params)
-        w = neuron_module._w()
-        norm = self.norm
+        options = _neuron_options(neuron.params)
+        w = neuron._w()
+        params = norm._parameters
         if isinstance(norm, LayerNorm2d):
-            return K.ln_neuron(x, norm.weight, norm.bias, eps=norm.eps, steps=steps, w=w, **neuron), False
+            return K.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, steps=steps, w=w, **options), False
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
-        factor: float | torch.Tensor = 0.0 if norm.momentum is None else norm.momentum
+        buffers = norm._buffers
+        momentum, training, count = norm.momentum, norm.training, buffers["num_batches_tracked"]
+        factor: float | torch.Tensor = 0.0 if momentum is None else momentum
         nbt = None
-        if norm.training and norm.track_running_stats and norm.num_batches_tracked is not None:
-            if norm.momentum is None:  # the cumulative average: the count first, then its reciprocal
-                norm.num_batches_tracked.add_(1)
-                factor = 1.0 / norm.num_batches_tracked
+        if training and norm.track_running_stats and count is not None:
+            if momentum is None:  # the cumulative average: the count first, then its reciprocal
+                count.add_(1)
+                factor = 1.0 / count
             else:  # counted with the running statistics' update
-                nbt = norm.num_batches_tracked
-        use_running = not norm.training or norm.track_running_stats
+                nbt = count
+        use_running = not training or norm.track_running_stats
         # in inference (validation, task=report) the kernel counts the spikes for an attached counter
         row = sink.row(x, steps) if sink is not None and not torch.is_grad_enabled() else None
         spikes = K.bn_neuron(
-            x, norm.weight, norm.bias, norm.running_mean if use_running else None,
-            norm.running_var if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
-            steps=steps, count=row, num_batches_tracked=nbt, w=w, **neuron,
+            x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
+            buffers["running_var"] if use_running else None, training=training, momentum=factor, eps=norm.eps,
+            steps=steps, count=row, num_batches_tracked=nbt, w=w, **options,
         )
         return spikes, row is not None
 
