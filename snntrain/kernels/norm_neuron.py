@@ -126,6 +126,7 @@ from .norm_neuron_tuning import (
     STATS_TILE,
     STATS_WARPS,
     bn_tiles,
+    finish_rows,
     ln_tiles,
     tile_groups,
 )
@@ -929,8 +930,7 @@ class _FwdPlan:
     """What a forward launches for one layout (input shape and strides, flags, options): the allocations' shapes
     and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
 
-    __slots__ = ("copy", "out_shape", "out_strides", "channels_last", "ckpt_shape", "C", "part_shape", "ws",
-                 "launches")
+    __slots__ = ("copy", "out_shape", "out_strides", "ckpt_shape", "C", "part_shape", "ws", "launches")
 
 
 def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, int, tuple[int, ...]]:
@@ -941,18 +941,19 @@ def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, 
     _check_size(B, C, H * W)
     plan = _FwdPlan()
     plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
-    plan.channels_last = C > 1 and H * W > 1 and x.stride()[-3] == 1
     S = H * W
+    channels_last = C > 1 and S > 1 and x.stride()[-3] == 1
     plan.out_shape = (T, B, C, H, W)
-    plan.out_strides = (B * S * C, S * C, 1, W * C, C) if plan.channels_last else (B * C * S, C * S, S, W, 1)
+    plan.out_strides = (B * S * C, S * C, 1, W * C, C) if channels_last else (B * C * S, C * S, S, W, 1)
     plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
     plan.ws = None
     return plan, expanded, B, C, S, strides
 
 
-def _spike_strides(plan: _FwdPlan, B: int, C: int, S: int) -> tuple[int, int, int, int]:
-    """(st, sb, sc, ss) of the spikes :func:`_fwd_outputs` makes."""
-    return (B * S * C, S * C, 1, C) if plan.channels_last else (B * C * S, C * S, S, 1)
+def _spike_strides(plan: _FwdPlan) -> tuple[int, int, int, int]:
+    """(st, sb, sc, ss) of the spikes :func:`_spikes` makes: their W stride steps along S."""
+    st, sb, sc, _sh, sw = plan.out_strides
+    return st, sb, sc, sw
 
 
 def _fwd_outputs(plan: _FwdPlan, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -1005,14 +1006,14 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
         out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
                            ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
                             *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
-                           dict(FINISH=sem is not None, **opts, BLOCK_R=max(1, FINISH_R * FINISH_C // bc),
+                           dict(FINISH=sem is not None, **opts, BLOCK_R=finish_rows(bc),
                                 BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)))
         if sem is None:
             out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, FINISH_C),), ("part", *finish, g0, C, eps, momentum),
                                dict(**opts, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
     bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
-    so = _spike_strides(plan, B, C, S)
+    so = _spike_strides(plan)
     out.append(Planned(
         _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
         ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
@@ -1180,7 +1181,7 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
                            (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
                             T, B, C, S, groups, tpp, *args),
-                           dict(PASS=1, FINISH=sem is not None, FINISH_R=max(1, FINISH_R * FINISH_C // bc),
+                           dict(PASS=1, FINISH=sem is not None, FINISH_R=finish_rows(bc),
                                 STORE_GK=need_k, STORE_GY=need_x, **common)))
         if sem is None:
             out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
@@ -1249,7 +1250,7 @@ def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
     plan.launches = (Planned(
         _ln_neuron_fwd_kernel, (B * s_tiles,),
         ("x", "weight", "bias", "k", "spikes", "ckpt", T, B, C, S, s_tiles, st, sb, sc, ss,
-         *_spike_strides(plan, B, C, S), eps, k, v_threshold, v_reset),
+         *_spike_strides(plan), eps, k, v_threshold, v_reset),
         dict(**_neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
              STORE_CKPT=plan.ckpt_shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc,
              num_warps=LN_WARPS)),)

@@ -18,7 +18,7 @@ from .op_utils import cdiv, next_pow2, sm_count
 __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS",
            "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C", "STATS_PROGRAMS_PER_SM",
            "BWD_PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles",
-           "ln_tiles"]
+           "finish_rows", "ln_tiles"]
 
 # Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
 # the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512
@@ -69,6 +69,12 @@ def bn_tiles(C: int, S: int, cl: bool, tile: int, cl_channels: int) -> tuple[int
         return max(1, tile // block_c), block_c
     bs = block_s(S, tile)
     return bs, max(1, min(next_pow2(C), tile // bs))
+
+
+def finish_rows(block_c: int) -> int:
+    """Rows per step where a kernel's last program finishes its partial sums for ``block_c`` channels: the
+    finishing kernels' tile (``FINISH_R x FINISH_C`` elements) laid over that many channels."""
+    return max(1, FINISH_R * FINISH_C // block_c)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of its arguments, called on every launch
