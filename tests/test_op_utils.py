@@ -20,6 +20,41 @@ def _axpb_kernel(x_ptr, out_ptr, n, a, b, STEP: tl.constexpr, BLOCK: tl.constexp
     tl.store(out_ptr + offs, x * a + b, mask=mask)
 
 
+def _fake_launcher(cls, calls: list):
+    """An instance of Triton's ``CudaLauncher`` class without a compiled kernel: its C ``launch`` records what it
+    is handed; no scratch memory, as the kernels here need."""
+    launcher = object.__new__(cls)
+    launcher.__dict__.update(
+        launch=lambda *args: calls.append(args), global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+        profile_scratch_align=1, num_ctas=1, launch_cooperative_grid=False, launch_pdl=True, gsan_enabled=False,
+        arg_annotations=("annotations",), kernel_signature=b"signature")
+    return launcher
+
+
+def test_c_launcher_hands_the_c_launch_what_tritons_launcher_does(monkeypatch):
+    """:func:`op_utils.c_launcher` calls Triton's C launch function itself: it must hand it exactly what the
+    installed Triton's own ``CudaLauncher.__call__`` hands it (same arguments, same order), whichever form of
+    the launcher this Triton has; a launcher it does not know is called as it is."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    import triton.runtime
+
+    cls = driver.CudaLauncher
+    ours, theirs = [], []
+    function, metadata, stream = 0xF00, (4, 1, 256), 0x5EA
+    x = torch.zeros(3)
+    values = [x, 1234567, None, 7, 2.5, 16]  # a tensor, an address, an absent pointer, scalars, a constexpr
+    # Triton 3.8's __call__ reads the active driver, which a machine without a GPU lacks
+    monkeypatch.setattr(triton.runtime.driver, "_active", object())
+    cls.__call__(_fake_launcher(cls, theirs), 3, 2, 1, stream, function, metadata, None, None, None, *values)
+    op_utils.c_launcher(_fake_launcher(cls, ours), function, metadata)(3, 2, 1, stream, values)
+    assert len(ours) == len(theirs) == 1
+    assert ours[0] == theirs[0]
+    # a launcher needing scratch memory is called as it is
+    needs_scratch = _fake_launcher(cls, [])
+    needs_scratch.global_scratch_size = 64
+    assert op_utils._launcher_call(needs_scratch) is None
+
+
 def test_direct_is_the_plain_kernel_under_the_interpreter():
     if not op_utils.INTERPRET:
         pytest.skip("the interpreter is off (a GPU machine)")

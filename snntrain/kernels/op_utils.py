@@ -26,11 +26,12 @@ in common, so that there is one way to do each of these things:
 from __future__ import annotations
 
 import os
+from operator import itemgetter
 
 import torch
 from torch import Tensor
 
-__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "next_pow2", "direct", "FastLaunch", "Planned",
+__all__ = ["INTERPRET", "INT32_MAX", "FLOAT_DTYPES", "sm_count", "cdiv", "next_pow2", "direct", "FastLaunch", "c_launcher", "Planned",
            "PlanCache", "op_wrap", "no_launch",
            "register_op", "profiled", "traced", "eager_function"]
 
@@ -107,9 +108,10 @@ class FastLaunch:
         same while its tensors change: the returned ``launch(*tensors)`` fills the positions ``slots`` of ``args``
         (by default those given as ``None``), in order; a slot may be filled with ``None`` (an absent optional
         pointer). Its key per call is only those tensors' dtypes and 16-byte alignment and the device
-        (everything else was keyed once), and it calls the compiled kernel's launcher with the argument list
-        built at binding: a few microseconds less per launch than :meth:`launch`, for kernels launched once per
-        layer call (the activity counter's, the eager norm-neuron plans')."""
+        (everything else was keyed once), and it hands the compiled kernel's C launcher the argument list built
+        at binding with the tensors' addresses as integers (the launcher would otherwise ask each tensor for
+        its address again and have the driver check it): microseconds less per launch than :meth:`launch`, for
+        kernels launched once per layer call (the activity counter's, the eager norm-neuron plans')."""
         if slots is None:
             slots = [i for i, a in enumerate(args) if a is None]
         template = list(args)
@@ -119,29 +121,42 @@ class FastLaunch:
                 ok = False  # a missing argument: Triton's launch says which
                 break
             template.append(kwargs[name] if name in kwargs else self._defaults[name])
+        # the launcher's copy: the tensors fixed at binding (kept alive by ``args``) as their addresses
+        addresses = [a.data_ptr() if isinstance(a, Tensor) else a for a in template]
         n = len(grid)
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         cache: dict = {}
 
         def launch(*tensors):
-            values = template.copy()
-            for i, t in zip(slots, tensors):
-                values[i] = t
             if not ok or _launch_hooks():
+                values = template.copy()
+                for i, t in zip(slots, tensors):
+                    values[i] = t
                 return self.kernel[grid](*values[: len(args)], **kwargs)
-            device = torch.cuda.current_device()
-            key = (device, *[None if t is None else (t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+            device = _current_device()
+            values = addresses.copy()
+            key = [device]
+            for i, t in zip(slots, tensors):
+                if t is None:
+                    values[i] = None
+                    key.append(None)
+                else:
+                    values[i] = address = t.data_ptr()
+                    key.append(t.dtype)
+                    key.append(address % 16 == 0)
+            key = tuple(key)
             entry = cache.get(key)
-            if entry is None:
+            if entry is None:  # a new specialisation: Triton's own launch, then its compiled kernel's launcher
+                values = template.copy()
+                for i, t in zip(slots, tensors):
+                    values[i] = t
                 compiled = self.launch(grid, tuple(values[: len(args)]), kwargs)
                 entry = self._cache.get(self._key(values, kwargs, device))
                 if entry is not None:
                     cache[key] = entry
                 return compiled
-            compiled, run, function, metadata = entry
-            run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None,
-                *values)
-            return compiled
+            entry[1](g0, g1, g2, _raw_stream(device), values)
+            return entry[0]
 
         return launch
 
@@ -180,7 +195,7 @@ class FastLaunch:
                 defaults = self._defaults
                 for name in self._names[len(args):]:
                     values.append(kwargs[name] if name in kwargs else defaults[name])
-            device = torch.cuda.current_device()
+            device = _current_device()
             key = self._key(values, kwargs, device)
         except (KeyError, TypeError):
             return self.kernel[grid](*args, **kwargs)
@@ -190,15 +205,74 @@ class FastLaunch:
             if hasattr(compiled, "result"):
                 compiled = compiled.result()
             if compiled is not None and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-                compiled.run  # noqa: B018 (loads the binary: function and launcher exist from here on)
-                self._cache[key] = (compiled, compiled.run, compiled.function, compiled.packed_metadata)
+                # ``run`` first: reading it loads the binary, which sets ``function``
+                self._cache[key] = (compiled, c_launcher(compiled.run, compiled.function, compiled.packed_metadata))
             return compiled
-        compiled, run, function, metadata = entry
         n = len(grid)
-        g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
-        # what CompiledKernel's runner does, without hooks (none is set) and so without launch metadata
-        run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), function, metadata, None, None, None, *values)
-        return compiled
+        entry[1](grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device), values)
+        return entry[0]
+
+
+#: The parameters of ``CudaLauncher.__call__`` in the Triton versions whose launcher :func:`c_launcher` calls
+#: itself: 3.2-3.6 (the C launcher takes the kernel's arguments one by one) and 3.7-3.8 (as one tuple, with
+#: the argument annotations and signature). Any other launcher is called as it is.
+_LAUNCHER_CALLS = {
+    ("self", "gridX", "gridY", "gridZ", "stream", "function", "args"): "unpacked",
+    ("self", "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
+     "launch_enter_hook", "launch_exit_hook", "args"): "packed",
+}
+
+
+def _launcher_call(launcher) -> str | None:
+    """Which of :data:`_LAUNCHER_CALLS` ``launcher`` (a compiled kernel's ``run``) is, or None."""
+    import inspect
+
+    cls = type(launcher)
+    if cls.__name__ != "CudaLauncher" or not callable(getattr(launcher, "launch", None)):
+        return None
+    # what its __call__ adds beyond the C launch: scratch memory (none here) and sanitizer state
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1) \
+            or getattr(launcher, "gsan_enabled", False):
+        return None
+    try:
+        params = tuple(inspect.signature(cls.__call__).parameters)
+    except (TypeError, ValueError):
+        return None
+    return _LAUNCHER_CALLS.get(params)
+
+
+def c_launcher(launcher, function, metadata):
+    """``call(g0, g1, g2, stream, values)``: what ``launcher(g0, g1, g2, stream, function, metadata, None, None,
+    None, *values)`` does (a compiled kernel's runner, without launch hooks and so without launch metadata),
+    calling Triton's C launcher itself where the launcher is a ``CudaLauncher`` of a known version
+    (:data:`_LAUNCHER_CALLS`) that needs no scratch memory: that skips its Python (about a microsecond a
+    launch). ``values`` are the kernel's arguments, constexprs included; pointers as tensors or addresses."""
+    launch = getattr(launcher, "launch", None)
+    kind = _launcher_call(launcher)
+    if kind == "unpacked":
+        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+
+        def call(g0, g1, g2, stream, values):
+            launch(g0, g1, g2, stream, function, coop, pdl, None, None, metadata, None, None, None, *values)
+    elif kind == "packed":
+        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        annotations, signature = launcher.arg_annotations, launcher.kernel_signature
+
+        def call(g0, g1, g2, stream, values):
+            launch(g0, g1, g2, stream, function, coop, pdl, metadata, None, None, None, None, None, annotations,
+                   signature, tuple(values))
+    else:
+        def call(g0, g1, g2, stream, values):
+            launcher(g0, g1, g2, stream, function, metadata, None, None, None, *values)
+    return call
+
+
+#: The current CUDA device's index: ``torch.cuda.current_device`` without its lazy-initialisation check (a launch
+#: has CUDA tensors, so CUDA is initialised).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+#: The current stream of a CUDA device, as the launcher takes it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+    (lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 _KNOBS = None
@@ -255,12 +329,15 @@ class Planned:
     eager calls (:func:`direct`) through :meth:`FastLaunch.bind`, bound once; any other ``wrap`` (``op_wrap``
     under tracing, :func:`no_launch`) as ``wrap(kernel)[grid](...)``."""
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "names", "_bound")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "slots", "names", "_pick", "_bound")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict) -> None:
         self.kernel, self.grid, self.args, self.kwargs = kernel, grid, args, kwargs
         self.slots = tuple(i for i, a in enumerate(args) if type(a) is str)
         self.names = tuple(args[i] for i in self.slots)
+        # the call's tensors in slot order, as a tuple (itemgetter of one name returns the item alone)
+        names = self.names
+        self._pick = itemgetter(*names) if len(names) > 1 else lambda d: tuple(d[n] for n in names)
         self._bound = None
 
     def __call__(self, wrap, tensors: dict) -> None:
@@ -270,9 +347,9 @@ class Planned:
                 kernel = direct(self.kernel)
                 bound = self._bound = (kernel.bind(self.grid, self.args, self.kwargs, self.slots)
                                        if isinstance(kernel, FastLaunch) else self._plain(kernel))
-            bound(*[tensors[n] for n in self.names])
+            bound(*self._pick(tensors))
             return
-        self._plain(wrap(self.kernel))(*[tensors[n] for n in self.names])
+        self._plain(wrap(self.kernel))(*self._pick(tensors))
 
     def _plain(self, kernel):
         launch = kernel[self.grid]
