@@ -155,6 +155,52 @@ def test_seeded_items_leave_other_generators_alone(monkeypatch):
     assert items[0][1] != items[1][1]
 
 
+def test_seeded_items_do_not_depend_on_other_threads_reading_items():
+    """Two threads read items at once (the image folder's GPU path fetches batches on a thread of its own beside
+    the training loop's loader): every item is what one thread alone draws. A dataset declaring
+    ``reads_global_torch_random = False`` draws from its item's generator, the same numbers as the global
+    generator seeded alike; items drawn from the global generator are read one thread at a time. Without either,
+    one thread's seeding lands between the other's seeding and its draw."""
+    import threading
+    import time
+
+    from snntrain.data.common import SeededDataset, derive_seed, item_generator
+
+    class GlobalDraws(RandomItems):
+        def __getitem__(self, i):
+            first = float(torch.rand(()))
+            time.sleep(0.0002)  # releases the interpreter between the two draws, as reading a file does
+            return first, float(torch.rand(()))
+
+    class OwnDraws(RandomItems):
+        reads_global_torch_random = False
+
+        def __getitem__(self, i):
+            first = float(torch.rand((), generator=item_generator()))
+            time.sleep(0.0002)
+            return first, float(torch.rand((), generator=item_generator()))
+
+    keys = [(e, i) for e in range(4) for i in range(8)]
+    for data in (SeededDataset(GlobalDraws(), seed=5), SeededDataset(OwnDraws(), seed=5)):
+        alone = [data[k] for k in keys]
+        g = torch.Generator().manual_seed(derive_seed(5, 2, 3))
+        assert alone[keys.index((2, 3))] == (float(torch.rand((), generator=g)), float(torch.rand((), generator=g)))
+        got: list = [None] * 3
+        start = threading.Barrier(3)
+
+        def read(slot, data=data):
+            start.wait()
+            got[slot] = [data[k] for k in keys]
+
+        threads = [threading.Thread(target=read, args=(slot,)) for slot in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [alone] * 3, type(data.dataset).__name__
+    assert item_generator() is None  # set only while an item is read
+
+
 def test_numpy_state_is_seeded_unless_the_dataset_never_reads_it():
     """NumPy's global state is seeded per item (tonic's transforms read it) and restored after; a dataset
     declaring ``reads_numpy_random = False`` (also behind a Subset) gets its torch draws as before and

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from ..validation import positive_int
 
 __all__ = ["BadDataError", "DeviceLoader", "EpochSampler", "ResumableLoader", "SeededDataset", "check_fraction",
            "derive_seed", "eval_loader", "eval_sampler", "loader_device", "loader_workers", "loader_generator", "open_image", "positive_int", "prefetch_to_device",
-           "reads_numpy_random", "split_indices", "train_loader"]
+           "item_generator", "reads_numpy_random", "split_indices", "train_loader"]
 
 
 class BadDataError(ValueError):
@@ -163,23 +164,44 @@ class EpochSampler(DistributedSampler):
             yield epoch, index
 
 
+#: The item generators of the items being read, per thread (:func:`item_generator`).
+_ITEM = threading.local()
+#: Held while an item is drawn from a process-wide random state (torch's global CPU generator, NumPy's global
+#: state): threads that read items at once (a loader's fetch thread beside the training loop's) take turns.
+_GLOBAL_RANDOM = threading.RLock()
+
+
+def item_generator() -> torch.Generator | None:
+    """The generator that :class:`SeededDataset` seeded from ``(seed, epoch, index)`` for the item this thread is
+    reading, for a dataset that declares ``reads_global_torch_random = False`` (its draws take this generator);
+    None elsewhere (draw from torch's global generator)."""
+    return getattr(_ITEM, "generator", None)
+
+
 class SeededDataset(Dataset):
-    """Wraps a dataset so that item ``(epoch, index)`` is drawn with torch's CPU generator and NumPy's
-    global random state seeded by ``(seed, epoch, index)`` (torchvision's random transforms read the
-    first, tonic's the second); the caller's random states are left as they were. Plain integer
-    indices read the wrapped dataset as it is.
+    """Wraps a dataset so that item ``(epoch, index)`` is drawn from random states seeded by ``(seed, epoch,
+    index)``: torch's CPU generator and NumPy's global random state (torchvision's random transforms read the
+    first, tonic's the second); the caller's random states are left as they were. Plain integer indices read
+    the wrapped dataset as it is.
 
     Only the CPU generator is seeded: ``torch.manual_seed`` would also reseed every CUDA generator
     (the training process's, when the loader runs in it) and queue seeding calls for the other
     device types, which cost about a millisecond per sample. NumPy's global state is left alone for
     a dataset that declares ``reads_numpy_random = False`` (saving, seeding and restoring it costs
     about 50 us a sample): one whose items, transforms included, draw only from torch's generator or
-    from generators of their own."""
+    from generators of their own.
+
+    Global states are one per process, and a loader may read items on a thread of its own (the image folder's
+    GPU path fetches batches beside the training loop): a dataset that declares ``reads_global_torch_random =
+    False`` draws from a generator of its own item instead (:func:`item_generator`, the same numbers as the
+    global generator seeded alike), which threads never share; items drawn from global states are read one
+    thread at a time."""
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = int(seed)
         self.numpy_random = reads_numpy_random(dataset)
+        self.global_torch_random = _declares(dataset, "reads_global_torch_random")
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -189,24 +211,44 @@ class SeededDataset(Dataset):
             return self.dataset[key]
         epoch, index = key
         seed = derive_seed(self.seed, epoch, index)
-        np_state = np.random.get_state() if self.numpy_random else None
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(seed)
-                if np_state is not None:
-                    np.random.seed(seed % 2**32)
+        if not self.global_torch_random:
+            previous = getattr(_ITEM, "generator", None)
+            _ITEM.generator = torch.Generator().manual_seed(seed)
+            try:
+                if not self.numpy_random:  # no process-wide state: threads read such items at once
+                    return self.dataset[index]
+                with _GLOBAL_RANDOM:
+                    return self._numpy_seeded(index, seed)
+            finally:
+                _ITEM.generator = previous
+        with _GLOBAL_RANDOM, torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            if not self.numpy_random:
                 return self.dataset[index]
+            return self._numpy_seeded(index, seed)
+
+    def _numpy_seeded(self, index: int, seed: int) -> Any:
+        """Item ``index`` with NumPy's global random state seeded by ``seed``, and restored after."""
+        np_state = np.random.get_state()
+        try:
+            np.random.seed(seed % 2**32)
+            return self.dataset[index]
         finally:
-            if np_state is not None:
-                np.random.set_state(np_state)
+            np.random.set_state(np_state)
+
+
+def _declares(dataset: Any, name: str) -> bool:
+    """False when ``dataset`` (or, through ``Subset`` s, the dataset it takes its items from) sets ``name`` to
+    False; True otherwise (the safe assumption)."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return bool(getattr(dataset, name, True))
 
 
 def reads_numpy_random(dataset: Any) -> bool:
     """False when ``dataset`` (or, through ``Subset`` s, the dataset it takes its items from) declares
     ``reads_numpy_random = False``; True otherwise (the safe assumption)."""
-    while isinstance(dataset, Subset):
-        dataset = dataset.dataset
-    return bool(getattr(dataset, "reads_numpy_random", True))
+    return _declares(dataset, "reads_numpy_random")
 
 
 def _to_device(batch: Any, device: torch.device, stream: Any) -> Any:

@@ -48,6 +48,7 @@ from .common import (
     check_fraction,
     check_num_workers,
     eval_loader,
+    item_generator,
     loader_workers,
     open_image,
     positive_int,
@@ -88,9 +89,10 @@ def draw_resized_crop(height: int, width: int, scale: tuple[float, float],
                       ratio: tuple[float, float] = RATIO) -> tuple[int, int, int, int]:
     """A random box ``(top, left, box_height, box_width)`` of an image of ``height x width``, drawn as
     torchvision's RandomResizedCrop does (10 tries at an area fraction uniform in ``scale`` and a
-    log-uniform aspect ratio in ``ratio``, then the central box of the nearest allowed ratio), from torch's
-    global CPU generator in one draw (which the loader seeds from ``(seed, epoch, index)``)."""
-    u = torch.rand(10, 4, dtype=torch.float64).tolist()
+    log-uniform aspect ratio in ``ratio``, then the central box of the nearest allowed ratio), in one draw from
+    the item's generator (:func:`~snntrain.data.common.item_generator`, which the loader seeds from ``(seed,
+    epoch, index)``), or torch's global CPU generator outside a loader."""
+    u = torch.rand(10, 4, dtype=torch.float64, generator=item_generator()).tolist()
     area = height * width
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for a, r, y, x in u:
@@ -120,7 +122,7 @@ def center_box(height: int, width: int, size: int, resize: int) -> tuple[int, in
 
 class Augment:
     """The box and flip of a sample: random (:func:`draw_resized_crop`, flip with probability 1/2, both
-    from torch's global generator) when ``random``, else the :func:`center_box` without a flip."""
+    from the item's generator) when ``random``, else the :func:`center_box` without a flip."""
 
     def __init__(self, size: int, random: bool, scale: tuple[float, float], resize: int) -> None:
         self.size, self.random, self.scale, self.resize = size, random, scale, resize
@@ -129,7 +131,7 @@ class Augment:
         if not self.random:
             return center_box(height, width, self.size, self.resize), False
         box = draw_resized_crop(height, width, self.scale)
-        return box, bool(torch.rand(()) < 0.5)
+        return box, bool(torch.rand((), generator=item_generator()) < 0.5)
 
 
 class ResizedCrop:
@@ -166,8 +168,10 @@ class EncodedImages(Dataset):
     ``engine``: ``nvjpeg`` (JPEGs that nvJPEG's batched decoder reads travel encoded, everything else as
     pixels) or ``dali`` (every readable file travels encoded; DALI decodes all common formats)."""
 
-    #: items draw only from torch's generator and generators of their own (see SeededDataset)
+    #: items draw only from the item's generator (see SeededDataset): the fetch thread of the GPU path reads them
+    #: beside the training loop
     reads_numpy_random = False
+    reads_global_torch_random = False
 
     def __init__(self, samples: Sequence[tuple[str, int]], augment: Augment, channels: int, engine: str) -> None:
         self.samples, self.augment, self.channels, self.engine = list(samples), augment, channels, engine
@@ -315,7 +319,8 @@ class ImageFolderDataModule(L.LightningDataModule):
 
         def folder(root: Path, train: bool) -> Dataset:
             ds = ImageFolder(str(root), transform=self._transform(train), loader=load_rgb)
-            ds.reads_numpy_random = False  # torchvision's transforms and ResizedCrop draw from torch
+            # ResizedCrop draws from the item's generator, the other transforms draw nothing (see SeededDataset)
+            ds.reads_numpy_random = ds.reads_global_torch_random = False
             if ds.classes != self.classes:
                 raise ValueError(f"class folders of {root} ({ds.classes}) differ from {self.train_root} "
                                  f"({self.classes})")
