@@ -224,6 +224,35 @@ def test_decoding_ahead_gives_the_same_batches(tmp_path):
     assert dm._ahead is None
 
 
+def test_decoding_ahead_beside_another_loader_draws_the_same_boxes(tmp_path):
+    """The fetch thread reads the training items while the loop's thread reads others (another loader's, as the
+    GPU test below does with the CPU path's): every batch's boxes and flips are those drawn with no other thread
+    reading. Both read items seeded per (seed, epoch, index); drawn from torch's one global generator, one
+    thread's seeding came between the other's seeding and its draw."""
+    from types import SimpleNamespace
+
+    dms = modules(make_folder(tmp_path, n=12), image_size=24, batch_size=4)
+    cpu, gpu = dms["cpu"], dms["gpu"]
+
+    def draws(loader, epoch: int) -> list:
+        loader.sampler.set_epoch(epoch)
+        return [(b.boxes.tolist(), b.flips.tolist()) for b in loader]
+
+    alone = [draws(gpu.train_dataloader(), epoch) for epoch in range(3)]
+    gpu.trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    for epoch in range(3):
+        lc, lg = cpu.train_dataloader(), gpu.train_dataloader()
+        assert lg.wrap is not None
+        lc.sampler.set_epoch(epoch)
+        lg.sampler.set_epoch(epoch)
+        got = []
+        for _, batch in zip(lc, lg):
+            got.append((batch.boxes.tolist(), batch.flips.tolist()))
+            gpu.on_after_batch_transfer(batch, 0)
+        assert got == alone[epoch], epoch
+    gpu.teardown("fit")
+
+
 def test_fetching_ahead_keeps_order_and_raises_in_the_loop():
     """The fetch thread passes every batch on in order, runs at most ``depth`` batches ahead, raises a
     loader's error in the loop at the batch where it occurred, and stops (closing the loader's iterator)
