@@ -127,12 +127,15 @@ class FastLaunch:
         g0, g1, g2 = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
         cache: dict = {}
 
+        def filled(tensors) -> list:
+            values = template.copy()
+            for i, t in zip(slots, tensors):
+                values[i] = t
+            return values
+
         def launch(*tensors):
             if not ok or _launch_hooks():
-                values = template.copy()
-                for i, t in zip(slots, tensors):
-                    values[i] = t
-                return self.kernel[grid](*values[: len(args)], **kwargs)
+                return self.kernel[grid](*filled(tensors)[: len(args)], **kwargs)
             device = _current_device()
             values = addresses.copy()
             key = [device]
@@ -147,9 +150,7 @@ class FastLaunch:
             key = tuple(key)
             entry = cache.get(key)
             if entry is None:  # a new specialisation: Triton's own launch, then its compiled kernel's launcher
-                values = template.copy()
-                for i, t in zip(slots, tensors):
-                    values[i] = t
+                values = filled(tensors)
                 compiled = self.launch(grid, tuple(values[: len(args)]), kwargs)
                 entry = self._cache.get(self._key(values, kwargs, device))
                 if entry is not None:
@@ -247,15 +248,13 @@ def c_launcher(launcher, function, metadata):
     calling Triton's C launcher itself where the launcher is a ``CudaLauncher`` of a known version
     (:data:`_LAUNCHER_CALLS`) that needs no scratch memory: that skips its Python (about a microsecond a
     launch). ``values`` are the kernel's arguments, constexprs included; pointers as tensors or addresses."""
-    launch = getattr(launcher, "launch", None)
     kind = _launcher_call(launcher)
+    if kind is not None:
+        launch, coop, pdl = launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
     if kind == "unpacked":
-        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-
         def call(g0, g1, g2, stream, values):
             launch(g0, g1, g2, stream, function, coop, pdl, None, None, metadata, None, None, None, *values)
     elif kind == "packed":
-        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
         annotations, signature = launcher.arg_annotations, launcher.kernel_signature
 
         def call(g0, g1, g2, stream, values):
