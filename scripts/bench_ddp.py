@@ -21,7 +21,11 @@ under DDP with the gradients' all-reduce, captured), so that the speed-up compar
 It also checks that every process of a DDP run reported the same validation metrics (the
 ``final metrics`` line of ``cli.log`` and ``cli_rank<N>.log``).
 
-    python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 60]
+    python scripts/bench_ddp.py --out $OUT [--devices 1 2] [--cases sew18 detector] [--steps 60] [--rounds 1]
+
+With ``--rounds N`` every case and device count runs N times, the device counts taking turns (1, 2, 1, 2, ...),
+and the speed-up is the median of the rounds' (each round's N-GPU rate over its one-GPU rate), with its range:
+the host's speed drifts between runs, and a single pair of runs can land on either side of a target.
 
 Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
 
@@ -47,6 +51,7 @@ import argparse
 import ast
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -81,9 +86,32 @@ def rank_metrics(run: Path) -> dict[str, dict]:
     return out
 
 
+def speedups(rows: list[dict], base_devices: int) -> list[dict]:
+    """Sets each row's ``speedup``: its images/s over the run on ``base_devices`` GPUs of the same case, provider
+    and round. Returns, per case, provider and device count, the medians over the rounds (images/s and speed-up,
+    with the speed-up's range): rounds take turns between the device counts, so a host that slows down for a while
+    slows both sides of a round's ratio."""
+    def key(r: dict) -> tuple:
+        return r["case"], r["provider"], r.get("round")
+
+    base = {key(r): r["images_per_s"] for r in rows if r.get("devices") == base_devices and r.get("images_per_s")}
+    for r in rows:
+        if r.get("images_per_s") and base.get(key(r)):
+            r["speedup"] = r["images_per_s"] / base[key(r)]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "speedup" in r:
+            groups.setdefault((r["case"], r["provider"], r["devices"]), []).append(r)
+    return [{"case": c, "provider": p, "devices": n, "rounds": len(g),
+             "images_per_s": statistics.median(r["images_per_s"] for r in g),
+             "speedup": statistics.median(r["speedup"] for r in g),
+             "speedup_min": min(r["speedup"] for r in g), "speedup_max": max(r["speedup"] for r in g)}
+            for (c, p, n), g in groups.items()]
+
+
 def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, precision: str, out: Path,
-             extra: list[str], accelerator: str = "gpu") -> dict:
-    run = out / f"{case}_{devices}gpu"
+             extra: list[str], accelerator: str = "gpu", round_: int | None = None) -> dict:
+    run = out / (f"{case}_{devices}gpu" + ("" if round_ is None else f"_round{round_}"))
     per_gpu = 32
     n_train = steps * per_gpu * devices
     size = ["data.num_train=" + str(n_train)]
@@ -101,10 +129,10 @@ def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, pre
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         print(res.stdout[-2000:], res.stderr[-4000:], sep="\n")
-        return {"case": case, "devices": devices, "error": res.stderr.strip().splitlines()[-1:]}
+        return {"case": case, "devices": devices, "round": round_, "error": res.stderr.strip().splitlines()[-1:]}
     metrics = rank_metrics(run)
     same = len({json.dumps(m, sort_keys=True) for m in metrics.values()}) == 1
-    return {"case": case, "devices": devices, "backend": backend, "precision": precision,
+    return {"case": case, "devices": devices, "round": round_, "backend": backend, "precision": precision,
             "batch_per_gpu": per_gpu, "steps_per_epoch": steps, "epochs": epochs,
             "images_per_s": last_epoch_rate(run), "wall_s": wall, "ranks_report_same_val_metrics": same,
             "val_metrics": metrics, "run_dir": str(run)}
@@ -250,11 +278,16 @@ def main() -> None:
     p.add_argument("--backend", default="triton", choices=["triton", "torch"])
     p.add_argument("--precision", default="32-true")
     p.add_argument("--accelerator", default="gpu", choices=["gpu", "cpu"], help="cpu: a dry run of the script")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every case and device count this many times, the device counts taking turns; the "
+                        "speed-up is then the median of each round's (see speedups())")
     p.add_argument("--bare", action="store_true", help="also time the bare whole-step graph of sew18 (see above)")
     p.add_argument("--comm", action="store_true", help="time an NCCL all-reduce over all GPUs instead of runs")
     p.add_argument("--comm-mb", type=float, default=47.0, help="all-reduce size in MB (--comm)")
     p.add_argument("extra", nargs="*", help="more overrides for every run (e.g. trainer.sync_batchnorm=true)")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.comm:
         out = Path(args.out).resolve()
         out.mkdir(parents=True, exist_ok=True)
@@ -263,20 +296,17 @@ def main() -> None:
         sys.exit(f"needs {max(args.devices)} CUDA GPU(s); found {torch.cuda.device_count()}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra, args.accelerator)
-            for case in args.cases for n in args.devices]
+    rows = [run_case(case, n, args.steps, args.epochs, args.backend, args.precision, out, args.extra, args.accelerator,
+                     r if args.rounds > 1 else None)
+            for r in range(args.rounds) for case in args.cases for n in args.devices]
     for r in rows:
         r.setdefault("provider", "command line")
     if args.bare:
         rows += [bare(n, args.precision) for n in args.devices]
-    base = {(r["case"], r["provider"]): r["images_per_s"] for r in rows
-            if r.get("devices") == min(args.devices) and r.get("images_per_s")}
-    for r in rows:
-        if r.get("images_per_s") and base.get((r["case"], r["provider"])):
-            r["speedup"] = r["images_per_s"] / base[(r["case"], r["provider"])]
+    medians = speedups(rows, min(args.devices))
     info = {"gpu": torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu",
             "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "rows": rows}
+            "rows": rows, "median_over_rounds": medians}
     (out / "bench_ddp.json").write_text(json.dumps(info, indent=2))
     print(f"\nGPU: {info['gpu']} x {info['gpus']}  torch {info['torch']}  date {info['date']}")
     print(f"{'case':9s} {'provider':28s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} "
@@ -288,6 +318,11 @@ def main() -> None:
         rate = f"{r['images_per_s']:.1f}" if r["images_per_s"] else "-"
         print(f"{r['case']:9s} {r['provider']:28s} {r['devices']:4d} {rate:>10s} {r.get('speedup', float('nan')):9.2f} "
               f"{str(r.get('ranks_report_same_val_metrics', '')):>30s}")
+    if args.rounds > 1:
+        print(f"\nmedian of {args.rounds} rounds (range of the speed-up):")
+        for m in medians:
+            print(f"{m['case']:9s} {m['provider']:28s} {m['devices']:4d} {m['images_per_s']:10.1f} "
+                  f"{m['speedup']:9.2f} ({m['speedup_min']:.2f}-{m['speedup_max']:.2f})")
     print(f"json: {out / 'bench_ddp.json'}")
 
 

@@ -40,11 +40,17 @@ with ``--profile``, the GPU time per step split by kind: convolution, norm, neur
 pooling, layout (NCHW<->NHWC transposes), elementwise (everything else, inductor's fused
 kernels too), optimizer, and idle/host (the step's wall time not covered by kernels).
 
-    python scripts/bench_train.py --out DIR [--cases sew18-224 sew18-32 ...] [--providers ...]
-        [--precisions fp32 bf16] [--steps 20] [--profile]
+Each row's ``vs_floor`` is its ms per step over the ResNet-18's in the same mode (eager, ``reduce-overhead``, the
+whole-step graph), where that row was run too. Host speed drifts (by 15-25 % between runs of one provider on the
+GPU machines); with ``--rounds N`` the in-process providers of a case (``snntrain-*``, ``resnet18-*``) are built
+together and timed in N rounds that take turns, each row then the median over the rounds, with their range, and
+``vs_floor`` the median of the rounds' ratios: a comparison that a drift does not decide.
 
-Writes ``bench_train.csv``, ``bench_train.json`` (one line per row, written as rows
-finish, so a run cut short keeps what it measured) and ``bench_train.png``.
+    python scripts/bench_train.py --out DIR [--cases sew18-224 sew18-32 ...] [--providers ...]
+        [--precisions fp32 bf16] [--steps 20] [--rounds 1] [--profile]
+
+Writes ``bench_train.csv``, ``bench_train.json`` (one line per row, written as each case
+finishes, so a run cut short keeps what it measured) and ``bench_train.png``.
 """
 
 from __future__ import annotations
@@ -53,10 +59,13 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -159,9 +168,94 @@ def breakdown(step, ms_per_step: float, steps: int = 5) -> dict[str, float]:
     return out
 
 
+class Bench(NamedTuple):
+    """One in-process provider of a case, built and ready: ``step()`` runs one training step."""
+
+    case: str
+    provider: str
+    precision: str
+    batch: int
+    step: Callable[[], None]
+    note: str = ""
+
+
+def measure(b: Bench, args) -> dict:
+    """The row of ``b`` timed alone: ``--warmup`` calls, then ``--steps`` steps back to back."""
+    first, ms, peak = time_steps(b.step, args.steps, args.warmup)
+    prof = breakdown(b.step, ms) if args.profile else None
+    return row(b.case, b.provider, b.precision, b.batch, first, ms, peak, prof, b.note)
+
+
+def interleaved(benches: list[Callable[[], Bench | None]], args) -> list[dict]:
+    """Rows of in-process providers timed in ``--rounds`` rounds, each round every provider's ``--steps`` steps in
+    turn, so that a host which slows down or speeds up for a while does so for all of them alike. A row's
+    ``ms_per_step`` is the median over the rounds (``ms_min``/``ms_max`` their range; ``vs_floor`` a median over the
+    rounds too, see :func:`floor_ratios`). Every provider is built and warmed up before the first round and stays
+    on the GPU; its peak memory is its own resident memory (what building and warming it up left allocated) plus
+    the largest rise over what was allocated when its steps began."""
+    built = []
+    for make in benches:
+        torch.cuda.synchronize()
+        base, t0 = torch.cuda.memory_allocated(), time.perf_counter()
+        b = make()
+        if b is None:
+            continue
+        for _ in range(args.warmup):
+            b.step()
+        torch.cuda.synchronize()
+        built.append((b, time.perf_counter() - t0, torch.cuda.memory_allocated() - base))
+    times: dict[str, list[float]] = {b.provider: [] for b, _, _ in built}
+    peaks = dict.fromkeys(times, 0)
+    for _ in range(args.rounds):
+        for b, _, resident in built:
+            torch.cuda.synchronize()
+            start = torch.cuda.memory_allocated()
+            _, ms, peak = time_steps(b.step, args.steps, 0)
+            times[b.provider].append(ms)
+            peaks[b.provider] = max(peaks[b.provider], resident + peak - start)
+    rows = []
+    for b, first, _ in built:
+        ms = times[b.provider]
+        prof = breakdown(b.step, statistics.median(ms)) if args.profile else None
+        r = row(b.case, b.provider, b.precision, b.batch, first, statistics.median(ms), peaks[b.provider], prof,
+                b.note)
+        r.update(rounds=len(ms), ms_min=round(min(ms), 3), ms_max=round(max(ms), 3), ms_rounds=ms)
+        rows.append(r)
+    return rows
+
+
+def floor_of(provider: str) -> str | None:
+    """The ResNet-18 row a provider's row is set against: the same mode (eager, ``reduce-overhead`` or the
+    whole-step graph); ``None`` for the ResNet-18 itself and for modes it is not run in."""
+    if provider.startswith(("resnet18", "lightning")):
+        return None
+    if provider.endswith("-graph"):
+        return "resnet18-graph"
+    if "reduce-overhead" in provider:
+        return "resnet18-reduce-overhead"
+    if "eager" in provider or provider in ("snntrain-torch", "spikingjelly"):
+        return "resnet18-eager"
+    return None
+
+
+def floor_ratios(rows: list[dict]) -> None:
+    """Sets each row's ``vs_floor``: its ms per step over that of its ResNet-18 row (:func:`floor_of`) of the same
+    case and precision; where both were timed in rounds, the median of the per-round ratios."""
+    for r in rows:
+        f = next((o for o in rows if o["provider"] == floor_of(r["provider"]) and o["case"] == r["case"]
+                  and o["precision"] == r["precision"]), None)
+        if f is None:
+            r["vs_floor"] = ""
+        elif len(r.get("ms_rounds", ())) > 1 and len(r["ms_rounds"]) == len(f.get("ms_rounds", ())):
+            r["vs_floor"] = round(statistics.median(a / b for a, b in zip(r["ms_rounds"], f["ms_rounds"])), 3)
+        else:
+            r["vs_floor"] = round(r["ms_per_step"] / f["ms_per_step"], 3)
+
+
 def row(case, provider, precision, batch, first, ms, peak, prof=None, note=""):
     r = {"case": case, "provider": provider, "precision": precision, "batch": batch, "T": case_T(case),
-         "ms_per_step": round(ms, 3), "images_per_s": round(batch / ms * 1e3, 1),
+         "ms_per_step": round(ms, 3), "images_per_s": round(batch / ms * 1e3, 1), "vs_floor": "",
+         "rounds": 1, "ms_min": round(ms, 3), "ms_max": round(ms, 3),
          "peak_mem_mib": round(peak / 2**20, 1), "first_calls_s": round(first, 2), "note": note,
          "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d")}
     for k in KINDS:
@@ -190,7 +284,7 @@ def unfuse(model, provider: str) -> None:
             m.fused = not provider.endswith("-unfused")
 
 
-def ours(case: str, provider: str, precision: str, args) -> dict:
+def ours(case: str, provider: str, precision: str, args) -> Bench:
     from snntrain.nn import set_backend
     from snntrain.tasks.optim import build_optimizer
     from snntrain.tasks.speed import compile_model, to_channels_last
@@ -198,7 +292,6 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     backend = "torch" if provider == "snntrain-torch" else "triton"
     mode = {"snntrain-compile": "default", "snntrain-reduce-overhead": "reduce-overhead",
             "snntrain-compile-graph": "default"}.get(provider)
-    torch._dynamo.reset()
     if case == "detector":
         return detector(provider, precision, backend, mode, args)
     c = CASES[case]
@@ -210,8 +303,8 @@ def ours(case: str, provider: str, precision: str, args) -> dict:
     fn = compile_model(model, mode)
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
-    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args, graph=provider.endswith("-graph"))
-    return row(case, provider, precision, c["batch"], first, ms, peak, prof)
+    step = classifier_step(fn, opt, x, y, precision, graph=provider.endswith("-graph"))
+    return Bench(case, provider, precision, c["batch"], step)
 
 
 def graph_step(objective, opt, precision: str, *inputs: torch.Tensor):
@@ -227,9 +320,9 @@ def graph_step(objective, opt, precision: str, *inputs: torch.Tensor):
     return lambda: captured(*inputs)
 
 
-def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, args, graph: bool = False):
-    """``(first calls s, ms per step, peak MiB, GPU-time breakdown or None)`` of the training step
-    forward (``fn``), cross-entropy, backward, ``opt`` step; with ``graph`` all of it one CUDA graph."""
+def classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, graph: bool = False):
+    """The training step forward (``fn``), cross-entropy, backward, ``opt`` step; with ``graph`` all of it one
+    CUDA graph."""
     if graph:
         step = graph_step(lambda x, y: {"loss": torch.nn.functional.cross_entropy(fn(x), y)}, opt, precision, x, y)
     else:
@@ -240,11 +333,10 @@ def time_classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: s
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    first, ms, peak = time_steps(step, args.steps, args.warmup)
-    return first, ms, peak, (breakdown(step, ms) if args.profile else None)
+    return step
 
 
-def detector(provider, precision, backend, mode, args) -> dict:
+def detector(provider, precision, backend, mode, args) -> Bench:
     """The default detector's training step as the task computes it (``DetectionTask.objective``: network,
     target assignment and loss; with ``compile`` all of it in one graph), without Lightning around it."""
     from hydra import compose, initialize_config_module
@@ -283,15 +375,13 @@ def detector(provider, precision, backend, mode, args) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    first, ms, peak = time_steps(step, args.steps, args.warmup)
-    prof = breakdown(step, ms) if args.profile else None
-    return row("detector", provider, precision, images.shape[0], first, ms, peak, prof)
+    return Bench("detector", provider, precision, images.shape[0], step)
 
 
 # ----------------------------------------------------------------------------- the floor: ResNet-18
 
 
-def resnet18(case: str, provider: str, precision: str, args) -> dict:
+def resnet18(case: str, provider: str, precision: str, args) -> Bench | None:
     """torchvision's ResNet-18 (ReLU, the same convolutions and batch norms, channels-last) at batch T x B:
     what our network would cost without spiking neurons and without the time axis."""
     import torchvision
@@ -299,8 +389,9 @@ def resnet18(case: str, provider: str, precision: str, args) -> dict:
     from snntrain.tasks.optim import build_optimizer
     from snntrain.tasks.speed import compile_model, to_channels_last
 
+    if case == "detector":
+        return None
     c = CASES[case]
-    torch._dynamo.reset()
     torch.manual_seed(0)
     net = torchvision.models.resnet18(num_classes=c.get("classes", CLASSES))
     if c.get("in_channels", 3) != 3:
@@ -316,9 +407,9 @@ def resnet18(case: str, provider: str, precision: str, args) -> dict:
     x = torch.randn(n, c.get("in_channels", 3), c["size"], c["size"], device="cuda", generator=g)
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, c.get("classes", CLASSES), (n,), device="cuda", generator=g)
-    first, ms, peak, prof = time_classifier_step(fn, opt, x, y, precision, args, graph=provider.endswith("-graph"))
+    step = classifier_step(fn, opt, x, y, precision, graph=provider.endswith("-graph"))
     # images/s counted per image of our batch (B), so the row compares with ours at the same work
-    return row(case, provider, precision, c["batch"], first, ms, peak, prof, note=f"batch T*B={n}")
+    return Bench(case, provider, precision, c["batch"], step, note=f"batch T*B={n}")
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -488,7 +579,7 @@ def run_spikingjelly(case: str, provider: str, precision: str, args) -> list[dic
 
 def save(rows: list[dict], out: Path) -> None:
     with open(out / "bench_train.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     try:
@@ -516,11 +607,14 @@ def save(rows: list[dict], out: Path) -> None:
 
 def print_rows(rows: list[dict]) -> None:
     print(f"\nGPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  date {time.strftime('%Y-%m-%d')}")
-    head = f"{'case':12s} {'prec':5s} {'provider':26s} {'ms/step':>8s} {'img/s':>8s} {'peak MiB':>9s} {'first s':>8s}"
+    head = (f"{'case':12s} {'prec':5s} {'provider':26s} {'ms/step':>8s} {'min-max':>13s} {'vs floor':>8s} "
+            f"{'img/s':>8s} {'peak MiB':>9s} {'first s':>8s}")
     print(head + "  " + " ".join(f"{k[:6]:>6s}" for k in KINDS))
     for r in rows:
-        print(f"{r['case']:12s} {r['precision']:5s} {r['provider']:26s} {r['ms_per_step']:8.2f} "
-              f"{r['images_per_s']:8.1f} {r['peak_mem_mib']:9.1f} {r['first_calls_s']:8.1f}  "
+        spread = f"{r['ms_min']:.2f}-{r['ms_max']:.2f}" if r["rounds"] > 1 else ""
+        vs = f"{r['vs_floor']:.3f}" if r["vs_floor"] != "" else ""
+        print(f"{r['case']:12s} {r['precision']:5s} {r['provider']:26s} {r['ms_per_step']:8.2f} {spread:>13s} "
+              f"{vs:>8s} {r['images_per_s']:8.1f} {r['peak_mem_mib']:9.1f} {r['first_calls_s']:8.1f}  "
               + " ".join(f"{r[f'ms_{k}']:6.2f}" if r[f"ms_{k}"] != "" else f"{'':6s}" for k in KINDS))
 
 
@@ -533,6 +627,9 @@ def main() -> None:
     p.add_argument("--providers", nargs="+", default=list(PROVIDERS), choices=list(PROVIDERS))
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--profile", action="store_true", help="GPU-time breakdown by kind for every row")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time the in-process providers (snntrain-*, resnet18-*) of each case in this many rounds, "
+                        "taking turns, and report medians (see interleaved())")
     p.add_argument("--cli-steps", type=int, default=60, help="training steps per epoch of the cli-* runs")
     p.add_argument("--cli-pythonpath", nargs="*", default=[],
                    help="other checkouts whose command line to run as well, in every cli-* provider's mode "
@@ -540,6 +637,8 @@ def main() -> None:
     p.add_argument("--sj-worker", help=argparse.SUPPRESS)
     p.add_argument("--sj-provider", default="spikingjelly", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     if not torch.cuda.is_available():
         sys.exit("benchmarks need a CUDA GPU")
     torch.backends.cudnn.benchmark = True
@@ -550,33 +649,50 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     log = open(out / "bench_train.json", "a")
+    def bench(case: str, prov: str, prec: str) -> Callable[[], Bench | None]:
+        return lambda: (resnet18 if prov.startswith("resnet18") else ours)(case, prov, prec, args)
+
     for case in args.cases:
         for prec in args.precisions:
+            own = [p for p in args.providers if p.startswith(("snntrain-", "resnet18-"))]
+            together = own if args.rounds > 1 else []
+            case_rows = []
+            if together:
+                torch._dynamo.reset()
+                try:
+                    case_rows += interleaved([bench(case, p, prec) for p in together], args)
+                except Exception as err:  # noqa: BLE001 - report and go on with the other rows
+                    print(f"{case} {prec} {' '.join(together)}: {type(err).__name__}: {str(err)[:400]}")
+                finally:
+                    torch.cuda.empty_cache()
             for prov in args.providers:
-                if prov.startswith("spikingjelly") and case == "detector":
+                if prov in together or (prov.startswith("spikingjelly") and case == "detector"):
                     continue
                 try:
                     if prov.startswith("spikingjelly"):
                         new = run_spikingjelly(case, prov, prec, args)
-                    elif prov.startswith("resnet18"):
-                        new = [] if case == "detector" else [resnet18(case, prov, prec, args)]
                     elif prov == "lightning-loop":
                         new = [lightning_loop(case, prec, args)]
                     elif prov.startswith("cli-"):
                         new = [command_line(case, prov, prec, args, path) for path in [None, *args.cli_pythonpath]]
                     else:
-                        new = [ours(case, prov, prec, args)]
+                        torch._dynamo.reset()
+                        b = bench(case, prov, prec)()
+                        new = [] if b is None else [measure(b, args)]
                 except Exception as err:  # noqa: BLE001 - report and go on with the other rows
                     print(f"{case} {prec} {prov}: {type(err).__name__}: {str(err)[:400]}")
                     continue
                 finally:
                     torch.cuda.empty_cache()
                 for r in new:
-                    rows.append(r)
-                    log.write(json.dumps(r) + "\n")
-                    log.flush()
+                    case_rows.append(r)
                     print(f"  {case} {prec} {prov}: {r['ms_per_step']:.2f} ms, {r['peak_mem_mib']:.0f} MiB, "
                           f"first calls {r['first_calls_s']:.1f} s", flush=True)
+            floor_ratios(case_rows)
+            for r in case_rows:
+                rows.append(r)
+                log.write(json.dumps(r) + "\n")
+                log.flush()
     if rows:
         save(rows, out)
         print_rows(rows)

@@ -1,0 +1,107 @@
+"""The benchmark scripts' rounds: scripts/bench_train.py's providers timed in rounds that take turns and their
+ratios to the ResNet-18 floor; scripts/bench_ddp.py's speed-ups per round and their medians."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    module = load("bench_train")
+    # the CUDA calls of the timing loop, on a CPU: memory grows by what the steps allocate
+    allocated = {"now": 0, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocated["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    return module, allocated
+
+
+def test_rounds_take_turns_and_give_medians_and_per_round_ratios(bench):
+    module, allocated = bench
+    calls: list[str] = []
+    clock = {"slow": 1.0}  # the host's speed, which drifts between rounds
+
+    def make(provider: str, seconds: float, resident: int, transient: int):
+        def build():
+            allocated["now"] += resident  # the model, its inputs and optimizer state stay allocated
+
+            def step():
+                calls.append(provider)
+                allocated["peak"] = max(allocated["peak"], allocated["now"] + transient)
+                time.sleep(seconds * clock["slow"])
+                if provider == "resnet18-eager" and len(calls) % 6 == 0:
+                    clock["slow"] = 3.0 if clock["slow"] == 1.0 else 1.0
+
+            return module.Bench("event", provider, "bf16", 16, step)
+        return build
+
+    args = SimpleNamespace(rounds=4, steps=2, warmup=1, profile=False)
+    rows = module.interleaved([make("snntrain-eager", 0.004, 2**20, 2**21),
+                               make("resnet18-eager", 0.003, 2**22, 2**20),
+                               lambda: None], args)
+    assert [r["provider"] for r in rows] == ["snntrain-eager", "resnet18-eager"]
+    # warm-up of each, then rounds taking turns: 2 steps of one, 2 of the other
+    assert calls[:2] == ["snntrain-eager", "resnet18-eager"]
+    assert calls[2:] == (["snntrain-eager"] * 2 + ["resnet18-eager"] * 2) * 4
+    ours, floor = rows
+    assert ours["rounds"] == floor["rounds"] == 4 and len(ours["ms_rounds"]) == 4
+    assert ours["ms_min"] <= ours["ms_per_step"] <= ours["ms_max"]
+    assert ours["ms_max"] > 2 * ours["ms_min"]  # the host's drift is in the rounds...
+    module.floor_ratios(rows)
+    assert floor["vs_floor"] == ""
+    # ...but not in the ratio of each round (sleep only ever overshoots: the ratio sits near 4/3)
+    assert 1.0 < ours["vs_floor"] < 1.6
+    # peak: the provider's own resident memory plus its steps' rise, not the other provider's memory
+    assert ours["peak_mem_mib"] == pytest.approx((2**20 + 2**21) / 2**20)
+    assert floor["peak_mem_mib"] == pytest.approx((2**22 + 2**20) / 2**20)
+
+
+def test_each_row_is_set_against_the_resnet_of_its_mode_case_and_precision(bench):
+    module, _ = bench
+
+    def r(provider: str, ms: float, case: str = "event", precision: str = "bf16") -> dict:
+        return module.row(case, provider, precision, 16, 0.0, ms, 0)
+
+    rows = [r("snntrain-eager", 15.0), r("snntrain-graph", 7.0), r("snntrain-reduce-overhead", 8.0),
+            r("snntrain-compile", 9.0), r("resnet18-eager", 10.0), r("resnet18-graph", 7.0),
+            r("cli-eager", 20.0), r("spikingjelly", 30.0), r("snntrain-eager", 12.0, precision="fp32"),
+            r("resnet18-eager", 6.0, case="sew18-224")]
+    module.floor_ratios(rows)
+    assert [x["vs_floor"] for x in rows] == [1.5, 1.0, "", "", "", "", 2.0, 3.0, "", ""]
+
+
+def test_ddp_speedups_are_taken_per_round_and_their_median_reported():
+    module = load("bench_ddp")
+    rates = {(0, 1): 1000.0, (0, 2): 1900.0, (1, 1): 600.0, (1, 2): 1200.0, (2, 1): 1000.0, (2, 2): 1850.0}
+    rows = [{"case": "sew18", "provider": "command line", "devices": n, "round": r, "images_per_s": v}
+            for (r, n), v in rates.items()]
+    rows.append({"case": "sew18", "provider": "command line", "devices": 2, "round": 3, "error": ["failed"]})
+    rows += [{"case": "sew18", "provider": "bare step, whole-step graph", "devices": n, "images_per_s": v}
+             for n, v in ((1, 4000.0), (2, 7800.0))]
+    medians = module.speedups(rows, 1)
+    assert [r.get("speedup") for r in rows] == pytest.approx([1.0, 1.9, 1.0, 2.0, 1.0, 1.85, None, 1.0, 1.95])
+    two = next(m for m in medians if m["provider"] == "command line" and m["devices"] == 2)
+    # the slow round's rates do not decide it: the median speed-up, not the ratio of median rates (1.85 x)
+    assert two["rounds"] == 3 and two["speedup"] == pytest.approx(1.9)
+    assert (two["speedup_min"], two["speedup_max"]) == pytest.approx((1.85, 2.0))
+    assert two["images_per_s"] == 1850.0
+    bare = next(m for m in medians if m["provider"] != "command line" and m["devices"] == 2)
+    assert bare["rounds"] == 1 and bare["speedup"] == pytest.approx(1.95)
