@@ -112,7 +112,8 @@ def speedups(rows: list[dict], base_devices: int) -> list[dict]:
 def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, precision: str, out: Path,
              extra: list[str], accelerator: str = "gpu", round_: int | None = None) -> dict:
     run = out / (f"{case}_{devices}gpu" + ("" if round_ is None else f"_round{round_}"))
-    per_gpu = 32
+    # the per-GPU batch: the case's, or an extra override's (the last one wins, as in Hydra)
+    per_gpu = int([a.split("=", 1)[1] for a in [*CASES[case], *extra] if a.startswith("data.batch_size=")][-1])
     n_train = steps * per_gpu * devices
     size = ["data.num_train=" + str(n_train)]
     cmd = [sys.executable, "-m", "snntrain", *CASES[case], *size, f"backend={backend}",
