@@ -284,7 +284,7 @@ def unfuse(model, provider: str) -> None:
             m.fused = not provider.endswith("-unfused")
 
 
-def ours(case: str, provider: str, precision: str, args) -> Bench:
+def ours(case: str, provider: str, precision: str) -> Bench:
     from snntrain.nn import set_backend
     from snntrain.tasks.optim import build_optimizer
     from snntrain.tasks.speed import compile_model, to_channels_last
@@ -293,7 +293,7 @@ def ours(case: str, provider: str, precision: str, args) -> Bench:
     mode = {"snntrain-compile": "default", "snntrain-reduce-overhead": "reduce-overhead",
             "snntrain-compile-graph": "default"}.get(provider)
     if case == "detector":
-        return detector(provider, precision, backend, mode, args)
+        return detector(provider, precision, backend, mode)
     c = CASES[case]
     model = sew_model(case, backend).cuda()
     if "nchw" not in provider:
@@ -336,7 +336,7 @@ def classifier_step(fn, opt, x: torch.Tensor, y: torch.Tensor, precision: str, g
     return step
 
 
-def detector(provider, precision, backend, mode, args) -> Bench:
+def detector(provider, precision, backend, mode) -> Bench:
     """The default detector's training step as the task computes it (``DetectionTask.objective``: network,
     target assignment and loss; with ``compile`` all of it in one graph), without Lightning around it."""
     from hydra import compose, initialize_config_module
@@ -381,7 +381,7 @@ def detector(provider, precision, backend, mode, args) -> Bench:
 # ----------------------------------------------------------------------------- the floor: ResNet-18
 
 
-def resnet18(case: str, provider: str, precision: str, args) -> Bench | None:
+def resnet18(case: str, provider: str, precision: str) -> Bench | None:
     """torchvision's ResNet-18 (ReLU, the same convolutions and batch norms, channels-last) at batch T x B:
     what our network would cost without spiking neurons and without the time axis."""
     import torchvision
@@ -556,9 +556,7 @@ def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly"
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    first, ms, peak = time_steps(step, args.steps, args.warmup)
-    prof = breakdown(step, ms) if args.profile else None
-    return row(case, provider, precision, c["batch"], first, ms, peak, prof, note)
+    return measure(Bench(case, provider, precision, c["batch"], step, note), args)
 
 
 def run_spikingjelly(case: str, provider: str, precision: str, args) -> list[dict]:
@@ -650,7 +648,7 @@ def main() -> None:
     rows: list[dict] = []
     log = open(out / "bench_train.json", "a")
     def bench(case: str, prov: str, prec: str) -> Callable[[], Bench | None]:
-        return lambda: (resnet18 if prov.startswith("resnet18") else ours)(case, prov, prec, args)
+        return lambda: (resnet18 if prov.startswith("resnet18") else ours)(case, prov, prec)
 
     for case in args.cases:
         for prec in args.precisions:
