@@ -424,23 +424,18 @@ def _plan_folder(out_dir: Path, formats: Sequence[str], digest: str, overwrite: 
     """What exporting ``formats`` of the weights ``digest`` into ``out_dir`` does to what is there: returns the
     folder's model card when its other formats stay (an export of the same weights), and the files of another
     export that ``overwrite`` replaces. Refuses (``ValueError`` naming the folder, the files and
-    ``export.overwrite``) to replace a file without ``overwrite``, and to write into a folder that holds files
-    an export does not write, unless it is an export folder (it has a model card)."""
+    ``export.overwrite``) to replace a file without ``overwrite``, and to write into a folder that is neither
+    empty nor an export folder (one with a model card: an export's files are moved in with the card last)."""
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return None, []
     where = f"export.dir={str(out_dir)!r}"
     rewritten = {FORMAT_FILES[f] for f in formats}
-    ours = [out_dir / name for name in (*EXPORT_FILES, *FORMAT_FILES.values()) if (out_dir / name).exists()]
     card = _read_card(out_dir)
-    if card is None:
-        others = sorted(p.name for p in out_dir.iterdir() if p not in ours)
-        if others:
-            raise ValueError(f"{where} holds files that are not an snntrain export ({', '.join(others[:4])}"
-                             f"{', ...' if len(others) > 4 else ''}): export into a new or empty folder")
-        if not overwrite:
-            raise ValueError(f"{where} holds {', '.join(p.name for p in ours)} but no readable model_card.json (an "
-                             "interrupted export?); export.overwrite=true replaces them, or export into a new folder")
-        return None, [p for p in ours if p.name in FORMAT_FILES.values() and p.name not in rewritten]
+    if card is None:  # not an export folder (or one whose card is gone): whose files these are is unknown
+        others = sorted(p.name for p in out_dir.iterdir())
+        raise ValueError(f"{where} holds files that are not an snntrain export ({', '.join(others[:4])}"
+                         f"{', ...' if len(others) > 4 else ''}; no model_card.json): export into a new or empty "
+                         "folder")
     same = _folder_weights_digest(out_dir, card) == digest
     present = [FORMAT_FILES[f] for f in FORMATS if (out_dir / FORMAT_FILES[f]).exists()]
     if not same:
