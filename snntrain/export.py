@@ -603,7 +603,6 @@ def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
     diff = _max_diff(tuple(got) if detector else got[0], reference)
-    log.info("snntrain: ONNX check with onnxruntime: largest difference %.3g", diff)
     print(f"ONNX (onnxruntime) vs PyTorch backend: largest absolute difference {diff:.3g}", flush=True)
     return diff
 
