@@ -167,6 +167,16 @@ def _missing_option(err: BaseException) -> str | None:
     return f"Could not find '{m[1]}'; available options in '{group}': {', '.join(map(str, options))}{hint}"
 
 
+def _override_syntax(err: BaseException) -> str | None:
+    """Hydra's parse error of an override, naming the override."""
+    from hydra.errors import OverrideParseException
+
+    if not isinstance(err, OverrideParseException):
+        return None
+    first, *rest = str(err.message).splitlines() or [""]
+    return f"{err.override}: {first}" + (f" ({rest[0].strip()})" if rest else "")
+
+
 def _omegaconf(err: BaseException) -> str | None:
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -183,7 +193,7 @@ def describe(err: BaseException, cfg: Any = None) -> str:
     """The message for a user error: at most :data:`MAX_LINES` lines, keys named by their full path in ``cfg``
     (the run's config, when there is one)."""
     worker = _worker_error(err)
-    text = (_unknown_key(err) or _missing_option(err) or _omegaconf(err)
+    text = (_unknown_key(err) or _missing_option(err) or _override_syntax(err) or _omegaconf(err)
             or (worker[0] if worker else None) or str(err) or type(err).__name__)
     if isinstance(err, _FILE_ERRORS) and getattr(err, "filename", None) and not _KEY.match(text):
         text = f"{err.strerror or type(err).__name__}: {err.filename}" if err.strerror else text

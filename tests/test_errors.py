@@ -43,6 +43,15 @@ def test_a_typo_in_a_group_option_names_the_options(compose_run):
                        "(did you mean backend=triton?)")
 
 
+def test_an_override_that_does_not_parse_is_named(compose_run):
+    from hydra.errors import OverrideParseException
+
+    with pytest.raises(OverrideParseException) as err:
+        compose_run(None, "T=[1")
+    message = describe(err.value)
+    assert message.startswith("T=[1: ") and "\n" not in message and is_user_error(err.value)
+
+
 @pytest.mark.parametrize("override, expected", [
     ("data.batch_size=-1", "data.batch_size=-1 must be a positive integer"),
     ("model.neuron.tau=0.5", "model.neuron.tau=0.5 must be > 1"),
