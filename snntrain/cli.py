@@ -505,6 +505,7 @@ def main() -> Any:
     A user error ends the command with one message and exit code 1 (:mod:`snntrain.errors`); ``--debug`` or
     ``HYDRA_FULL_ERROR=1`` shows its traceback too."""
     import sys
+    import traceback
 
     from .config_keys import upgrade_overrides
     from .distributed import command_line
@@ -525,8 +526,10 @@ def main() -> Any:
     except _Reported:
         raise SystemExit(1) from None
     except Exception as err:  # before any job ran: composing the config, parsing an override, --cfg
-        if _traceback_wanted() or not is_user_error(err):
+        if not is_user_error(err):
             raise
+        if _traceback_wanted():
+            traceback.print_exception(err)
         print("snntrain: error: " + describe(err).replace("\n", "\n  "), file=sys.stderr)
         raise SystemExit(1) from None
     finally:

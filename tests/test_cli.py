@@ -199,7 +199,7 @@ def test_cli_typo_fails_with_options(tmp_path):
 @pytest.mark.slow
 def test_cli_user_errors_are_one_message(tmp_path):
     """A bad value and an unknown key: one message naming the full key (no traceback), exit code 1, and no run
-    folder left, its log kept beside where it was; HYDRA_FULL_ERROR=1 shows the traceback as well."""
+    folder left, its log kept beside where it was; --debug or HYDRA_FULL_ERROR=1 shows the traceback as well."""
     res = cli("debug=tiny", "data.batch_size=-1", cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stdout + res.stderr
     errors = res.stderr.splitlines()
@@ -213,9 +213,10 @@ def test_cli_user_errors_are_one_message(tmp_path):
     assert res.returncode == 1 and res.stderr.splitlines() == [
         "snntrain: error: model.dept=18: model has no key 'dept'; did you mean model.depth=18?"]
 
-    res = cli("debug=tiny", "trainer.max_epochs=0", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
-    assert res.returncode == 1 and "Traceback" in res.stderr and "trainer.max_epochs=0 trains nothing" in res.stderr
-    assert len(list(runs.iterdir())) == 2 and all(p.suffix == ".log" for p in runs.iterdir())
+    for full in (["--debug"], []):  # --debug, or HYDRA_FULL_ERROR=1, shows the traceback too
+        res = cli("model.dept=18", *full, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0" if full else "1"})
+        assert res.returncode == 1 and "Traceback" in res.stderr and "did you mean model.depth=18" in res.stderr
+    assert len(list(runs.iterdir())) == 1
 
 
 @pytest.mark.slow

@@ -87,7 +87,8 @@ def test_read_checkpoint_errors(tmp_path):
     (tmp_path / "text.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError) as err:  # one line, without PyTorch's paragraph on weights_only
         read_checkpoint(tmp_path / "text.ckpt")
-    assert "\n" not in str(err.value) and len(str(err.value)) < 200 and "text.ckpt cannot be read" in str(err.value)
+    message = str(err.value)
+    assert "\n" not in message and len(message) - len(str(tmp_path)) < 150 and "text.ckpt cannot be read" in message
     torch.save({"weights": torch.zeros(1)}, tmp_path / "foreign.ckpt")
     with pytest.raises(CheckpointError, match="foreign.ckpt has no 'state_dict'"):
         read_checkpoint(tmp_path / "foreign.ckpt")
