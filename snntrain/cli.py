@@ -437,7 +437,7 @@ def _after_failure(out: Path, own: bool) -> str:
     checkpoint, no result: see ``_BOOKKEEPING``) is removed, its log kept beside it as ``<folder>.failed.log``."""
     logs = _log_files(out)
     worth_keeping = any(p.is_file() and not _BOOKKEEPING.match(p.relative_to(out).as_posix()) for p in out.rglob("*"))
-    if not own or worth_keeping or not out.is_dir() or any(p.name.startswith("cli_rank") for p in logs):
+    if not own or worth_keeping or not out.is_dir() or any(out.glob("cli_rank*.log")):  # DDP: others log there
         return f"the run's log: {_shown(logs[0])}" if logs else f"the run folder: {_shown(out)}"
     kept = out.with_name(f"{out.name}.failed.log")
     if logs:
