@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from .errors import UnavailableError
 from .validation import one_of
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,9 @@ def resolve_backend(name: str, cuda: bool | None = None) -> str:
         return chosen
     if name == "triton":
         if not triton_importable():
-            raise RuntimeError("backend=triton needs the 'triton' package, which is not installed; use backend=torch")
+            raise UnavailableError("backend=triton needs the 'triton' package, which is not installed; use backend=torch")
         if not cuda and not triton_interpret():
-            raise RuntimeError(
+            raise UnavailableError(
                 "backend=triton needs a CUDA GPU and none is in use here; "
                 "use backend=torch (or backend=auto), or set TRITON_INTERPRET=1 to run the "
                 "Triton kernels in the (slow) CPU interpreter"

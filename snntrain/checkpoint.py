@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # zip reader, unpickler and EOF errors all mean the same to the user
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {_first_sentence(err)}); "
             "the file is truncated, corrupt or not a PyTorch checkpoint"
         ) from err
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
@@ -41,6 +42,13 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             "it was not written by snntrain"
         )
     return ckpt
+
+
+def _first_sentence(err: BaseException, limit: int = 100) -> str:
+    """The start of an error's message (PyTorch's unpickler adds a paragraph about ``weights_only``)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> dict[str, Any]:

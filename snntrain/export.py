@@ -19,15 +19,18 @@ image pyramid around it as README "Export and inference" shows). A classifier re
 ``[B, L, K]`` for all L locations, before thresholding and NMS (see
 :meth:`snntrain.models.SpikingFCOS.decode`).
 
-Every export is written into a temporary folder that is renamed only when complete.
+An export is written into a temporary folder and moved into the export folder when complete; the formats an
+earlier export of the same weights left there stay, and the model card lists them all (see
+:func:`export_checkpoint`, which refuses to replace a file unless told to).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ from torch import nn
 from . import __version__
 from .backend import check_backend, resolve_backend
 from .checkpoint import CheckpointError, checkpoint_config, read_checkpoint
+from .errors import UnavailableError
 from .fileio import atomic_path
 from .models import SpikingFCOS, build_model
 from .nn.neurons import set_backend
@@ -44,6 +48,13 @@ from .nn.neurons import set_backend
 log = logging.getLogger(__name__)
 
 FORMATS = ("safetensors", "onnx", "torch_export", "nir")
+#: The file each format writes into an export folder.
+FORMAT_FILES = {"safetensors": "model.safetensors", "onnx": "model.onnx", "torch_export": "model.pt2", "nir": "model.nir"}
+#: The files every export writes besides its formats' (the model card lists the formats in the folder).
+EXPORT_FILES = ("config.yaml", "model_card.json", "README.md")
+#: Model-card keys that describe one format; they stay in the card as long as the format's file does.
+FORMAT_KEYS = {"onnx": ("onnx_max_abs_diff",), "torch_export": ("torch_export_backend", "torch_export_max_abs_diff"),
+               "nir": ("nir_target", "nir_dt", "nir_max_abs_diff", "nir_unfolded_max_abs_diff")}
 #: What an export writes unless told otherwise (NIR is opt-in: not every network has a NIR form).
 DEFAULT_FORMATS = ("safetensors", "onnx", "torch_export")
 ONNX_OPSET = 18
@@ -218,7 +229,7 @@ def load_program(path: str | os.PathLike):
             f"({__version__}) does not define; load it with the snntrain version that exported it, or export the "
             "checkpoint again with this one")
     if ops and not torch.cuda.is_available() and not triton_interpret():
-        raise RuntimeError(
+        raise UnavailableError(
             f"{path} was exported with backend=triton: its graph calls snntrain's Triton kernels "
             f"({', '.join('snntrain::' + o for o in ops)}), which need a CUDA GPU, and none is present here. "
             "Export the checkpoint again with the PyTorch backend, which runs anywhere "
@@ -334,7 +345,7 @@ def multi_scale_card(head: dict[str, Any]) -> dict[str, Any]:
 def _readme(card: dict[str, Any]) -> str:
     lines = [f"# snntrain export: {card['task']}", ""]
     for key in ("task", "classes", "training_data", "T", "input_shape", "backend_in_training", "epoch", "global_step",
-                "checkpoint", "outputs", "multi_scale"):
+                "checkpoint", "outputs", "multi_scale", "formats"):
         if key in card:
             lines.append(f"- {key}: {card[key]}")
     if card["metrics"]:
@@ -367,6 +378,91 @@ def _max_diff(a, b) -> float:
                for x, y in zip(a, b))
 
 
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes (in name order): the identity of an export's
+    weights, the same for the model that is exported and for the ``model.safetensors`` written from it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _folder_weights_digest(folder: Path, card: dict[str, Any]) -> str | None:
+    """The weights digest of an existing export folder: its card's, or (a card written before cards recorded one)
+    that of its ``model.safetensors``; None when neither says."""
+    if card.get("weights_sha256"):
+        return card["weights_sha256"]
+    weights = folder / FORMAT_FILES["safetensors"]
+    if weights.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return weights_digest(load_file(str(weights)))
+        except (SafetensorError, OSError):  # unreadable: the folder's weights are unknown
+            return None
+    return None
+
+
+def _read_card(folder: Path) -> dict[str, Any] | None:
+    path = folder / "model_card.json"
+    if not path.is_file():
+        return None
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return card if isinstance(card, dict) else None
+
+
+def _plan_folder(out_dir: Path, formats: Sequence[str], digest: str, overwrite: bool
+                 ) -> tuple[dict[str, Any] | None, list[Path]]:
+    """What exporting ``formats`` of the weights ``digest`` into ``out_dir`` does to what is there: returns the
+    folder's model card when its other formats stay (an export of the same weights), and the files of another
+    export that ``overwrite`` replaces. Refuses (``ValueError`` naming the folder, the files and
+    ``export.overwrite``) to replace a file without ``overwrite``, and to write into a folder that is neither
+    empty nor an export folder (one with a model card: an export's files are moved in with the card last)."""
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None, []
+    where = f"export.dir={str(out_dir)!r}"
+    rewritten = {FORMAT_FILES[f] for f in formats}
+    card = _read_card(out_dir)
+    if card is None:  # not an export folder (or one whose card is gone): whose files these are is unknown
+        others = sorted(p.name for p in out_dir.iterdir())
+        raise ValueError(f"{where} holds files that are not an snntrain export ({', '.join(others[:4])}"
+                         f"{', ...' if len(others) > 4 else ''}; no model_card.json): export into a new or empty "
+                         "folder")
+    same = _folder_weights_digest(out_dir, card) == digest
+    present = [FORMAT_FILES[f] for f in FORMATS if (out_dir / FORMAT_FILES[f]).exists()]
+    if not same:
+        if not overwrite:
+            raise ValueError(f"{where} holds an export of other weights ({card.get('checkpoint', '?')}: "
+                             f"{', '.join(present) or 'no model files'}); export.overwrite=true replaces that export, "
+                             "or export into another folder")
+        return None, [out_dir / name for name in present if name not in rewritten]
+    existing = [FORMAT_FILES[f] for f in formats if (out_dir / FORMAT_FILES[f]).exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{where} already holds {', '.join(existing)} of this checkpoint's weights; "
+                         "export.overwrite=true writes it again (or leave its format out of export.formats)")
+    return card, []
+
+
+def _kept_formats(card: dict[str, Any], folder: Path, formats: Sequence[str]) -> dict[str, Any]:
+    """The entries of an earlier card (of the same weights) for the formats that stay in ``folder``: their file
+    descriptions and their per-format keys."""
+    kept: dict[str, Any] = {"files": {}}
+    for fmt, name in FORMAT_FILES.items():
+        if fmt in formats or not (folder / name).exists():
+            continue
+        kept["files"][name] = card.get("files", {}).get(name, fmt)
+        kept.update({k: card[k] for k in FORMAT_KEYS.get(fmt, ()) if k in card})
+    return kept
+
+
 def export_checkpoint(
     ckpt_path: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -376,8 +472,17 @@ def export_checkpoint(
     seed: int = 0,
     nir_dt: float | None = None,
     nir_target: str = "spec",
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Export a checkpoint into ``out_dir`` (replaced atomically); returns the model card.
+    """Export a checkpoint's ``formats`` into the folder ``out_dir``; returns the model card.
+
+    Each format writes its own file (:data:`FORMAT_FILES`) beside ``config.yaml`` and the model card
+    (``model_card.json``, ``README.md``), which lists every format in the folder. An existing export folder
+    of the same weights keeps its other formats (the README's commands export into one folder, format by
+    format); a file that is already there is written again only with ``overwrite``, and a folder holding
+    an export of other weights is replaced (its model files removed) only with ``overwrite``. Everything is
+    written into a temporary folder first and moved into ``out_dir`` when complete, so a failed export
+    changes nothing.
 
     ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
     otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_target`` is the
@@ -386,9 +491,11 @@ def export_checkpoint(
     (naming every node and why) before anything is written.
     """
     from .nir_graph import check_target
+    from .validation import flag
 
     formats = check_formats(formats)
     check_target(nir_target)
+    overwrite = flag("export.overwrite", overwrite)
     source = Path(ckpt_path)
     ckpt = read_checkpoint(source)
     config = checkpoint_config(ckpt)
@@ -396,10 +503,14 @@ def export_checkpoint(
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"export.dir={str(out_dir)!r} exists and is not a folder")
     model = _checkpoint_model(ckpt, "torch", source)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    digest = weights_digest(state)
+    earlier, replaced = _plan_folder(out_dir, formats, digest, overwrite)
     shape = input_shape(config)
     # a batch of 2 for tracing: a traced size of 1 would be specialised and not stay dynamic
     sample = torch.randn([2, *shape[1:]], generator=torch.Generator().manual_seed(seed))
     card = _card(config, ckpt, shape, source, model)
+    card["weights_sha256"] = digest
     nir_graph = None
     if "nir" in formats:  # checked first: a model the target cannot read stops the export before any writing
         from .nir_graph import to_nir
@@ -407,22 +518,20 @@ def export_checkpoint(
         nir_graph = to_nir(set_backend(model, "torch"), tuple(shape[1:]), nir_dt, nir_target)
     with torch.no_grad():
         reference = ExportGraph(model)(sample)
+    written: dict[str, str] = {}
     with atomic_path(out_dir, is_dir=True) as tmp:
         import yaml
 
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        card["files"]["config.yaml"] = "resolved run config"
         if "safetensors" in formats:
             from safetensors.torch import save_file
 
-            state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
             save_file(state, str(tmp / "model.safetensors"), metadata={"snntrain_version": __version__})
-            card["files"]["model.safetensors"] = f"{len(state)} tensors"
+            written["model.safetensors"] = f"{len(state)} tensors"
         if "onnx" in formats:
             card["onnx_max_abs_diff"] = _export_onnx(model, sample, reference, tmp / "model.onnx", opset)
-            card["files"]["model.onnx"] = (f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
-                                           + (", any height and width (multiples of the coarsest stride)"
-                                              if isinstance(model, SpikingFCOS) else ""))
+            written["model.onnx"] = (f"opset {opset}, T={card['T']} unrolled, PyTorch backend"
+                                     + (", any height and width (multiples of the coarsest stride)"
+                                        if isinstance(model, SpikingFCOS) else ""))
         if "torch_export" in formats:
             prog_backend = _backend_for(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
@@ -431,15 +540,28 @@ def export_checkpoint(
                      "for any device)" if prog_backend == "triton" else
                      "any batch, height and width (multiples of the coarsest stride), any device"
                      if isinstance(model, SpikingFCOS) else "any batch, any device")
-            card["files"]["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
+            written["model.pt2"] = f"torch.export program, {card['torch_export_backend']} backend, {where}"
         if nir_graph is not None:
             card.update(_export_nir(model, sample, nir_graph, tmp / "model.nir"))
             what = "backbone stage spikes" if isinstance(model, SpikingFCOS) else "per-step logits (mean over T)"
-            card["files"]["model.nir"] = (f"NIR graph for {card['nir_target']}, BatchNorm folded, "
-                                          f"dt={card['nir_dt']:g} s, {what}")
+            written["model.nir"] = (f"NIR graph for {card['nir_target']}, BatchNorm folded, "
+                                    f"dt={card['nir_dt']:g} s, {what}")
+        kept = _kept_formats(earlier, out_dir, formats) if earlier is not None else {"files": {}}
+        card.update({k: v for k, v in kept.items() if k != "files"})
+        files = {"config.yaml": "resolved run config", **kept["files"], **written}
+        card["files"] = {name: files[name] for name in ("config.yaml", *FORMAT_FILES.values()) if name in files}
+        card["formats"] = [f for f in FORMATS if FORMAT_FILES[f] in card["files"]]
+        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (tmp / "model_card.json").write_text(json.dumps(card, indent=2))
         (tmp / "README.md").write_text(_readme(card))
-    log.info("snntrain: exported %s to %s (%s)", source, out_dir, ", ".join(formats))
+    for path in replaced:  # files of the export that overwrite replaced, not written again
+        path.unlink(missing_ok=True)
+        log.info("snntrain: export: removed %s (an export of other weights; export.overwrite=true)", path)
+    for fmt, name in FORMAT_FILES.items():
+        if name in written:
+            log.info("snntrain: export: %s written (%s: %s)", out_dir / name, fmt, written[name])
+    for name in kept["files"]:
+        log.info("snntrain: export: %s kept from an earlier export of these weights", out_dir / name)
     return card
 
 
@@ -454,19 +576,33 @@ def dynamic_dims(model: nn.Module) -> dict[int, Any]:
     return dims
 
 
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """The ``loggers`` (and their children) pass warnings and errors only, for the duration."""
+    targets = [logging.getLogger(name) for name in loggers]
+    levels = [t.level for t in targets]
+    for t, level in zip(targets, levels):
+        t.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        for t, level in zip(targets, levels):
+            t.setLevel(level)
+
+
 def _export_onnx(model: nn.Module, sample: torch.Tensor, reference, path: Path, opset: int) -> float:
     import onnxruntime as ort
 
     graph = ExportGraph(set_backend(model, "torch")).eval()
     detector = graph.detector
     names = ["boxes", "scores"] if detector else ["logits"]
-    torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
-                      output_names=names, dynamic_shapes={"images": dynamic_dims(model)},
-                      external_data=False, verbose=False)
+    with _quiet("onnx_ir", "onnxscript"):  # their graph passes log a line per initializer, rule and node at INFO
+        torch.onnx.export(graph, (sample,), str(path), dynamo=True, opset_version=opset, input_names=["images"],
+                          output_names=names, dynamic_shapes={"images": dynamic_dims(model)},
+                          external_data=False, verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"images": sample.numpy()})
     diff = _max_diff(tuple(got) if detector else got[0], reference)
-    log.info("snntrain: ONNX check with onnxruntime: largest difference %.3g", diff)
     print(f"ONNX (onnxruntime) vs PyTorch backend: largest absolute difference {diff:.3g}", flush=True)
     return diff
 

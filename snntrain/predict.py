@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,32 @@ def load_model(source: str | os.PathLike, backend: str = "auto") -> nn.Module:
     return load_exported(path, backend) if path.is_dir() else load_checkpoint(path, backend)
 
 
-def classification_input(path: Path, data: dict[str, Any], in_channels: int) -> torch.Tensor:
-    """An image file as the classification data module feeds it to the model, ``[C, S, S]``."""
+#: predict.polarity: how a digits classifier reads an image's strokes (see :func:`classification_input`)
+POLARITIES = ("auto", "light_on_dark", "dark_on_light")
+#: predict.bad_files: what an unreadable image does to a prediction run
+BAD_FILES = ("error", "skip")
+
+
+def digit_polarity(image: torch.Tensor) -> str:
+    """``light_on_dark`` or ``dark_on_light``: the strokes of a grey image ``[1, H, W]`` in [0, 1] against its
+    ground, judged by the median of its outermost rows and columns (the ground around a digit)."""
+    border = torch.cat([image[..., 0, :], image[..., -1, :], image[..., :, 0], image[..., :, -1]], -1)
+    return "dark_on_light" if float(border.median()) > 0.5 else "light_on_dark"
+
+
+def classification_input(path: Path, data: dict[str, Any], in_channels: int, polarity: str = "auto"
+                         ) -> torch.Tensor:
+    """An image file as the classification data module feeds it to the model, ``[C, S, S]``.
+
+    ``polarity`` is for models trained on the bundled digits (``data=digits``), whose strokes are light on a
+    dark ground: ``dark_on_light`` images (ink on paper) are inverted to match, ``light_on_dark`` ones are
+    not, and ``auto`` decides per image by the ground around it (:func:`digit_polarity`)."""
+    return _classification_input(path, data, in_channels, polarity)[0]
+
+
+def _classification_input(path: Path, data: dict[str, Any], in_channels: int, polarity: str = "auto"
+                          ) -> tuple[torch.Tensor, str | None]:
+    """:func:`classification_input` and, for a digits model, the polarity it read the image with."""
     from torchvision.transforms import v2
 
     from .data.cifar10 import MEAN as CIFAR_MEAN
@@ -55,17 +79,41 @@ def classification_input(path: Path, data: dict[str, Any], in_channels: int) -> 
     size = int(data.get("image_size") or 32)
     image = open_image(path, "L" if in_channels == 1 else "RGB")
     ops: list = [v2.ToImage(), v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True)]
+    x = v2.Compose(ops)(image)
     name = data.get("name")
     if name == "digits":
-        # the bundled digits are light strokes on a dark ground: dark ink on paper is inverted to match
-        ops += [v2.Lambda(lambda x: 1.0 - x), v2.Normalize((0.5,), (0.5,))]
-    elif name == "cifar10":
-        ops.append(v2.Normalize(CIFAR_MEAN, CIFAR_STD))
-    elif in_channels == 3:
-        ops.append(v2.Normalize(IMAGENET_MEAN, IMAGENET_STD))
-    else:
-        ops.append(v2.Normalize((0.5,), (0.5,)))
-    return v2.Compose(ops)(image)
+        found = digit_polarity(x) if polarity == "auto" else polarity
+        if found == "dark_on_light":
+            x = 1.0 - x
+        return v2.Normalize((0.5,), (0.5,))(x), found
+    if name == "cifar10":
+        return v2.Normalize(CIFAR_MEAN, CIFAR_STD)(x), None
+    if in_channels == 3:
+        return v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)(x), None
+    return v2.Normalize((0.5,), (0.5,))(x), None
+
+
+class _Unreadable:
+    """Unreadable images during a prediction run: with ``predict.bad_files=error`` the first one stops it (its
+    error says how to skip them); with ``skip`` each is logged and left out, and :meth:`summary` counts them."""
+
+    def __init__(self, bad_files: str, total: int) -> None:
+        self.skip = bad_files == "skip"
+        self.total = total
+        self.files: list[tuple[Path, str]] = []
+
+    def __call__(self, path: Path, err: Exception) -> None:
+        from .data.common import BadDataError
+
+        if not self.skip:
+            raise BadDataError(f"{err} (or predict.bad_files=skip skips unreadable images)") from err
+        self.files.append((path, str(err)))
+        log.warning("snntrain: skipped %s: %s", path, err)
+
+    def summary(self) -> None:
+        if self.files:
+            log.warning("snntrain: skipped %d of %d image(s) that cannot be read (predict.bad_files=skip): %s",
+                        len(self.files), self.total, ", ".join(str(p) for p, _ in self.files))
 
 
 def predict(
@@ -79,9 +127,16 @@ def predict(
     max_side: int | None = None,
     scales: str | Sequence[float] | None = "auto",
     tile_size: int | None = None,
+    bad_files: str = "error",
+    polarity: str = "auto",
 ) -> list[dict[str, Any]]:
     """Predict every image of ``inputs`` with the model in ``source``; writes ``predictions.json``
     (and, for a detector with ``draw``, ``images/<name>.png``) into ``out_dir``.
+
+    An image that cannot be read stops the run (``bad_files="error"``, naming it) or, with ``"skip"``, is left
+    out: each one is logged with its reason, then how many were skipped and their names. ``polarity``: how a
+    classifier of the bundled digits reads strokes (:func:`classification_input`); each record says which
+    it used (``polarity``), and the log counts them.
 
     Detectors: only boxes scoring at least ``score_thresh`` are written and drawn (``None``: the
     model's own evaluation threshold, which is low on purpose and keeps many weak boxes). With ``scales``
@@ -93,7 +148,13 @@ def predict(
     detectors trained on fixed squares (data=faces), at the original resolution (or the data's
     ``eval_max_side``) for full-resolution detectors (data=widerface); ``max_side`` overrides both.
     """
+    from .data.common import BadDataError
+    from .validation import one_of
+
     files = list_images(inputs)
+    one_of("predict.bad_files", bad_files, BAD_FILES)
+    one_of("predict.polarity", polarity, POLARITIES)
+    unreadable = _Unreadable(bad_files, len(files))
     if score_thresh is not None and (isinstance(score_thresh, bool) or not 0.0 <= float(score_thresh) <= 1.0):
         raise ValueError(f"predict.score_thresh={score_thresh!r} must be a number in [0, 1] or null")
     if max_side is not None:
@@ -121,21 +182,46 @@ def predict(
             if tile_size < 64:
                 raise ValueError(f"predict.tile_size={tile_size!r} must be at least 64 pixels")
             model.model.tile_size = tile_size
-        records = _detect(model, files, out_dir, batch_size, draw, device, max_side, scales)
+        records = _detect(model, files, out_dir, batch_size, draw, device, max_side, scales, unreadable)
     else:
+        data, channels = config.get("data", {}), config["model"]["in_channels"]
         for i in range(0, len(files), batch_size):
-            chunk = files[i:i + batch_size]
-            x = torch.stack([classification_input(f, config.get("data", {}), config["model"]["in_channels"])
-                             for f in chunk]).to(device)
-            probs = model.predict(x).cpu()
-            for f, p in zip(chunk, probs):
+            chunk, inputs_, read_as = [], [], []
+            for f in files[i:i + batch_size]:
+                try:
+                    x, found = _classification_input(f, data, channels, polarity)
+                except BadDataError as err:
+                    unreadable(f, err)
+                    continue
+                chunk.append(f)
+                inputs_.append(x)
+                read_as.append(found)
+            if not chunk:
+                continue
+            probs = model.predict(torch.stack(inputs_).to(device)).cpu()
+            for f, p, found in zip(chunk, probs, read_as):
                 top = int(p.argmax())
                 records.append({"file": str(f), "label": top, "class": str(model.classes[top]),
-                                "probability": float(p[top]), "probabilities": [round(float(v), 6) for v in p]})
+                                "probability": float(p[top]), "probabilities": [round(float(v), 6) for v in p],
+                                **({"polarity": found} if found else {})})
+        _log_polarities(records, polarity)
     with atomic_path(out_dir / "predictions.json") as tmp:
         tmp.write_text(json.dumps(records, indent=2))
-    log.info("snntrain: predictions for %d image(s) in %s", len(files), out_dir / "predictions.json")
+    log.info("snntrain: predictions for %d image(s) in %s", len(records), out_dir / "predictions.json")
+    unreadable.summary()
     return records
+
+
+def _log_polarities(records: list[dict[str, Any]], polarity: str) -> None:
+    """How a digits classifier read the images' strokes, counted (its training digits are light on dark)."""
+    found = [r["polarity"] for r in records if "polarity" in r]
+    if not found:
+        return
+    light, dark = found.count("light_on_dark"), found.count("dark_on_light")
+    how = ("judged by the ground around each image; predict.polarity=light_on_dark or dark_on_light sets it"
+           if polarity == "auto" else f"predict.polarity={polarity}")
+    log.info("snntrain: digits read as %d light on dark (as trained) and %d dark on light (inverted) (%s)",
+             light, dark, how)
 
 
 def detection_geometry(data: dict[str, Any], max_side: int | None = None, pyramid: bool = False
@@ -182,11 +268,14 @@ def draw_boxes(image: torch.Tensor, boxes: torch.Tensor, scores: Sequence[float 
 
 def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int = 16,
                  device: torch.device | None = None, max_side: int | None = None,
-                 scales: str | Sequence[float] | None = "auto"
+                 scales: str | Sequence[float] | None = "auto",
+                 unreadable: Callable[[Path, Exception], None] | None = None,
                  ) -> Iterator[tuple[Path, dict[str, Any], dict[str, torch.Tensor]]]:
     """Run a detector on image files as :func:`predict` does (see there for ``max_side`` and ``scales``); yields
     ``(file, meta, detections)`` per file, the boxes in the file's own pixels (``meta["orig_size"]`` is its
-    ``(h, w)``), on the CPU. The images go to ``device``, by default the model's."""
+    ``(h, w)``), on the CPU. The images go to ``device``, by default the model's. A file that cannot be read
+    raises :class:`~snntrain.data.common.BadDataError`, or, given ``unreadable``, goes to it and is left out."""
+    from .data.common import BadDataError
     from .data.detection import boxes_to_original, load_image_for_detection, pad_images
 
     if device is None:
@@ -197,8 +286,18 @@ def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int 
     if scales is not None:  # a pyramid is chosen from each photo's own size: one photo at a time, unpadded
         batch_size, divisor = 1, 1
     for i in range(0, len(files), batch_size):
-        chunk = files[i:i + batch_size]
-        loaded = [load_image_for_detection(f, size, side) for f in chunk]
+        chunk, loaded = [], []
+        for f in files[i:i + batch_size]:
+            try:
+                loaded.append(load_image_for_detection(f, size, side))
+            except BadDataError as err:
+                if unreadable is None:
+                    raise
+                unreadable(f, err)
+                continue
+            chunk.append(f)
+        if not chunk:
+            continue
         x = pad_images([img for img, _ in loaded], 1 if size is not None else divisor).to(device)
         with torch.no_grad():
             dets = model(x, scales=[1.0] if scales is None else scales)
@@ -208,14 +307,14 @@ def detect_files(model: SpikingDetector, files: Sequence[Path], batch_size: int 
 
 
 def _detect(model: SpikingDetector, files: list[Path], out_dir: Path, batch_size: int, draw: bool,
-            device: torch.device, max_side: int | None = None, scales: str | Sequence[float] | None = None
-            ) -> list[dict[str, Any]]:
+            device: torch.device, max_side: int | None = None, scales: str | Sequence[float] | None = None,
+            unreadable: Callable[[Path, Exception], None] | None = None) -> list[dict[str, Any]]:
     from torchvision.io import write_png
 
     from .data.detection import read_rgb
 
     records = []
-    for f, meta, det in detect_files(model, files, batch_size, device, max_side, scales):
+    for f, meta, det in detect_files(model, files, batch_size, device, max_side, scales, unreadable):
         boxes = det["boxes"]
         h, w = meta["orig_size"]
         rec = {"file": str(f), "width": int(w), "height": int(h), "detections": [

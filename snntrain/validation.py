@@ -7,8 +7,10 @@ numbers accept both; booleans are never taken for numbers.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Collection
+import re
+from collections.abc import Callable, Collection
 
 
 def positive_int(name: str, value: object) -> int:
@@ -37,3 +39,16 @@ def one_of(name: str, value: object, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
     return value
+
+
+def unknown_setting(section: str, owner: str, err: TypeError, target: Callable) -> ValueError:
+    """A ``TypeError`` from calling ``target`` with a config section's keys as keyword arguments, as a setting's
+    error: ``<section>.<key> is not a setting of <owner>``, with the nearest argument ``target`` takes (or, for
+    another ``TypeError``, its message under the section's name)."""
+    from .errors import closest
+
+    m = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+    if m is None:
+        return ValueError(f"bad {section} setting for {owner}: {err}")
+    near = closest(m[1], [p for p in inspect.signature(target).parameters if p not in ("self", "backend", "seed")])
+    return ValueError(f"{section}.{m[1]} is not a setting of {owner}" + (f"; did you mean {section}.{near}?" if near else ""))

@@ -61,9 +61,20 @@ def pytest_report_header(config):
     return f"snntrain tests on {DEVICE} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')})"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true",
+                     help="also run the tests marked long: README.md's default runs in full (minutes on a CPU)")
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests need a CUDA device: skipped, with the reason, where there is none.
-    ``@pytest.mark.slow`` marks end-to-end runs (Trainer fits, subprocesses); ``-m "not slow"`` skips them."""
+    ``@pytest.mark.slow`` marks end-to-end runs (Trainer fits, subprocesses); ``-m "not slow"`` skips them.
+    ``@pytest.mark.long`` tests (also slow) run only with ``--long``."""
+    if not config.getoption("--long"):
+        skip_long = pytest.mark.skip(reason="a run of minutes: give --long")
+        for item in items:
+            if "long" in item.keywords:
+                item.add_marker(skip_long)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")

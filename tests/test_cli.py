@@ -25,18 +25,26 @@ def make_cfg(compose_run):
     return lambda out, *overrides: compose_run(out, *TINY, *overrides)
 
 
-def tb_tags(out: Path) -> tuple[set[str], set[str]]:
+def tb_tags(out: Path, images: bool = False, hparams: bool = False):
+    """The scalar and histogram tags of a run's TensorBoard files (with ``images``, also its image tags; with
+    ``hparams``, also the hyper-parameters' names and the metrics of TensorBoard's HPARAMS dashboard)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
 
     files = glob.glob(str(out / "tensorboard" / "events.out.tfevents.*"))
     assert files, f"no TensorBoard event file under {out}"
-    scalars, hists = set(), set()
+    scalars, hists, imgs, params, metrics = set(), set(), set(), set(), set()
     for f in files:
-        ea = EventAccumulator(f, size_guidance={"scalars": 0, "histograms": 0})
+        ea = EventAccumulator(f, size_guidance={"scalars": 0, "histograms": 0, "images": 0})
         ea.Reload()
         scalars |= set(ea.Tags()["scalars"])
         hists |= set(ea.Tags()["histograms"])
-    return scalars, hists
+        imgs |= set(ea.Tags()["images"])
+        for content in ea.PluginTagToContent("hparams").values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            params |= set(data.session_start_info.hparams)
+            metrics |= {m.name.tag for m in data.experiment.metric_infos}
+    return (scalars, hists) + ((imgs,) if images else ()) + ((params, metrics) if hparams else ())
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +66,35 @@ def test_run_writes_config_logs_and_checkpoints(trained):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
     assert "firing_rate_per_channel/sn1" in hists
     assert (out / "tensorboard" / "hparams.yaml").exists()
+    assert not oct(os.stat(out / "config.yaml").st_mode).endswith("600"), "written with the umask's mode"
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert "last.ckpt" in ckpts and len(ckpts) == 2, ckpts
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")], "temporary file left behind"
+
+
+@pytest.mark.slow
+def test_the_tensorboard_tags_readme_names_are_written(trained):
+    """Every tag README.md's TensorBoard paragraph names is in a run's event files (``<layer>`` and ``*`` stand
+    for any layer or name), and the config keys it names are on the HPARAMS dashboard with its metrics."""
+    import re
+
+    from test_readme import README
+
+    text = README.read_text()
+    paragraph = text[text.index("\nScalars: "):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    names = re.findall(r"`([^`]+)`", paragraph)
+    scalars, hists, images, params, metrics = tb_tags(trained, images=True, hparams=True)
+    tags = scalars | hists | images
+    for name in names:
+        if "/" not in name:
+            assert name in params, f"README names the hyper-parameter {name}; written: {sorted(params)}"
+            continue
+        prefix = re.split(r"<|\*", name)[0]
+        found = name in tags if prefix == name else any(t.startswith(prefix) and t != prefix for t in tags)
+        assert found, f"README names {name}; written: {sorted(tags)}"
+    assert {"train/loss_step", "train/loss_epoch", "efficiency/per_layer"} <= set(names)
+    assert metrics == {"val/acc", "val/loss"} and "model.depth" in params and "data.batch_size" in params
 
 
 @pytest.mark.slow
@@ -138,8 +172,8 @@ def test_triton_backend_without_cuda_is_refused(monkeypatch):
 # ----------------------------------------------------------------------------- the real command line
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", "snntrain", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -159,6 +193,40 @@ def test_cli_typo_fails_with_options(tmp_path):
     res = cli("backend=trition", cwd=tmp_path)
     assert res.returncode != 0
     assert "Could not find 'backend/trition'" in res.stderr and "auto" in res.stderr and "triton" in res.stderr
+    assert len(res.stderr.splitlines()) == 1 and not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+def test_cli_user_errors_are_one_message(tmp_path):
+    """A bad value and an unknown key: one message naming the full key (no traceback), exit code 1, and no run
+    folder left, its log kept beside where it was; --debug or HYDRA_FULL_ERROR=1 shows the traceback as well."""
+    res = cli("debug=tiny", "data.batch_size=-1", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stdout + res.stderr
+    errors = res.stderr.splitlines()
+    assert len(errors) <= 3 and "snntrain: error: data.batch_size=-1 must be a positive integer" in errors, errors
+    runs = tmp_path / "outputs" / "classify"
+    (log,) = runs.iterdir()  # the run folder is gone, its log stays
+    assert log.name.endswith(".failed.log") and str(log.relative_to(tmp_path)) in res.stderr
+    assert "data.batch_size=-1" in log.read_text() and "Traceback" in log.read_text()
+
+    res = cli("model.dept=18", cwd=tmp_path)
+    assert res.returncode == 1 and res.stderr.splitlines() == [
+        "snntrain: error: model.dept=18: model has no key 'dept'; did you mean model.depth=18?"]
+
+    for full in (["--debug"], []):  # --debug, or HYDRA_FULL_ERROR=1, shows the traceback too
+        res = cli("model.dept=18", *full, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "0" if full else "1"})
+        assert res.returncode == 1 and "Traceback" in res.stderr and "did you mean model.depth=18" in res.stderr
+    assert len(list(runs.iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_cli_prints_the_resolved_config(tmp_path):
+    """README's command for the resolved config prints every value, interpolations resolved."""
+    res = cli("--cfg", "job", "--resolve", "T=3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "${" not in res.stdout
+    cfg = OmegaConf.create(res.stdout)
+    assert cfg.T == 3 and cfg.model.T == 3 and cfg.model.num_classes == cfg.data.num_classes == 10
 
 
 @pytest.mark.slow

@@ -148,11 +148,54 @@ def test_interrupted_export_leaves_nothing(classifier_ckpt, tmp_path, monkeypatc
     assert list(tmp_path.iterdir()) == []
     # an existing export is left untouched by a failed one
     ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors"], backend="torch")
-    before = sorted(p.name for p in out.iterdir())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(RuntimeError, match="simulated crash"):
-        ex.export_checkpoint(classifier_ckpt, out, backend="torch")
-    assert sorted(p.name for p in out.iterdir()) == before
+        ex.export_checkpoint(classifier_ckpt, out, backend="torch", overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+
+@pytest.mark.slow
+def test_formats_exported_one_by_one_share_the_folder(classifier_ckpt, tmp_path):
+    """README's exports into one folder, format by format: each writes its own file and the others stay (the
+    model card lists them all); a file already there, or another checkpoint's export, is replaced only with
+    overwrite; a folder of other files is refused; nothing is lost by a refusal."""
+    out = tmp_path / "exported"
+    ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors"], backend="torch")
+    weights = (out / "model.safetensors").read_bytes()
+    card = ex.export_checkpoint(classifier_ckpt, out, formats=["nir"], backend="torch")
+    assert card["formats"] == ["safetensors", "nir"] and list(card["files"]) == ["config.yaml", "model.safetensors",
+                                                                                   "model.nir"]
+    assert (out / "model.safetensors").read_bytes() == weights and "nir_max_abs_diff" in card
+    saved = json.loads((out / "model_card.json").read_text())
+    assert saved["formats"] == card["formats"] and "model.safetensors" in (out / "README.md").read_text()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match="already holds model.safetensors.*export.overwrite=true"):
+        ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors"], backend="torch")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    card = ex.export_checkpoint(classifier_ckpt, out, formats=["safetensors"], backend="torch", overwrite=True)
+    assert card["formats"] == ["safetensors", "nir"] and card["nir_target"] == "spec"
+    assert load_exported(out, backend="torch").config["model"]["width"] == 4
+
+    # another checkpoint's weights: refused, then with overwrite its export replaces the folder's
+    other = tmp_path / "other.ckpt"
+    ckpt = torch.load(classifier_ckpt, map_location="cpu", weights_only=True)
+    key = next(k for k in ckpt["state_dict"] if k.startswith("model.") and k.endswith(".weight"))
+    ckpt["state_dict"][key] = ckpt["state_dict"][key] + 1
+    torch.save(ckpt, other)
+    with pytest.raises(ValueError, match="holds an export of other weights.*export.overwrite=true"):
+        ex.export_checkpoint(other, out, formats=["safetensors"], backend="torch")
+    assert {p.name: p.read_bytes() for p in out.iterdir()}.keys() == before.keys()
+    card = ex.export_checkpoint(other, out, formats=["safetensors"], backend="torch", overwrite=True)
+    assert card["formats"] == ["safetensors"] and not (out / "model.nir").exists()
+    assert "nir_target" not in card and card["checkpoint"] == str(other)
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match="holds files that are not an snntrain export \\(README.md; no model_card.json\\)"):
+        ex.export_checkpoint(classifier_ckpt, mine, formats=["safetensors"], backend="torch")
+    assert [p.name for p in mine.iterdir()] == ["README.md"] and (mine / "README.md").read_text() == "my notes"
 
 
 @pytest.mark.slow
@@ -257,6 +300,75 @@ def test_old_face_detector_checkpoints_take_their_sizes_from_the_data_section():
     assert ex.model_config(config)["head"]["train_size"] == 64
     config["data"] = {"name": "widerface", "image_size": 640}
     assert "object_sizes" not in ex.model_config(config)["head"]
+
+
+def digit_files(folder: Path) -> dict[str, tuple[int, str]]:
+    """Three of scikit-learn's digits as 40 x 40 PNGs (light on dark as in training, dark on light as ink on paper,
+    light on dark) and a truncated JPEG; file -> (label, polarity)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    folder.mkdir()
+    files = {}
+    for i, polarity in enumerate(("light_on_dark", "dark_on_light", "light_on_dark")):
+        image = np.asarray(Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).resize((40, 40)))
+        Image.fromarray(255 - image if polarity == "dark_on_light" else image).save(folder / f"d{i}.png")
+        files[f"d{i}.png"] = (int(digits.target[i]), polarity)
+    buf = __import__("io").BytesIO()
+    Image.fromarray(np.zeros((30, 30, 3), np.uint8)).save(buf, "JPEG")
+    (folder / "cut.jpg").write_bytes(buf.getvalue()[:100])
+    return files
+
+
+def test_digits_are_read_with_their_polarity(tmp_path):
+    """A digits classifier was trained on light strokes on a dark ground: an image of dark ink on light paper is
+    found as such and inverted into the input the light-on-dark image gives; predict.polarity forces either."""
+    from snntrain.predict import classification_input, digit_polarity
+
+    files = digit_files(tmp_path / "digits")
+    data = {"name": "digits", "image_size": 8}
+    light, dark = tmp_path / "digits" / "d0.png", tmp_path / "digits" / "d1.png"
+    x_light = classification_input(light, data, 1)
+    for path, (_, polarity) in files.items():
+        x = classification_input(tmp_path / "digits" / path, data, 1, polarity="light_on_dark")
+        assert digit_polarity(x * 0.5 + 0.5) == polarity, path
+    # d1 is d1's digit inverted: auto reads it as d1 itself would be read light on dark
+    inverted = tmp_path / "d1_light.png"
+    Image.fromarray(255 - np.asarray(Image.open(dark))).save(inverted)
+    assert torch.allclose(classification_input(dark, data, 1), classification_input(inverted, data, 1), atol=0.02)
+    assert torch.allclose(classification_input(light, data, 1, polarity="light_on_dark"), x_light)
+    assert not torch.allclose(classification_input(light, data, 1, polarity="dark_on_light"), x_light, atol=0.5)
+
+
+@pytest.mark.slow
+def test_predict_skips_unreadable_images_when_told(classifier_ckpt, detector_export, tmp_path, caplog):
+    """An unreadable image stops task=predict by default, naming it and predict.bad_files=skip; with skip every
+    readable image is predicted, and the skipped ones are counted and named in the log."""
+    import logging
+
+    from snntrain.data.common import BadDataError
+    from snntrain.predict import predict
+
+    files = digit_files(tmp_path / "digits")
+    cut = tmp_path / "digits" / "cut.jpg"
+    with pytest.raises(BadDataError, match=f"image {cut} cannot be read.*predict.bad_files=skip"):
+        predict(classifier_ckpt, tmp_path / "digits", tmp_path / "p0", backend="torch")
+    assert not (tmp_path / "p0" / "predictions.json").exists()
+    with caplog.at_level(logging.INFO, logger="snntrain.predict"):
+        records = predict(classifier_ckpt, tmp_path / "digits", tmp_path / "p1", backend="torch", bad_files="skip")
+    assert [Path(r["file"]).name for r in records] == list(files)
+    assert [r["polarity"] for r in records] == [p for _, p in files.values()]
+    assert f"skipped 1 of 4 image(s) that cannot be read (predict.bad_files=skip): {cut}" in caplog.text
+    assert "digits read as 2 light on dark (as trained) and 1 dark on light (inverted)" in caplog.text
+    records = predict(classifier_ckpt, tmp_path / "digits", tmp_path / "p2", backend="torch", bad_files="skip",
+                      polarity="light_on_dark")
+    assert {r["polarity"] for r in records} == {"light_on_dark"}
+    det_dir, _ = detector_export  # the detector's path reads its images by itself
+    records = predict(det_dir, tmp_path / "digits", tmp_path / "p3", backend="torch", bad_files="skip",
+                      scales=None, draw=False)
+    assert [Path(r["file"]).name for r in records] == list(files)
+    with pytest.raises(ValueError, match="predict.bad_files='ignore' is not valid; choose one of error, skip"):
+        predict(det_dir, tmp_path / "digits", tmp_path / "p4", bad_files="ignore")
 
 
 def test_predict_input_errors(tmp_path, compose_run):

@@ -105,8 +105,10 @@ def test_bad_settings_are_named(kwargs, message):
 def test_bad_model_name_and_input():
     with pytest.raises(ValueError, match="model name='resnet' is not valid; choose one of sew_resnet"):
         build_model({"name": "resnet"})
-    with pytest.raises(ValueError, match="bad model setting for sew_resnet"):
+    with pytest.raises(ValueError, match="model.layers is not a setting of model=sew_resnet"):
         build_model({"name": "sew_resnet", "layers": 3})
+    with pytest.raises(ValueError, match="model.dept is not a setting of model=sew_resnet; did you mean model.depth"):
+        build_model({"name": "sew_resnet", "dept": 18})
     with pytest.raises(ValueError, match=r"expected \[B, C, H, W\] or \[T, B, C, H, W\]"):
         tiny()(torch.randn(2, 16, 16))
 

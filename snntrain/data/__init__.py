@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 
-from ..validation import one_of
+from ..validation import one_of, unknown_setting
 from .cifar10 import CIFAR10DataModule
 from .digits import DigitsDataModule
 from .digits_dvs import DigitsDVSDataModule
@@ -53,7 +53,7 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
     try:
         return cls(**kwargs)
     except TypeError as err:
-        raise ValueError(f"bad data setting for {name}: {err}") from None
+        raise unknown_setting("data", f"data={name}", err, cls) from None
 
 
 __all__ = [

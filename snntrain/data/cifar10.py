@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
+from ..errors import UnavailableError
 from .common import (
     check_fraction,
     check_num_workers,
@@ -57,11 +58,11 @@ class CIFAR10DataModule(L.LightningDataModule):
             return CIFAR10(str(self.root), train=train, transform=transform, download=False)
         except RuntimeError:
             if not self.download:
-                raise RuntimeError(self._missing("download=false")) from None
+                raise UnavailableError(self._missing("download=false")) from None
         try:
             return CIFAR10(str(self.root), train=train, transform=transform, download=True)
         except Exception as err:  # no network, proxy refusal, partial file...
-            raise RuntimeError(self._missing(f"download failed: {err}")) from err
+            raise UnavailableError(self._missing(f"download failed: {err}")) from err
 
     def _missing(self, why: str) -> str:
         return (

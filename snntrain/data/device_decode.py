@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import UnavailableError
+
 log = logging.getLogger(__name__)
 
 #: why an image is decoded on the CPU (in the loader's worker) instead of by nvJPEG
@@ -553,7 +555,7 @@ def build_dali_pipeline(batch_size: int, size: int, channels: int, mean: Sequenc
     try:
         from nvidia.dali import fn, pipeline_def, types
     except ImportError as err:
-        raise RuntimeError(DALI_MISSING) from err
+        raise UnavailableError(DALI_MISSING) from err
 
     cuda = device.type == "cuda"
 

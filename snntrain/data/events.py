@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..errors import UnavailableError
 from ..validation import number, one_of
 from .common import (
     check_fraction,
@@ -407,9 +408,9 @@ class TonicDataModule(EventDataModule):
         try:
             return cls(save_to=str(self.root), **kwargs)
         except _NotThere:
-            raise RuntimeError(self._missing("download=false")) from None
+            raise UnavailableError(self._missing("download=false")) from None
         except Exception as err:  # no network, proxy refusal, partial archive...
-            raise RuntimeError(self._missing(f"download failed: {type(err).__name__}: {err}")) from err
+            raise UnavailableError(self._missing(f"download failed: {type(err).__name__}: {err}")) from err
 
     def prepare_data(self) -> None:
         self._splits()

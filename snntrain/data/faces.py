@@ -70,6 +70,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import UnavailableError
 from ..validation import one_of
 from .common import loader_workers, positive_int
 from .detection import (
@@ -106,7 +107,7 @@ def lfw_crops() -> tuple[np.ndarray, np.ndarray]:
     try:
         from skimage import data
     except ImportError as err:  # pragma: no cover - scikit-image is a dependency
-        raise RuntimeError("data=faces needs scikit-image (pip install scikit-image)") from err
+        raise UnavailableError("data=faces needs scikit-image (pip install scikit-image)") from err
     crops = np.asarray(data.lfw_subset(), dtype=np.float32)
     if crops.ndim != 3 or crops.shape[0] != 2 * LFW_FACES:
         raise RuntimeError(

@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
+from ..errors import UnavailableError
 from ..validation import flag, number, one_of
 from .common import (
     BadDataError,
@@ -239,7 +240,7 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.decode = one_of("decode", decode, DECODES)
         self.decode_ahead = flag("decode_ahead", decode_ahead)
         if self.decode == "dali" and not dali_available():
-            raise RuntimeError(DALI_MISSING)
+            raise UnavailableError(DALI_MISSING)
         self.dtype = one_of("dtype", dtype, DTYPES)
         if channels_last not in ("auto", True, False):
             raise ValueError(f"channels_last={channels_last!r} is not valid; choose auto (on with CUDA), true or false")

@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from ..validation import unknown_setting
 from .detector import SpikingFCOS
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet50
 
@@ -32,7 +33,7 @@ def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
     try:
         return cls(**cfg, backend=backend)
     except TypeError as err:
-        raise ValueError(f"bad model setting for {name}: {err}") from None
+        raise unknown_setting("model", f"model={name}", err, cls) from None
 
 
 __all__ = ["MODELS", "SEWResNet", "SpikingFCOS", "build_model", "is_detector", "sew_resnet18", "sew_resnet34",

@@ -1,0 +1,135 @@
+"""README.md's claims, checked: the versions it states against pyproject.toml, the default run's metric stated
+once as a range, its commands as valid configs, and (with ``--long``) the default run and the export, predict
+and report commands run in order as the README gives them. The TensorBoard tags it names are checked against a
+run in tests/test_cli.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: val/acc of the default run (python -m snntrain), as README.md states it
+DEFAULT_VAL_ACC = (0.97, 0.99)
+
+
+def section(title: str) -> str:
+    """The text of the README section ``## <title>`` (up to the next ``## ``)."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def commands(text: str) -> list[list[str]]:
+    """The ``python -m snntrain ...`` command lines of the code blocks in ``text``, without their comments."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [shlex.split(line)[3:] for line in lines if line.startswith("python -m snntrain")]
+
+
+def test_readme_versions_agree_with_pyproject():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    requires = re.search(r'^requires-python = "([^"]+)"', pyproject, re.M)[1]
+    install = section("Install")
+    m = re.search(r"Python (3\.\d+) to (3\.\d+), PyTorch (\d+\.\d+) or newer", install)
+    assert m, "README's Install section states the Python and PyTorch versions"
+    low, high, torch_min = m.groups()
+    major, minor = high.split(".")
+    assert requires == f">={low},<{major}.{int(minor) + 1}"
+    assert f'"torch>={torch_min}"' in pyproject
+    assert 'pip install -e ".[dev]"' in install and "python3 -m venv" in install
+    assert "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu" in install
+
+
+def test_readme_states_the_default_metric_once_as_a_range():
+    run = section("Run")
+    stated = re.findall(r"val/acc (\d\.\d+)-(\d\.\d+)", run)
+    assert [tuple(map(float, s)) for s in stated] == [DEFAULT_VAL_ACC]
+    assert not re.search(r"val/acc \d\.\d+(?![\d-])", run), "the Run section states one range, no single value"
+    # the efficiency table's default classifier is a run of the same command
+    table = re.search(r"\| validation metric \| val/acc (\d\.\d+) \|", section("Efficiency report"))
+    assert table and DEFAULT_VAL_ACC[0] <= float(table[1]) <= DEFAULT_VAL_ACC[1]
+
+
+def test_readme_commands_are_valid_configs():
+    """Every ``python -m snntrain`` line of README.md composes (placeholders stand for paths), so none names a
+    key, group or option that does not exist."""
+    from hydra import compose, initialize_config_module
+
+    checked = 0
+    with initialize_config_module(config_module="snntrain.conf", version_base="1.3"):
+        for args in commands(README.read_text()):
+            if any(a.startswith("-") for a in args):  # sweeps (-m), --help, --cfg: Hydra's own options
+                continue
+            compose(config_name="config", overrides=[re.sub(r"<[^>]*>", "x", a) for a in args])
+            checked += 1
+    assert checked > 25
+
+
+def digit_images(folder: Path) -> dict[str, int]:
+    """Five digits of scikit-learn's set as 64 x 64 JPEGs, light on dark and dark on light by turns; file -> label."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = {}
+    for i in range(5):
+        image = np.asarray(Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8)).resize((64, 64)))
+        name = f"digit{i}.jpg"
+        Image.fromarray(255 - image if i % 2 else image).convert("RGB").save(folder / name, quality=95)
+        labels[name] = int(digits.target[i])
+    return labels
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_readme_default_run_and_its_commands(tmp_path):
+    """README's default run, then its export, predict and report commands in the order it gives them, each as a
+    command line (about ten minutes on two idle CPU cores): all succeed, the run ends in the stated range, the
+    export folder holds every format exported into it, and the predictions are right whatever the digits'
+    polarity."""
+
+    def snntrain(*args: str) -> subprocess.CompletedProcess:
+        env = dict(os.environ, HYDRA_FULL_ERROR="1")
+        res = subprocess.run([sys.executable, "-m", "snntrain", *args], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=3600)
+        assert res.returncode == 0, f"python -m snntrain {' '.join(args)}:\n{res.stderr[-3000:]}"
+        return res
+
+    assert commands(section("Run"))[0] == []  # python -m snntrain
+    snntrain()
+    (run_dir,) = (tmp_path / "outputs" / "classify").iterdir()
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    import torch
+
+    metrics = torch.load(ckpt, map_location="cpu", weights_only=True)["snntrain"]["metrics"]
+    assert DEFAULT_VAL_ACC[0] <= round(metrics["val/acc"], 2) <= DEFAULT_VAL_ACC[1], metrics
+
+    labels = digit_images(tmp_path / "photos")
+    export = section("Export and inference")
+    for args in commands(export):
+        args = [a.replace("<file.ckpt>", str(ckpt)).replace("input=photo.jpg", "input=photos") for a in args]
+        snntrain(*args)
+    card = json.loads((tmp_path / "exported" / "model_card.json").read_text())
+    assert card["formats"] == ["safetensors", "onnx", "torch_export", "nir"]
+    assert card["nir_target"] == "snntorch"
+    (predictions,) = (tmp_path / "outputs" / "predict").glob("*/predictions/predictions.json")
+    records = json.loads(predictions.read_text())
+    assert {Path(r["file"]).name: r["label"] for r in records} == labels
+    assert [r["polarity"] for r in records] == ["light_on_dark", "dark_on_light"] * 2 + ["light_on_dark"]
+
+    (report,) = commands(section("Efficiency report"))
+    snntrain(*[a.replace("outputs/classify/<run>", str(run_dir)) for a in report])
+    (result,) = (tmp_path / "outputs" / "report").glob("*/report/report.json")
+    assert json.loads(result.read_text())["metrics"]["val/acc"] == pytest.approx(metrics["val/acc"], abs=1e-6)
