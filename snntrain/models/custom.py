@@ -82,7 +82,7 @@ def build_target(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
                          "function that returns one")
     params = _signature(target, path).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     kwargs = {}
     for key, value in {**cfg, "backend": backend}.items():
         if key in named or takes_any:
