@@ -4,6 +4,8 @@ encoding, the backends against each other, and the errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -214,3 +216,24 @@ def test_the_families_fuse_every_norm_that_feeds_a_neuron():
         fused = sum(isinstance(m, NormNeuron) for m in model.modules())
         norms = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
         assert norms - fused == alone, type(model).__name__
+
+
+RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "experiment").glob("*.yaml")
+                 if any(family in p.stem for family in ("spiking_vgg", "spiking_resnet", "ms_resnet")))
+
+
+def test_every_recipe_composes_and_builds_its_network(compose_run):
+    """conf/experiment's recipes for the model zoo: each composes and its model section builds the network it
+    names (on the meta device: ImageNet-size networks cost nothing)."""
+    from omegaconf import OmegaConf
+
+    assert len(RECIPES) == 13, RECIPES
+    for recipe in RECIPES:
+        cfg = compose_run(None, f"experiment={recipe}")
+        if cfg.data.num_classes is None:  # an image folder: filled in from its class folders when it is read
+            cfg = compose_run(None, f"experiment={recipe}", "data.num_classes=1000")
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        assert recipe.endswith(model_cfg["variant"].removesuffix("_bn")), recipe
+        with torch.device("meta"):
+            model = build_model(model_cfg, backend="torch")
+        assert model.T == cfg.T and type(model) is MODELS[model_cfg["name"]]
