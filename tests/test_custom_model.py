@@ -33,7 +33,8 @@ def tutorial_code() -> str:
 
 def tutorial_command() -> list[str]:
     """The tutorial's training command, without ``python -m snntrain``."""
-    line = next(ln for ln in DOC.read_text().splitlines() if ln.startswith("python -m snntrain model._target_="))
+    line = next(ln for ln in DOC.read_text().splitlines()
+                if ln.startswith("python -m snntrain model._target_=tiny_snn.") and "ckpt_path" not in ln)
     return shlex.split(line)[3:]
 
 

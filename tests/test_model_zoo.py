@@ -237,3 +237,55 @@ def test_every_recipe_composes_and_builds_its_network(compose_run):
         with torch.device("meta"):
             model = build_model(model_cfg, backend="torch")
         assert model.T == cfg.T and type(model) is MODELS[model_cfg["name"]]
+
+
+GPU_NETS = {
+    "spiking_vgg": dict(variant="spiking_vgg11_bn", classifier="linear"),
+    "spiking_resnet": dict(variant="spiking_resnet18", stem="imagenet"),
+    "ms_resnet": dict(variant="ms_resnet18", stem="imagenet"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", list(GPU_NETS))
+def test_compiled_and_whole_step_graph_steps_match_eager_on_gpu(family):
+    """Each family, channels-last on the Triton kernels: three steps under torch.compile and three captured as one
+    CUDA graph (StepGraph, as cuda_graph=true runs them) give the eager steps' losses and weights (fp32; a spike
+    that flips on a rounding difference changes a gradient locally, so weights are compared in norm)."""
+    import copy
+
+    from snntrain.tasks.speed import compile_model, to_channels_last
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    base = to_channels_last(MODELS[family](num_classes=5, in_channels=3, T=2, width=8, backend="triton",
+                                           **GPU_NETS[family]).cuda())
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 3, 64, 64, generator=g).cuda(), torch.randint(0, 5, (4,), generator=g).cuda())
+               for _ in range(3)]
+    runs = {}
+    for mode in ("eager", "compile", "graph"):
+        model = copy.deepcopy(base)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        fn = compile_model(model, "default" if mode == "compile" else None)
+
+        def objective(x, y, f=fn):
+            return {"loss": nn.functional.cross_entropy(f(x), y)}
+
+        step = training_step_fn(objective, opt)
+        graph = StepGraph(step, opt) if mode == "graph" else None
+        losses = []
+        for x, y in batches:
+            if graph is None:
+                opt.zero_grad(set_to_none=True)
+            losses.append((graph or step)(x, y)["loss"].clone())
+        runs[mode] = torch.stack(losses), {n: p.detach().clone() for n, p in model.named_parameters()}
+    for mode in ("compile", "graph"):
+        torch.testing.assert_close(runs[mode][0], runs["eager"][0], rtol=1e-4, atol=1e-5, msg=mode)
+        for name, p in runs["eager"][1].items():
+            assert rel_err(runs[mode][1][name], p) <= 3e-3, f"{mode}: {name}"
