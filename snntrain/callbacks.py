@@ -17,6 +17,7 @@ from .fileio import atomic_path
 
 log = logging.getLogger("snntrain")
 
+
 class FiringRateMonitor(L.Callback):
     """Logs every spiking layer's firing rate and the efficiency report over each validation epoch.
 

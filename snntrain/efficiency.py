@@ -480,7 +480,7 @@ def check_spiking(model: nn.Module) -> None:
     drive, so for any other network it would report zero spikes and activity that it never saw."""
     if not spiking_layers(model):
         raise NotSpiking(
-            f"the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF or "
+            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF or "
             f"NormNeuron), and {type(model).__name__} has none: it counts the spikes those layers fire and the "
             "synaptic operations they drive, so for this network it would report zero spikes, which would be "
             "wrong, not a measurement. Build the network's neurons with snntrain.nn (build_neuron, NormNeuron) to "
