@@ -9,7 +9,11 @@ same weights and batch:
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
   step, ``[T, B, 2, H, W]`` with T = 16, 128x128, batch 16 (the stem runs T times);
-* ``detector``: the default ``task=detect`` model on a ``faces`` batch, FCOS loss, AdamW.
+* ``detector``: the default ``task=detect`` model on a ``faces`` batch, FCOS loss, AdamW;
+* the model zoo at ImageNet size (224x224, batch 32, T = 4, 10 classes, SGD), each against SpikingJelly's
+  constructor of the same name (equal parameter counts): ``spiking_vgg11_bn-224``, ``spiking_resnet18-224`` (both
+  LIF tau 2, sigmoid surrogate, no detach, on both sides) and ``ms_resnet18-224`` (each library's MS-ResNet neuron:
+  SpikingJelly's rectangular surrogate, our triangular one of the same support).
 
 Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-eager-unfused`` (the
 same without the fused norm-neuron op: ``NormNeuron.fused = False``), ``snntrain-eager-nchw`` and
@@ -25,7 +29,9 @@ provider uses a fused optimizer. Precision: fp32, or bf16 autocast.
 
 The floor: ``resnet18-eager``, ``resnet18-reduce-overhead`` and ``resnet18-graph``, torchvision's ResNet-18 (the same
 convolutions and norms, ReLU instead of spiking neurons, channels-last) at batch T x B, the batch our
-convolutions see. The run users launch: ``cli-eager`` and ``cli-reduce-overhead`` run ``python -m
+convolutions see; for the model-zoo cases ``relu-eager``, ``relu-reduce-overhead`` and ``relu-graph``: the case's own
+network with every neuron replaced by a ReLU (a norm-neuron by the norm and a ReLU, :func:`relu_twin`), T = 1, at
+batch T x B (the SEW cases run it too, beside the ResNet-18). The run users launch: ``cli-eager`` and ``cli-reduce-overhead`` run ``python -m
 snntrain`` (``cli-graph``: ``cuda_graph=true``; ``cli-compile-graph``: with ``compile=default``) on the same
 network, batch, optimizer and precision (``data=synthetic``, ``frames=T`` for the
 event case; the detector its default ``task=detect`` run) and report its ``perf/train_images_per_s``
@@ -40,7 +46,8 @@ with ``--profile``, the GPU time per step split by kind: convolution, norm, neur
 pooling, layout (NCHW<->NHWC transposes), elementwise (everything else, inductor's fused
 kernels too), optimizer, and idle/host (the step's wall time not covered by kernels).
 
-Each row's ``vs_floor`` is its ms per step over the ResNet-18's in the same mode (eager, ``reduce-overhead``, the
+Each row's ``vs_floor`` is its ms per step over the floor's (the ResNet-18's where it ran, else the ReLU twin's) in
+the same mode (eager, ``reduce-overhead``, the
 whole-step graph), where that row was run too. Host speed drifts (by 15-25 % between runs of one provider on the
 GPU machines); with ``--rounds N`` the in-process providers of a case (``snntrain-*``, ``resnet18-*``) are built
 together and timed in N rounds that take turns, each row then the median over the rounds, with their range, and
@@ -76,6 +83,11 @@ CASES = {
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
     "detector": {"batch": 16},
+    # the model zoo: a family and variant of snntrain.models, and SpikingJelly's constructor of the same name
+    "spiking_vgg11_bn-224": {"size": 224, "batch": 32, "model": {"name": "spiking_vgg", "variant": "spiking_vgg11_bn"}},
+    "spiking_resnet18-224": {"size": 224, "batch": 32,
+                             "model": {"name": "spiking_resnet", "variant": "spiking_resnet18"}},
+    "ms_resnet18-224": {"size": 224, "batch": 32, "model": {"name": "ms_resnet", "variant": "ms_resnet18"}},
 }
 T, CLASSES = 4, 10
 
@@ -97,8 +109,10 @@ NEURON = {"type": "LIF", "tau": 2.0, "detach_reset": False, "surrogate": "sigmoi
 PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", "snntrain-eager-nchw-unfused",
              "snntrain-compile", "snntrain-reduce-overhead", "snntrain-graph", "snntrain-compile-graph",
              "snntrain-torch", "cli-eager", "cli-reduce-overhead", "cli-graph", "cli-compile-graph",
-             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "spikingjelly", "spikingjelly-compile",
-             "lightning-loop")
+             "resnet18-eager", "resnet18-reduce-overhead", "resnet18-graph", "relu-eager", "relu-reduce-overhead",
+             "relu-graph", "spikingjelly", "spikingjelly-compile", "lightning-loop")
+#: In-process providers (built together and timed in rounds with ``--rounds``).
+OWN = ("snntrain-", "resnet18-", "relu-")
 #: ``*-graph`` providers: the whole step (forward, loss, backward, optimizer) captured in one CUDA graph
 #: (``snntrain.tasks.step_graph``, ``cuda_graph=true`` on the command line); ``*-compile-graph`` over the
 #: ``compile=default`` objective.
@@ -224,26 +238,29 @@ def interleaved(benches: list[Callable[[], Bench | None]], args) -> list[dict]:
     return rows
 
 
-def floor_of(provider: str) -> str | None:
-    """The ResNet-18 row a provider's row is set against: the same mode (eager, ``reduce-overhead`` or the
-    whole-step graph); ``None`` for the ResNet-18 itself and for modes it is not run in."""
-    if provider.startswith(("resnet18", "lightning")):
-        return None
+def floor_of(provider: str) -> tuple[str, ...]:
+    """The floor rows a provider's row is set against, the first that ran: the ResNet-18's, else the ReLU twin's, of
+    the same mode (eager, ``reduce-overhead`` or the whole-step graph); none for the floors themselves and for modes
+    they are not run in."""
+    if provider.startswith(("resnet18", "relu", "lightning")):
+        return ()
     if provider.endswith("-graph"):
-        return "resnet18-graph"
-    if "reduce-overhead" in provider:
-        return "resnet18-reduce-overhead"
-    if "eager" in provider or provider in ("snntrain-torch", "spikingjelly"):
-        return "resnet18-eager"
-    return None
+        mode = "graph"
+    elif "reduce-overhead" in provider:
+        mode = "reduce-overhead"
+    elif "eager" in provider or provider in ("snntrain-torch", "spikingjelly"):
+        mode = "eager"
+    else:
+        return ()
+    return f"resnet18-{mode}", f"relu-{mode}"
 
 
 def floor_ratios(rows: list[dict]) -> None:
-    """Sets each row's ``vs_floor``: its ms per step over that of its ResNet-18 row (:func:`floor_of`) of the same
+    """Sets each row's ``vs_floor``: its ms per step over that of its floor row (:func:`floor_of`) of the same
     case and precision; where both were timed in rounds, the median of the per-round ratios."""
     for r in rows:
-        f = next((o for o in rows if o["provider"] == floor_of(r["provider"]) and o["case"] == r["case"]
-                  and o["precision"] == r["precision"]), None)
+        f = next((o for name in floor_of(r["provider"]) for o in rows if o["provider"] == name
+                  and o["case"] == r["case"] and o["precision"] == r["precision"]), None)
         if f is None:
             r["vs_floor"] = ""
         elif len(r.get("ms_rounds", ())) > 1 and len(r["ms_rounds"]) == len(f.get("ms_rounds", ())):
@@ -275,6 +292,60 @@ def sew_model(case: str, backend: str):
                      T=case_T(case), stem=c["stem"], width=64, neuron=NEURON, backend=backend)
 
 
+def zoo_model(case: str, backend: str, T: int | None = None):
+    """The model-zoo network of ``case`` (``snntrain.models.build_model``), with the benchmark's neuron (the
+    family's own for MS-ResNet), seeded; ``T`` overrides the case's."""
+    from snntrain.models import build_model
+
+    c = CASES[case]
+    spec = c["model"]
+    torch.manual_seed(0)
+    neuron = {} if spec["name"] == "ms_resnet" else {"neuron": NEURON}
+    return build_model({**spec, "num_classes": c.get("classes", CLASSES), "in_channels": c.get("in_channels", 3),
+                        "T": case_T(case) if T is None else T, **neuron}, backend=backend)
+
+
+class _ReLU(torch.nn.Module):
+    """A neuron's place in :func:`relu_twin`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+class _NormReLU(torch.nn.Module):
+    """A norm-neuron's place in :func:`relu_twin`: its norm over the folded batch, then ReLU."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        if steps is not None:  # a static [B, C, H, W] current over ``steps`` steps
+            return torch.relu(self.norm(x)).unsqueeze(0).expand(steps, *x.shape)
+        return torch.relu(self.norm(x.flatten(0, 1))).unflatten(0, x.shape[:2])
+
+
+def relu_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every spiking neuron replaced by a ReLU and every norm-neuron by its norm and a ReLU, in
+    place: the same network, not spiking (the floor; run it with T = 1 on a batch of T x B images)."""
+    from snntrain.nn import BaseNeuron, NormNeuron
+
+    replaced: list[str] = []
+    for name, m in list(model.named_modules()):
+        if any(name.startswith(r + ".") for r in replaced):
+            continue  # inside a norm-neuron that was replaced
+        if isinstance(m, NormNeuron):
+            twin = _NormReLU(m.norm)
+        elif isinstance(m, BaseNeuron):
+            twin = _ReLU()
+        else:
+            continue
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, twin)
+        replaced.append(name)
+    return model
+
+
 def unfuse(model, provider: str) -> None:
     """``*-unfused`` providers: each norm and neuron through its own kernels (no fused norm-neuron op)."""
     from snntrain.nn import NormNeuron
@@ -295,7 +366,7 @@ def ours(case: str, provider: str, precision: str) -> Bench:
     if case == "detector":
         return detector(provider, precision, backend, mode)
     c = CASES[case]
-    model = sew_model(case, backend).cuda()
+    model = (zoo_model(case, backend) if "model" in c else sew_model(case, backend)).cuda()
     if "nchw" not in provider:
         to_channels_last(model)
     set_backend(model, backend)
@@ -389,9 +460,9 @@ def resnet18(case: str, provider: str, precision: str) -> Bench | None:
     from snntrain.tasks.optim import build_optimizer
     from snntrain.tasks.speed import compile_model, to_channels_last
 
-    if case == "detector":
-        return None
     c = CASES[case]
+    if case == "detector" or "model" in c:  # the model zoo's floor is its own network with ReLU (relu-*)
+        return None
     torch.manual_seed(0)
     net = torchvision.models.resnet18(num_classes=c.get("classes", CLASSES))
     if c.get("in_channels", 3) != 3:
@@ -412,6 +483,32 @@ def resnet18(case: str, provider: str, precision: str) -> Bench | None:
     return Bench(case, provider, precision, c["batch"], step, note=f"batch T*B={n}")
 
 
+def relu_floor(case: str, provider: str, precision: str) -> Bench | None:
+    """The case's own network with ReLU instead of spiking neurons (:func:`relu_twin`), T = 1, channels-last, at batch
+    T x B: what the network would cost without spiking neurons and without the time axis."""
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import compile_model, to_channels_last
+
+    if case == "detector":
+        return None
+    c = CASES[case]
+    model = zoo_model(case, "torch", T=1) if "model" in c else sew_model(case, "torch")
+    if "model" not in c:
+        model.T = 1
+    net = to_channels_last(relu_twin(model).cuda())
+    fn = compile_model(net, "reduce-overhead" if provider.endswith("reduce-overhead") else None)
+    opt = build_optimizer(net, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = case_T(case) * c["batch"]
+    x = torch.randn(n, c.get("in_channels", 3), c["size"], c["size"], device="cuda", generator=g)
+    if c.get("temporal"):  # the event case: T x B frames as one step each
+        x = x.unsqueeze(0)
+    x = x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+    y = torch.randint(0, c.get("classes", CLASSES), (n,), device="cuda", generator=g)
+    step = classifier_step(fn, opt, x, y, precision, graph=provider.endswith("-graph"))
+    return Bench(case, provider, precision, c["batch"], step, note=f"ReLU twin, T=1, batch T*B={n}")
+
+
 # ----------------------------------------------------------------------------- the command line
 
 
@@ -421,11 +518,17 @@ def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
     if case == "detector":
         return ["task=detect", "data.augment=false", f"data.batch_size={c['batch']}",
                 f"data.num_train={steps * c['batch']}", "data.num_val=32", *prec]
+    neuron = ["model.neuron.type=LIF", "model.neuron.tau=2.0", "model.neuron.detach_reset=false",
+              "model.neuron.surrogate=sigmoid"]
+    spec = c.get("model")
+    if spec is None:
+        model = [f"model.stem={c['stem']}", "model.width=64", "model.depth=18", "model.connect=ADD", *neuron]
+    else:
+        model = [f"model={spec['name']}", f"model.variant={spec['variant']}",
+                 *(neuron if spec["name"] != "ms_resnet" else [])]
     out = ["task=classify", "data=synthetic", f"data.image_size={c['size']}", f"data.batch_size={c['batch']}",
            f"data.num_train={steps * c['batch']}", "data.num_val=64", f"data.in_channels={c.get('in_channels', 3)}",
-           f"data.num_classes={c.get('classes', CLASSES)}", f"T={case_T(case)}", f"model.stem={c['stem']}",
-           "model.width=64", "model.depth=18", "model.connect=ADD", "model.neuron.type=LIF", "model.neuron.tau=2.0",
-           "model.neuron.detach_reset=false", "model.neuron.surrogate=sigmoid", "task.optimizer.name=sgd",
+           f"data.num_classes={c.get('classes', CLASSES)}", f"T={case_T(case)}", *model, "task.optimizer.name=sgd",
            "task.optimizer.lr=0.01", "task.optimizer.weight_decay=0.0", "task.optimizer.momentum=0.9", *prec]
     if c.get("temporal"):
         out.append(f"data.frames={case_T(case)}")
@@ -516,22 +619,46 @@ def lightning_loop(case: str, precision: str, args) -> dict:
 # ----------------------------------------------------------------------------- SpikingJelly
 
 
-def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly") -> dict:
-    """SpikingJelly 2.0's SEW-ResNet-18 step (its Triton LIF), eager or, for ``spikingjelly-compile``, with the
-    network under ``torch.compile`` (default mode)."""
+def sj_network(case: str) -> torch.nn.Module:
+    """SpikingJelly 2.0's network of ``case`` in multi-step mode: its ``sew_resnet18`` for the SEW cases, its
+    constructor of the case's variant for the model zoo (LIF tau 2, sigmoid surrogate, no detach, as ours; its
+    MS-ResNet with its own neuron)."""
+    import importlib
+
     from spikingjelly.activation_based import functional, layer, neuron, surrogate
-    from spikingjelly.activation_based.model import sew_resnet
 
     c = CASES[case]
     torch.manual_seed(0)
-    net = sew_resnet.sew_resnet18(spiking_neuron=neuron.LIFNode, surrogate_function=surrogate.Sigmoid(), tau=2.0,
-                                  detach_reset=False, cnf="ADD", num_classes=c.get("classes", CLASSES))
-    if c.get("in_channels", 3) != 3:
-        net.conv1 = layer.Conv2d(c["in_channels"], 64, 7, 2, 3, bias=False)
-    if c["stem"] == "cifar":
-        net.conv1 = layer.Conv2d(c.get("in_channels", 3), 64, 3, padding=1, bias=False)
-        net.maxpool = torch.nn.Identity()
+    lif = {"spiking_neuron": neuron.LIFNode, "surrogate_function": surrogate.Sigmoid(), "tau": 2.0,
+           "detach_reset": False}
+    spec = c.get("model")
+    if spec is not None:
+        module = importlib.import_module(f"spikingjelly.activation_based.model.{spec['name']}")
+        if spec["name"] == "ms_resnet":  # static [B, C, H, W] input, repeated over its T inside, logits [B, K]
+            net = getattr(module, spec["variant"])(T=case_T(case), num_classes=c.get("classes", CLASSES))
+        else:
+            net = getattr(module, spec["variant"])(num_classes=c.get("classes", CLASSES), **lif)
+    else:
+        from spikingjelly.activation_based.model import sew_resnet
+
+        net = sew_resnet.sew_resnet18(cnf="ADD", num_classes=c.get("classes", CLASSES), **lif)
+        if c.get("in_channels", 3) != 3:
+            net.conv1 = layer.Conv2d(c["in_channels"], 64, 7, 2, 3, bias=False)
+        if c["stem"] == "cifar":
+            net.conv1 = layer.Conv2d(c.get("in_channels", 3), 64, 3, padding=1, bias=False)
+            net.maxpool = torch.nn.Identity()
     functional.set_step_mode(net, "m")
+    return net
+
+
+def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly") -> dict:
+    """SpikingJelly 2.0's step of the case's network (:func:`sj_network`, its Triton LIF), eager or, for
+    ``spikingjelly-compile``, with the network under ``torch.compile`` (default mode)."""
+    from spikingjelly.activation_based import functional
+
+    c = CASES[case]
+    net = sj_network(case)
+    static = c.get("model", {}).get("name") == "ms_resnet"  # takes the image and averages over T itself
     net = net.cuda()
     ctx = autocast(precision)
     note = "SJ_LIF_CUDA_IMPLEMENTATION=triton"
@@ -550,8 +677,11 @@ def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly"
     def step():
         functional.reset_net(net)
         with ctx:
-            xt = x if x.dim() == 5 else x.unsqueeze(0).repeat(steps, 1, 1, 1, 1)
-            loss = torch.nn.functional.cross_entropy(forward(xt).mean(0), y)
+            if static:
+                logits = forward(x)
+            else:
+                logits = forward(x if x.dim() == 5 else x.unsqueeze(0).repeat(steps, 1, 1, 1, 1)).mean(0)
+            loss = torch.nn.functional.cross_entropy(logits, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -648,11 +778,12 @@ def main() -> None:
     rows: list[dict] = []
     log = open(out / "bench_train.json", "a")
     def bench(case: str, prov: str, prec: str) -> Callable[[], Bench | None]:
-        return lambda: (resnet18 if prov.startswith("resnet18") else ours)(case, prov, prec)
+        make = resnet18 if prov.startswith("resnet18") else relu_floor if prov.startswith("relu") else ours
+        return lambda: make(case, prov, prec)
 
     for case in args.cases:
         for prec in args.precisions:
-            own = [p for p in args.providers if p.startswith(("snntrain-", "resnet18-"))]
+            own = [p for p in args.providers if p.startswith(OWN)]
             together = own if args.rounds > 1 else []
             case_rows = []
             if together:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from .fileio import atomic_path
+
+log = logging.getLogger("snntrain")
 
 
 class FiringRateMonitor(L.Callback):
@@ -39,10 +42,11 @@ class FiringRateMonitor(L.Callback):
         self.histograms = histograms
         self.efficiency = efficiency
         self._counter = None
+        self._refused = None  # the model whose lack of spiking layers was reported
         self.report: dict[str, Any] | None = None
 
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from .efficiency import ActivityCounter
+        from .efficiency import ActivityCounter, NotSpiking, check_spiking
 
         self._detach()
         if trainer.sanity_checking:
@@ -50,6 +54,14 @@ class FiringRateMonitor(L.Callback):
         model = getattr(pl_module, "model", pl_module)
         backend = getattr(pl_module, "backend", "auto")
         if self._counter is None or self._counter.model is not model or self._counter.backend != backend:
+            try:
+                check_spiking(model)
+            except NotSpiking as err:  # nothing to count: said once, and the run goes on without the report
+                if self._refused is not model:
+                    self._refused = model
+                    log.warning("snntrain: no firing rates or efficiency report for this run: %s", err)
+                self._counter = None
+                return
             self._counter = ActivityCounter(model, backend=backend, connections=self.efficiency)
         self._counter.attach()
 

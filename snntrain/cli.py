@@ -296,7 +296,7 @@ def report(cfg: DictConfig) -> dict[str, Any]:
     from .checkpoint import checkpoint_config, read_checkpoint
     from .data import build_datamodule
     from .distributed import uses_cuda
-    from .efficiency import markdown
+    from .efficiency import check_spiking, markdown
     from .fileio import atomic_path
     from .tasks import TASKS
     from .validation import positive_int
@@ -317,6 +317,7 @@ def report(cfg: DictConfig) -> dict[str, Any]:
     _announce(f"snntrain: efficiency report of {cfg.ckpt_path} on data={data['name']} (backend={backend})")
     datamodule = build_datamodule(data, seed=int(config.get("seed", 0)))
     task = TASKS[task_name].load_from_checkpoint(cfg.ckpt_path, backend=backend, weights_only=True)
+    check_spiking(task.model)  # a network without snntrain spiking layers is refused, with the reason
     monitor = FiringRateMonitor(histograms=False)
     trainer = build_trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
                             logger=False, callbacks=[monitor], enable_checkpointing=False, limit_val_batches=limit,
@@ -327,8 +328,8 @@ def report(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"no validation batch ran for data={data['name']}: nothing to report")
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())
                if k.startswith("val/") and torch.is_tensor(v) and v.numel() == 1}
-    model = {k: config["model"][k] for k in ("name", "depth", "width", "connect", "stem", "norm", "T")
-             if k in config["model"]}
+    model = {k: config["model"][k] for k in ("name", "_target_", "variant", "depth", "width", "connect", "stem",
+                                             "norm", "T") if k in config["model"]}
     model["neuron"] = dict(config["model"].get("neuron") or {}).get("type")
     model["detector_head"] = config["model"].get("head") is not None
     result = {"checkpoint": str(cfg.ckpt_path), "task": task_name, "data": data["name"], "backend": backend,
@@ -498,6 +499,19 @@ def _hydra_main(cfg: DictConfig) -> Any:
     return result
 
 
+def target_overrides(args: list[str]) -> list[str]:
+    """Hydra's convention for one's own network on the command line: ``model._target_=package.Class`` (with or
+    without ``+``) picks ``model=custom`` (``conf/model/custom.yaml``, where ``_target_`` is a key) unless a
+    ``model=`` option is given too."""
+    import re
+
+    targets = {i for i, a in enumerate(args) if re.match(r"^\+{0,2}model\._target_=", a)}
+    if not targets:
+        return list(args)
+    out = [a.lstrip("+") if i in targets else a for i, a in enumerate(args)]
+    return out if any(a.startswith("model=") for a in args) else ["model=custom", *out]
+
+
 def main() -> Any:
     """``python -m snntrain`` / ``snntrain``. A process that Lightning starts for DDP runs its parent's
     job (same overrides, same run directory); see :func:`snntrain.distributed.command_line`.
@@ -511,7 +525,7 @@ def main() -> Any:
     from .distributed import command_line
     from .errors import describe, is_user_error
 
-    args = sys.argv[1:]
+    args = target_overrides(sys.argv[1:])
     if "--debug" in args:
         args = [a for a in args if a != "--debug"]
         os.environ[_FULL_ERROR] = "1"  # also for the processes the run starts

@@ -470,6 +470,23 @@ def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
                                                                                     for f in fused))]
 
 
+class NotSpiking(ValueError):
+    """A network that the efficiency report cannot describe: it has no snntrain spiking layers."""
+
+
+def check_spiking(model: nn.Module) -> None:
+    """Refuse (:class:`NotSpiking`, with the reason) a network without snntrain spiking layers
+    (:func:`spiking_layers`): the report counts the spikes those layers fire and the synaptic operations they
+    drive, so for any other network it would report zero spikes and activity that it never saw."""
+    if not spiking_layers(model):
+        raise NotSpiking(
+            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF or "
+            f"NormNeuron), and {type(model).__name__} has none: it counts the spikes those layers fire and the "
+            "synaptic operations they drive, so for this network it would report zero spikes, which would be "
+            "wrong, not a measurement. Build the network's neurons with snntrain.nn (build_neuron, NormNeuron) to "
+            "get the report")
+
+
 def connection_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, CONNECTIONS)]
 

@@ -285,13 +285,17 @@ def check_formats(formats: object) -> list[str]:
 def _efficiency(ckpt: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """The checkpoint's efficiency report (measured at its last validation, ``checkpoint["efficiency"]``) with the
     static metrics of the exported weights; the static metrics alone for a checkpoint without one."""
-    from .efficiency import static_metrics
+    from .efficiency import NotSpiking, check_spiking, static_metrics
 
     report = dict(ckpt.get("efficiency") or {})
     report["static"] = static_metrics(model)
     if "workload" not in report:
-        report["note"] = ("this checkpoint holds no validation report: python -m snntrain task=report "
-                          "ckpt_path=<it> measures one")
+        try:
+            check_spiking(model)
+            report["note"] = ("this checkpoint holds no validation report: python -m snntrain task=report "
+                              "ckpt_path=<it> measures one")
+        except NotSpiking as err:
+            report["note"] = f"no report: {err}"
     return report
 
 

@@ -105,3 +105,35 @@ def test_ddp_speedups_are_taken_per_round_and_their_median_reported():
     assert two["images_per_s"] == 1850.0
     bare = next(m for m in medians if m["provider"] != "command line" and m["devices"] == 2)
     assert bare["rounds"] == 1 and bare["speedup"] == pytest.approx(1.95)
+
+
+def test_model_zoo_cases_compare_equal_networks_and_their_relu_twins(bench):
+    """Each model-zoo case builds the network that SpikingJelly's constructor of the same name builds (equal
+    parameter counts; on the meta device, no memory), and its ReLU twin is the same network without a neuron."""
+    from snntrain.models import build_model
+    from snntrain.nn import BaseNeuron, NormNeuron
+
+    module, _ = bench
+    zoo = [case for case, c in module.CASES.items() if "model" in c]
+    assert {module.CASES[c]["model"]["variant"] for c in zoo} == {"spiking_vgg11_bn", "ms_resnet18", "spiking_resnet18"}
+    with torch.device("meta"):
+        for case in zoo:
+            ours, theirs = module.zoo_model(case, "torch"), module.sj_network(case)
+            assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters()), case
+    rows = [module.row("ms_resnet18-224", p, "bf16", 32, 0.0, ms, 0) for p, ms in
+            (("snntrain-eager", 9.0), ("relu-eager", 6.0), ("spikingjelly", 30.0), ("snntrain-graph", 4.0))]
+    module.floor_ratios(rows)
+    assert [r["vs_floor"] for r in rows] == [1.5, "", 5.0, ""]  # no relu-graph row: no ratio for the graph
+
+    torch.manual_seed(0)
+    for name, variant in (("ms_resnet", "ms_resnet18"), ("spiking_vgg", "spiking_vgg11_bn")):
+        net = build_model({"name": name, "variant": variant, "num_classes": 3, "in_channels": 1, "T": 1, "width": 2,
+                           **({"classifier": "linear"} if name == "spiking_vgg" else {"stem": "cifar"})},
+                          backend="torch")
+        keys = {k for k in net.state_dict() if ".neuron." not in k}
+        twin = module.relu_twin(net)
+        assert not any(isinstance(m, (BaseNeuron, NormNeuron)) for m in twin.modules())
+        assert set(twin.state_dict()) == keys  # the same weights, only the neurons gone
+        out = twin(torch.randn(4, 1, 8, 8))
+        out.sum().backward()
+        assert out.shape == (4, 3) and all(p.grad is not None for p in twin.parameters())

@@ -182,7 +182,7 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
 def test_help_lists_config_groups(tmp_path):
     res = cli("--help", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    for line in ("task: classify", "backend: auto, torch, triton", "model: sew_fcos, sew_resnet", "debug: tiny",
+    for line in ("task: classify", "backend: auto, torch, triton", "model: custom, ms_resnet, sew_fcos, sew_resnet, spiking_resnet, spiking_vgg", "debug: tiny",
                  "logger: csv, none, tensorboard", "callbacks: default"):
         assert line in res.stdout
     assert "data: " in res.stdout and "digits" in res.stdout and "trainer: default" in res.stdout

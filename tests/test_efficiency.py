@@ -16,8 +16,8 @@ from _testing import DEVICE
 from snntrain import efficiency as E
 from snntrain.kernels.synops import count_synops
 from snntrain.models import SpikingFCOS, sew_resnet18
+from snntrain.models.common import DEFAULT_NEURON, LayerFactory
 from snntrain.models.detector import FCOSHead
-from snntrain.models.sew_resnet import DEFAULT_NEURON, _Factory
 from snntrain.nn.layers import MultiStep, sew_connect
 
 
@@ -176,7 +176,7 @@ def test_spiking_outputs_changed_in_place_are_counted_as_read(scale_in_place):
 
 
 def test_detector_head_hand_counts():
-    f = _Factory(DEFAULT_NEURON, "batchnorm", "torch")
+    f = LayerFactory(DEFAULT_NEURON, "batchnorm", "torch")
     head = FCOSHead(channels=2, num_classes=1, num_convs=0, num_levels=2, readout="membrane", f=f).eval()
     # no towers: cls_logits (1 output), box_ltrb (4) and centerness (1) read the feature maps directly, so every
     # nonzero element costs (1 + 4 + 1) x (taps reaching it) operations; a 3x3 padding-1 conv reaches rows 0..3 of

@@ -1,40 +1,68 @@
-"""Spiking models, built by name from a config mapping."""
+"""Spiking models, built from a model config: a family by ``name`` (:data:`MODELS`), or your own network by
+``_target_`` (:mod:`snntrain.models.custom`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 
 from ..validation import unknown_setting
+from .common import DEFAULT_NEURON, ClassifierHead, LayerFactory
+from .custom import TARGET, build_target
 from .detector import SpikingFCOS
+from .ms_resnet import MSResNet
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet50
+from .spiking_resnet import SpikingResNet
+from .spiking_vgg import SpikingVGG
 
-MODELS = ("sew_resnet", "sew_fcos")
+#: The model registry: ``model.name`` -> the builder of that family, called with the model config's other keys
+#: and ``backend``. One entry per family (``conf/model/<name>.yaml`` is its config); a family's ``variant``
+#: picks its size.
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "sew_resnet": SEWResNet,
+    "sew_fcos": SpikingFCOS,
+    "spiking_vgg": SpikingVGG,
+    "spiking_resnet": SpikingResNet,
+    "ms_resnet": MSResNet,
+}
+#: The families that are detectors (``task=detect``); every other one is a classifier.
+DETECTORS = ("sew_fcos",)
 
 
 def is_detector(cfg: Mapping[str, Any]) -> bool:
-    """Whether the model config ``cfg`` describes a detector: ``sew_fcos``, or a ``sew_resnet`` config with a
-    ``head`` section (how checkpoints written before the detector had a name of its own describe it)."""
-    return cfg.get("name") == "sew_fcos" or (cfg.get("name") == "sew_resnet" and cfg.get("head") is not None)
+    """Whether the model config ``cfg`` describes a detector: a family in :data:`DETECTORS`, or a ``sew_resnet``
+    config with a ``head`` section (how checkpoints written before the detector had a name of its own describe
+    it)."""
+    name = cfg.get("name")
+    return name in DETECTORS or (name == "sew_resnet" and cfg.get("head") is not None)
+
+
+def model_label(cfg: Mapping[str, Any]) -> str:
+    """How messages name the model of ``cfg``: ``model=<name>`` or ``model._target_=<path>``."""
+    return f"model._target_={cfg[TARGET]}" if TARGET in cfg else f"model={cfg.get('name')}"
 
 
 def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
-    """Build the model that ``cfg`` describes (its ``name`` picks the class, the rest are arguments):
-    ``sew_resnet`` a :class:`SEWResNet` classifier, ``sew_fcos`` a :class:`SpikingFCOS` detector (also
-    built for a ``sew_resnet`` config with a ``head`` section, see :func:`is_detector`)."""
+    """Build the model that ``cfg`` describes: with ``_target_``, that network
+    (:func:`snntrain.models.custom.build_target`); otherwise the family :data:`MODELS` ``[cfg["name"]]`` with the
+    other keys as its arguments (a ``sew_resnet`` config with a ``head`` section builds the detector, see
+    :func:`is_detector`)."""
+    if TARGET in cfg:
+        return build_target(cfg, backend)
     cfg = dict(cfg)
-    name = cfg.get("name")
+    name = cfg.pop("name", None)
     if name not in MODELS:
-        raise ValueError(f"model name={name!r} is not valid; choose one of {', '.join(MODELS)}")
-    cls = SpikingFCOS if is_detector(cfg) else SEWResNet
-    del cfg["name"]
+        raise ValueError(f"model name={name!r} is not valid; choose one of {', '.join(MODELS)} (or give your own "
+                         "network as model._target_=<package.Class>)")
+    builder = SpikingFCOS if is_detector({**cfg, "name": name}) else MODELS[name]
     try:
-        return cls(**cfg, backend=backend)
+        return builder(**cfg, backend=backend)
     except TypeError as err:
-        raise unknown_setting("model", f"model={name}", err, cls) from None
+        raise unknown_setting("model", f"model={name}", err, builder) from None
 
 
-__all__ = ["MODELS", "SEWResNet", "SpikingFCOS", "build_model", "is_detector", "sew_resnet18", "sew_resnet34",
-           "sew_resnet50"]
+__all__ = ["DEFAULT_NEURON", "DETECTORS", "MODELS", "ClassifierHead", "LayerFactory", "MSResNet", "SEWResNet",
+           "SpikingFCOS", "SpikingResNet", "SpikingVGG", "build_model", "is_detector", "model_label",
+           "sew_resnet18", "sew_resnet34", "sew_resnet50"]

@@ -42,7 +42,8 @@ from torch import nn
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
 from ..validation import flag, number, one_of, positive_int
-from .sew_resnet import DEFAULT_NEURON, SEWResNet, _Factory
+from .common import LayerFactory
+from .sew_resnet import SEWResNet
 
 READOUTS = ("membrane", "rate")
 #: How the boxes of a pyramid's scales are merged: ``nms`` keeps the best of overlapping boxes; ``vote``
@@ -105,7 +106,7 @@ def _upsample_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 class SpikingFPN(nn.Module):
     """Feature pyramid over spike maps; outputs are spike maps with ``channels`` channels."""
 
-    def __init__(self, in_channels: Sequence[int], channels: int, f: _Factory) -> None:
+    def __init__(self, in_channels: Sequence[int], channels: int, f: LayerFactory) -> None:
         super().__init__()
         self.lateral = nn.ModuleList(MultiStep(nn.Conv2d(c, channels, 1)) for c in in_channels)
         self.output = nn.ModuleList(f.conv(channels, channels, 3) for _ in in_channels)
@@ -140,7 +141,7 @@ class Readout(nn.Module):
 
 class FCOSHead(nn.Module):
     def __init__(self, channels: int, num_classes: int, num_convs: int, num_levels: int, readout: str,
-                 f: _Factory) -> None:
+                 f: LayerFactory) -> None:
         super().__init__()
 
         def tower() -> nn.Sequential:
@@ -196,7 +197,7 @@ class SpikingFCOS(nn.Module):
 
     Args:
         num_classes: object classes (1 for faces).
-        in_channels, T, depth, width, connect, stem, neuron, norm, zero_init_residual, backend:
+        in_channels, T, depth, variant, width, connect, stem, neuron, norm, zero_init_residual, backend:
             the SEW-ResNet backbone's settings (:class:`~snntrain.models.sew_resnet.SEWResNet`).
         head: head settings: ``fpn_levels`` (backbone stages 1-4 to use, fine to coarse),
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
@@ -220,7 +221,7 @@ class SpikingFCOS(nn.Module):
         num_classes: int = 1,
         in_channels: int = 3,
         T: int = 4,
-        depth: int = 18,
+        depth: int | None = None,
         width: int = 16,
         connect: str = "ADD",
         stem: str = "imagenet",
@@ -229,6 +230,7 @@ class SpikingFCOS(nn.Module):
         zero_init_residual: bool = False,
         head: Mapping[str, Any] | None = None,
         backend: str = "auto",
+        variant: str | None = None,
     ) -> None:
         super().__init__()
         head = dict(head or {})
@@ -275,8 +277,8 @@ class SpikingFCOS(nn.Module):
             raise ValueError(f"fpn_levels={levels!r} must be increasing backbone stages among 1, 2, 3, 4")
         one_of("readout", readout, READOUTS)
         self.num_classes = positive_int("num_classes", num_classes)
-        self.backbone = SEWResNet(depth=depth, num_classes=0, in_channels=in_channels, T=T, connect=connect,
-                                  stem=stem, width=width, neuron=neuron, norm=norm,
+        self.backbone = SEWResNet(depth=depth, variant=variant, num_classes=0, in_channels=in_channels, T=T,
+                                  connect=connect, stem=stem, width=width, neuron=neuron, norm=norm,
                                   zero_init_residual=zero_init_residual, backend=backend)
         self.levels = levels
         # stages above the pyramid's top level would never run: keep no parameters for them (DDP needs a
@@ -291,7 +293,7 @@ class SpikingFCOS(nn.Module):
             if len(ranges) != len(levels):
                 raise ValueError(f"scale_ranges has {len(ranges)} entries; fpn_levels has {len(levels)}")
         self.scale_ranges = ranges
-        f = _Factory(DEFAULT_NEURON if neuron is None else neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend)
         self.fpn = SpikingFPN([self.backbone.stage_channels[lv - 1] for lv in levels], channels, f)
         self.head = FCOSHead(channels, num_classes, num_convs, len(levels), readout, f)
         self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}

@@ -17,39 +17,16 @@ from torch import nn
 
 from ..backend import check_backend
 from ..nn.layers import MultiStep, check_connect, sew_connect
-from ..nn.neurons import BaseNeuron, build_neuron
-from ..nn.norm import build_norm2d
-from ..nn.norm_neuron import NormNeuron
 from ..validation import one_of, positive_int
+from .common import LayerFactory, pick_variant
 
 STEMS = ("cifar", "imagenet")
-
-
-class _Factory:
-    """Creates neurons and norms with the network-wide settings."""
-
-    def __init__(self, neuron: Mapping[str, Any], norm: str, backend: str) -> None:
-        self.neuron_cfg = dict(neuron)
-        self.norm = norm
-        self.backend = backend
-        self.neuron()  # validate the neuron settings once, up front
-        build_norm2d(norm, 1, backend)
-
-    def neuron(self) -> BaseNeuron:
-        return build_neuron(**self.neuron_cfg, backend=self.backend)
-
-    def conv(self, cin: int, cout: int, k: int, stride: int = 1) -> MultiStep:
-        return MultiStep(nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False))
-
-    def norm_neuron(self, channels: int) -> NormNeuron:
-        """The norm and neuron after a convolution (fused under the Triton backend)."""
-        return NormNeuron(build_norm2d(self.norm, channels, self.backend), self.neuron(), self.backend)
 
 
 class BasicBlock(nn.Module):
     expansion = 1
 
-    def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
+    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str) -> None:
         super().__init__()
         self.conv1 = f.conv(cin, planes, 3, stride)
         self.sn1 = f.norm_neuron(planes)
@@ -72,7 +49,7 @@ class BasicBlock(nn.Module):
 class Bottleneck(nn.Module):
     expansion = 4
 
-    def __init__(self, f: _Factory, cin: int, planes: int, stride: int, connect: str) -> None:
+    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str) -> None:
         super().__init__()
         cout = planes * self.expansion
         self.conv1 = f.conv(cin, planes, 1)
@@ -130,14 +107,30 @@ ARCHS: dict[int, tuple[type[nn.Module], tuple[int, int, int, int]]] = {
     50: (Bottleneck, (3, 4, 6, 3)),
 }
 
-DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "atan"}
+#: SpikingJelly's constructor names of the depths (``model.variant``).
+VARIANTS = {f"sew_resnet{depth}": depth for depth in ARCHS}
+
+
+def resolve_depth(depth: int | None, variant: str | None) -> int:
+    """The depth that ``depth`` and ``variant`` (either, both in agreement, or neither: 18) describe."""
+    if depth is not None and depth not in ARCHS:
+        raise ValueError(f"depth={depth!r} is not valid; choose one of {', '.join(map(str, ARCHS))}")
+    if variant is None:
+        return 18 if depth is None else depth
+    named = pick_variant(variant, VARIANTS)
+    if depth is not None and depth != named:
+        raise ValueError(f"variant={variant!r} is depth {named} but depth={depth!r}; set one of them (the other "
+                         "to null)")
+    return named
 
 
 class SEWResNet(nn.Module):
     """SEW-ResNet classifier.
 
     Args:
-        depth: 18, 34 (basic blocks) or 50 (bottlenecks).
+        depth: 18, 34 (basic blocks) or 50 (bottlenecks); None: the variant's, or 18.
+        variant: SpikingJelly's name of the depth, ``sew_resnet18``, ``sew_resnet34`` or ``sew_resnet50``
+            (:data:`VARIANTS`); None: ``depth`` decides. Given both, they must agree.
         num_classes: classifier outputs; 0 builds the backbone only (no pooling and classifier),
             for detectors that read :meth:`forward_features`.
         in_channels: image channels.
@@ -156,7 +149,7 @@ class SEWResNet(nn.Module):
 
     def __init__(
         self,
-        depth: int = 18,
+        depth: int | None = None,
         num_classes: int = 10,
         in_channels: int = 3,
         T: int = 4,
@@ -167,10 +160,10 @@ class SEWResNet(nn.Module):
         norm: str = "batchnorm",
         zero_init_residual: bool = False,
         backend: str = "auto",
+        variant: str | None = None,
     ) -> None:
         super().__init__()
-        if depth not in ARCHS:
-            raise ValueError(f"depth={depth!r} is not valid; choose one of {', '.join(map(str, ARCHS))}")
+        depth = resolve_depth(depth, variant)
         one_of("stem", stem, STEMS)
         self.T = positive_int("T", T)
         if num_classes != 0:
@@ -179,7 +172,7 @@ class SEWResNet(nn.Module):
         width = positive_int("width", width)
         connect = check_connect(connect)
         check_backend(backend)
-        f = _Factory(DEFAULT_NEURON if neuron is None else neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend)
         block, layers = ARCHS[depth]
 
         if stem == "cifar":

@@ -1,4 +1,5 @@
-"""Building blocks for multi-step spiking networks: time-distributed layers and SEW connections."""
+"""Building blocks for multi-step spiking networks: time-distributed layers, dropout over time and SEW
+connections."""
 
 from __future__ import annotations
 
@@ -21,6 +22,36 @@ class MultiStep(nn.Sequential):
         t, b = x.shape[:2]
         y = super().forward(x.flatten(0, 1))
         return y.unflatten(0, (t, b))
+
+    def folded(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers on a batch that is already folded, ``[N, ...]``: a static image ``[B, C, H, W]`` that a
+        stem convolution reads once before its output is repeated over T (direct encoding)."""
+        return super().forward(x)
+
+
+class TemporalDropout(nn.Module):
+    """Dropout of ``[T, B, ...]`` input with one mask for all T steps of a sample (as SpikingJelly's
+    multi-step ``layer.Dropout``): a unit that is dropped stays silent for the whole sequence, instead of a
+    fresh mask per step, which would act as extra input noise to the neurons after it. Kept elements are
+    scaled by ``1 / (1 - p)``; in eval mode the input passes unchanged.
+    """
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout p={p!r} must be a number in [0, 1)")
+        self.p = float(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.dim() < 2:
+            raise ValueError(f"TemporalDropout expects [T, B, ...] input, got shape {tuple(x.shape)}")
+        keep = torch.empty((1, *x.shape[1:]), dtype=x.dtype, device=x.device).bernoulli_(1.0 - self.p)
+        return x * keep.div_(1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
 
 
 def check_connect(connect: object) -> str:

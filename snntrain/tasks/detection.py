@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..losses import QUALITIES, fcos_loss
-from ..models import is_detector
+from ..models import is_detector, model_label
 from ..validation import one_of
 from .base import SpikingTask
 from .metrics import WeightedMean
@@ -89,7 +89,7 @@ class DetectionTask(SpikingTask):
         super().__init__(config, backend)
         if not is_detector(config["model"]):
             raise ValueError(f"task=detect trains a detector: model=sew_fcos (task=detect's default), not "
-                             f"model={config['model'].get('name')}")
+                             f"{model_label(config['model'])}")
         from torchmetrics.detection import MeanAveragePrecision
 
         task = config["task"]
