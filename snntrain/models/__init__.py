@@ -8,9 +8,14 @@ from typing import Any
 from torch import nn
 
 from .detector import SpikingFCOS
+from .qkformer import QKFormer
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet50
+from .spike_driven_transformer import SpikeDrivenTransformer
+from .spikformer import Spikformer
 
-MODELS = ("sew_resnet", "sew_fcos")
+#: The spiking transformers by model name (each takes ``variant=`` one of its module's ``VARIANTS``).
+TRANSFORMERS = {"spikformer": Spikformer, "spike_driven_transformer": SpikeDrivenTransformer, "qkformer": QKFormer}
+MODELS = ("sew_resnet", "sew_fcos", *TRANSFORMERS)
 
 
 def is_detector(cfg: Mapping[str, Any]) -> bool:
@@ -27,7 +32,7 @@ def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
     name = cfg.get("name")
     if name not in MODELS:
         raise ValueError(f"model name={name!r} is not valid; choose one of {', '.join(MODELS)}")
-    cls = SpikingFCOS if is_detector(cfg) else SEWResNet
+    cls = TRANSFORMERS.get(name) or (SpikingFCOS if is_detector(cfg) else SEWResNet)
     del cfg["name"]
     try:
         return cls(**cfg, backend=backend)
@@ -35,5 +40,5 @@ def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
         raise ValueError(f"bad model setting for {name}: {err}") from None
 
 
-__all__ = ["MODELS", "SEWResNet", "SpikingFCOS", "build_model", "is_detector", "sew_resnet18", "sew_resnet34",
-           "sew_resnet50"]
+__all__ = ["MODELS", "QKFormer", "SEWResNet", "SpikeDrivenTransformer", "SpikingFCOS", "Spikformer", "TRANSFORMERS",
+           "build_model", "is_detector", "sew_resnet18", "sew_resnet34", "sew_resnet50"]
