@@ -53,8 +53,11 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def tokens_as_map(x: torch.Tensor) -> torch.Tensor:
-    """Tokens ``[T, B, N, C]`` as the map ``[T, B, C, N, 1]`` (a view; channels-last when ``x`` is contiguous)."""
-    return x.transpose(-1, -2).unsqueeze(-1)
+    """Tokens ``[T, B, N, C]`` as the map ``[T, B, C, N, 1]`` (a view; channels-last when ``x`` is contiguous).
+
+    The last dim's stride is ``C``, a channels-last map's (not 1, which ``unsqueeze(-1)`` would give): PyTorch's CPU
+    batch norm computes wrong input gradients for a channels-last map whose size-1 width has stride 1."""
+    return x.unsqueeze(-2).movedim(-1, -3)
 
 
 def map_as_tokens(y: torch.Tensor) -> torch.Tensor:
