@@ -55,8 +55,18 @@ from .neuron_step import (
     step,
     sum_kernel,
 )
-from .op_utils import FLOAT_DTYPES, INT32_MAX, cdiv, direct, eager_function, next_pow2, op_wrap, profiled, \
-    register_op, traced
+from .op_utils import (
+    FLOAT_DTYPES,
+    INT32_MAX,
+    cdiv,
+    direct,
+    eager_function,
+    next_pow2,
+    op_wrap,
+    profiled,
+    register_op,
+    traced,
+)
 
 __all__ = ["spike_kv", "ssa_neuron", "ssa_neuron_fwd", "ssa_neuron_bwd", "spike_kv_op"]
 

@@ -28,7 +28,7 @@ from ..nn.attention import (
 )
 from ..nn.layers import MultiStep
 from ..validation import number, one_of, positive_int
-from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
+from .transformer import DEFAULT_NEURON, init_transformer, resolve_variant
 
 #: Variant name -> architecture: ``qkformer_10_384`` as SpikingJelly 2.0.0 builds it (ImageNet, 224 -> 14x14
 #: tokens in the last stage); ``qkformer_4_384`` the paper's CIFAR model (blocks 1-1-2, stages at 32, 16 and 8
