@@ -193,3 +193,44 @@ def test_command_line_trains_each_family(family, compose_run, tmp_path):
     acc = run(compose_run(tmp_path, f"model={family}", "debug=tiny"))
     assert 0.0 <= acc <= 1.0
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_recomputation_gives_the_same_step(family):
+    """``checkpoint=true``: the same outputs, gradients and running statistics (the recomputed forward leaves the
+    batch-norm buffers as the first one set them), bit for bit."""
+    runs = []
+    for checkpoint in (False, True):
+        torch.manual_seed(0)
+        model = tiny(family, checkpoint=checkpoint)
+        out = model(torch.randn(3, 2, 16, 16, generator=torch.Generator().manual_seed(1)))
+        out.square().sum().backward()
+        runs.append((out, {n: p.grad for n, p in model.named_parameters()}, dict(model.named_buffers())))
+    (out0, grads0, bufs0), (out1, grads1, bufs1) = runs
+    assert torch.equal(out0, out1)
+    assert all(torch.equal(grads0[n], grads1[n]) for n in grads0)
+    assert all(torch.equal(bufs0[n], bufs1[n]) for n in bufs0)
+
+
+@pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
+def test_spike_linear_keeps_uint8_and_equals_linear(dtype, autocast):
+    from snntrain.nn.attention import SpikeLinear
+
+    torch.manual_seed(0)
+    ours, ref = SpikeLinear(6, 5).to(dtype), torch.nn.Linear(6, 5).to(dtype)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randint(0, 4, (2, 3, 6)).to(dtype)  # spike counts
+    saved = []
+    results = []
+    for m in (ours, ref):
+        leaf = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(leaf)
+        (y.float() * torch.arange(5.0)).sum().backward()
+        results.append((y, leaf.grad, m.weight.grad, m.bias.grad))
+        saved.append(None)
+    assert torch.uint8 in saved[:saved.index(None)]  # the input, kept in one byte
+    for a, b in zip(*results):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)

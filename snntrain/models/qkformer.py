@@ -24,10 +24,11 @@ from ..nn.attention import (
     SpikingMLP,
     SpikingParts,
     SpikingSelfAttention,
+    checkpointed,
     tokens_from_map,
 )
 from ..nn.layers import MultiStep
-from ..validation import number, one_of, positive_int
+from ..validation import flag, number, one_of, positive_int
 from .transformer import DEFAULT_NEURON, init_transformer, resolve_variant
 
 #: Variant name -> architecture: ``qkformer_10_384`` as SpikingJelly 2.0.0 builds it (ImageNet, 224 -> 14x14
@@ -126,7 +127,8 @@ class QKFormer(nn.Module):
         pooling: four characters 0/1: the first embedding's two max-pools, the second's and the third's.
         qk_mode: the first two stages' Q-K attention, ``token`` (the paper) or ``channel``.
         mlp_ratio: MLP hidden channels over the stage's channels.
-        num_classes, in_channels, T, neuron, attn_v_threshold, norm, backend: as :class:`~snntrain.models.Spikformer`.
+        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend: as
+            :class:`~snntrain.models.Spikformer`.
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """
@@ -149,9 +151,11 @@ class QKFormer(nn.Module):
         neuron: Mapping[str, Any] | None = None,
         attn_v_threshold: float | None = 0.5,
         norm: str = "batchnorm",
+        checkpoint: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        self.checkpoint = flag("checkpoint", checkpoint)
         arch = resolve_variant("qkformer", VARIANTS, variant, embed_dim=embed_dim, heads=heads, depths=depths,
                                pooling=pooling)
         dim = positive_int("embed_dim", arch["embed_dim"])
@@ -183,8 +187,13 @@ class QKFormer(nn.Module):
         self.head = nn.Linear(dim, self.num_classes)
         init_transformer(self)
 
-    @staticmethod
-    def _blocks(stage: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    def _recompute(self) -> bool:
+        return self.checkpoint and self.training
+
+    def _run(self, module: nn.Module, *args: Any) -> torch.Tensor:
+        return checkpointed(module, module, *args) if self._recompute() else module(*args)
+
+    def _blocks(self, stage: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
         """A stage's blocks over tokens of the map ``x`` ``[T, B, C, H, W]``; returns the map (a channels-last view of
         the tokens)."""
         if not len(stage):
@@ -192,14 +201,14 @@ class QKFormer(nn.Module):
         h, w = x.shape[-2:]
         t = tokens_from_map(x)
         for block in stage:
-            t = block(t)
+            t = self._run(block, t)
         return t.transpose(-1, -2).unflatten(-1, (h, w))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``[T, B, N, E]`` after the last stage."""
-        x = self._blocks(self.stage1, self.embed1(x, self.T))
-        x = self._blocks(self.stage2, self.embed2(x))
-        return tokens_from_map(self._blocks(self.stage3, self.embed3(x)))
+        x = self._blocks(self.stage1, self._run(self.embed1, x, self.T))
+        x = self._blocks(self.stage2, self._run(self.embed2, x))
+        return tokens_from_map(self._blocks(self.stage3, self._run(self.embed3, x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x).mean(2)).mean(0)

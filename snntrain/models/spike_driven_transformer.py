@@ -19,9 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..nn.attention import SpikeDrivenSelfAttention, SpikingParts, neuron_tokens, norm_tokens, tokens_from_map
+from ..nn.attention import (
+    SpikeDrivenSelfAttention,
+    SpikingParts,
+    checkpointed,
+    neuron_tokens,
+    norm_tokens,
+    tokens_from_map,
+)
 from ..nn.layers import MultiStep
-from ..validation import number, positive_int
+from ..validation import flag, number, positive_int
 from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
 
 #: Variant name -> architecture: ``sdt_8_384`` as SpikingJelly 2.0.0 builds it (ImageNet, 224 -> 14x14 tokens);
@@ -59,12 +66,23 @@ class PatchStem(nn.Module):
         self.final_neuron = parts.neuron()
         self.rpe = MultiStep(parts.conv(dim, dim), parts.norm2d(dim))
 
-    def forward(self, x: torch.Tensor, T: int) -> torch.Tensor:
-        x = self.pools[0](encode_stem(self.convs[0], self.sns[0], x, T))
+    def forward(self, x: torch.Tensor, T: int, recompute: bool = False) -> torch.Tensor:
+        """``recompute``: each stage's activations are recomputed in the backward (:func:`checkpointed`)."""
+        def first(x):
+            return self.pools[0](encode_stem(self.convs[0], self.sns[0], x, T))
+
+        x = checkpointed(self, first, x) if recompute else first(x)
         for conv, sn, pool in zip(self.convs[1:], self.sns[1:], self.pools[1:]):
-            x = pool(sn(conv(x)))
-        x = self.final_pool(self.final(x))
-        return x + self.rpe(self.final_neuron(x))
+            def stage(x, conv=conv, sn=sn, pool=pool):
+                return pool(sn(conv(x)))
+
+            x = checkpointed(self, stage, x) if recompute else stage(x)
+
+        def last(x):
+            x = self.final_pool(self.final(x))
+            return x + self.rpe(self.final_neuron(x))
+
+        return checkpointed(self, last, x) if recompute else last(x)
 
 
 class MLP(nn.Module):
@@ -76,12 +94,12 @@ class MLP(nn.Module):
         self.residual = hidden == dim
         self.neuron1 = parts.neuron()
         if self.residual:  # the norm's output is needed beside the neuron: not fused
-            self.fc1 = nn.Linear(dim, hidden)
+            self.fc1 = parts.linear(dim, hidden)
             self.norm1 = parts.map_norm(hidden)
             self.neuron2 = parts.neuron()
         else:
             self.fc1 = parts.linear_norm_neuron(dim, hidden, bias=True)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = parts.linear(hidden, dim)
         self.norm2 = parts.map_norm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +132,8 @@ class SpikeDrivenTransformer(nn.Module):
         depth: blocks.
         pooling: four characters 0/1: which stem stages max-pool (stride 2).
         mlp_ratio: MLP hidden channels over ``E``.
-        num_classes, in_channels, T, neuron, attn_v_threshold, norm, backend: as :class:`~snntrain.models.Spikformer`.
+        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend: as
+            :class:`~snntrain.models.Spikformer`.
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """
@@ -135,9 +154,11 @@ class SpikeDrivenTransformer(nn.Module):
         neuron: Mapping[str, Any] | None = None,
         attn_v_threshold: float | None = 0.5,
         norm: str = "batchnorm",
+        checkpoint: bool = False,
         backend: str = "auto",
     ) -> None:
         super().__init__()
+        self.checkpoint = flag("checkpoint", checkpoint)
         arch = resolve_variant("spike_driven_transformer", VARIANTS, variant, embed_dim=embed_dim, depth=depth,
                                pooling=pooling)
         dim, self.depth = positive_int("embed_dim", arch["embed_dim"]), positive_int("depth", arch["depth"])
@@ -159,9 +180,10 @@ class SpikeDrivenTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Membrane-level tokens ``[T, B, N, E]`` after the last block."""
-        x = tokens_from_map(self.stem(x, self.T))
+        recompute = self.checkpoint and self.training
+        x = tokens_from_map(self.stem(x, self.T, recompute))
         for block in self.blocks:
-            x = block(x)
+            x = checkpointed(block, block, x) if recompute else block(x)
         return x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,10 +28,12 @@ attention neurons fire at ``attn_v_threshold`` (0.5 in all three papers).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..backend import check_backend, use_triton
@@ -42,7 +44,7 @@ from .norm import build_norm2d
 from .norm_neuron import NormNeuron
 
 __all__ = [
-    "LinearNormNeuron", "QKAttention", "QKVNeuron", "SpikeDrivenSelfAttention", "SpikingMLP", "SpikingParts",
+    "LinearNormNeuron", "SpikeLinear", "checkpointed", "QKAttention", "QKVNeuron", "SpikeDrivenSelfAttention", "SpikingMLP", "SpikingParts",
     "SpikingSelfAttention", "map_as_tokens", "neuron_tokens", "norm_tokens", "ssa_reference", "tokens_as_map",
     "tokens_from_map",
 ]
@@ -82,6 +84,79 @@ def norm_tokens(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return map_as_tokens(norm(tokens_as_map(x)))
 
 
+class _NarrowLinear(torch.autograd.Function):
+    """``x W^T + b`` keeping ``x`` for the backward as uint8 (``x`` holds small non-negative integers: spikes or
+    spike counts, exact in one byte) and not keeping the weight's 16-bit copy."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype):
+        ctx.save_for_backward(x.to(torch.uint8), weight, bias)
+        ctx.dtype, ctx.x_dtype = dtype, x.dtype
+        return F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        xs, weight, bias = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        g = grad.to(ctx.dtype)
+        gx = (g @ weight.to(ctx.dtype)).to(ctx.x_dtype) if need_x else None
+        g2 = g.reshape(-1, g.shape[-1])
+        gw = (g2.T @ xs.to(ctx.dtype).reshape(-1, xs.shape[-1])).to(weight.dtype) if need_w else None
+        gb = g2.sum(0).to(bias.dtype) if need_b and bias is not None else None
+        return gx, gw, gb, None
+
+
+class SpikeLinear(nn.Linear):
+    """A :class:`torch.nn.Linear` over spikes or spike counts (small non-negative integers): in training it keeps its
+    input for the backward as uint8, the narrowest dtype that holds it exactly (half of bfloat16, a quarter of
+    float32), and computes in autocast's dtype, or the wider of the input's and the weight's. Values, gradients and state dict are the Linear's; its
+    input must be integers in [0, 255] (what the spiking transformers feed it: binary spikes, or sums of at most a
+    few hundred of them), which is not checked (that would wait for the device)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad):
+            return super().forward(x)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+            torch.promote_types(x.dtype, self.weight.dtype)
+        with torch.autocast(device, enabled=False):
+            return _NarrowLinear.apply(x, self.weight, self.bias, dtype)
+
+
+class _KeepBuffers:
+    """Restores ``module``'s buffers (batch-norm running statistics and counts) on exit: a recomputed forward
+    leaves them as the first forward did."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        self.saved = [(b, b.clone()) for b in self.module.buffers()]
+
+    def __exit__(self, *exc) -> bool:
+        with torch.no_grad():
+            for b, copy in self.saved:
+                b.copy_(copy)
+        self.saved = []
+        return False
+
+
+def checkpointed(module: nn.Module, fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """``fn(*args)`` (``module``'s computation) with activation recomputation when a gradient is recorded: only the
+    inputs are kept, and the backward runs ``fn`` again (:func:`torch.utils.checkpoint.checkpoint`, non-reentrant).
+    The recomputation leaves ``module``'s running statistics as the first forward set them; under ``torch.compile``
+    the compiler replays no buffer update, so the plain checkpoint is used."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    if torch.compiler.is_compiling():
+        return checkpoint(fn, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False,
+                      context_fn=lambda: (contextlib.nullcontext(), _KeepBuffers(module)))
+
+
 class SpikingParts:
     """Builds the spiking layers of a network with its settings: every neuron through
     :func:`~snntrain.nn.neurons.build_neuron` from ``neuron`` (any registered neuron type), every norm through
@@ -101,7 +176,8 @@ class SpikingParts:
         self.norm = norm
         self.backend = check_backend(backend)
         self.attn_v_threshold = None if attn_v_threshold is None else number("attn_v_threshold", attn_v_threshold)
-        self.neuron()  # validate the settings once, up front
+        # the neurons fire binary spikes (IF/LIF/PLIF): projections of spikes keep their input as uint8
+        self.binary = isinstance(self.neuron(), BaseNeuron)  # validates the settings once, up front
         self.attention_neuron()
         build_norm2d(norm, 1, backend)
 
@@ -127,8 +203,12 @@ class SpikingParts:
     def conv(self, cin: int, cout: int, k: int = 3, stride: int = 1, bias: bool = False) -> nn.Conv2d:
         return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=bias)
 
+    def linear(self, cin: int, cout: int, bias: bool = True) -> nn.Linear:
+        """A projection of spikes or spike counts: a :class:`SpikeLinear` where the neurons fire binary spikes."""
+        return (SpikeLinear if self.binary else nn.Linear)(cin, cout, bias=bias)
+
     def linear_norm_neuron(self, cin: int, cout: int, bias: bool = False) -> LinearNormNeuron:
-        return LinearNormNeuron(nn.Linear(cin, cout, bias=bias), self.norm_neuron(cout))
+        return LinearNormNeuron(self.linear(cin, cout, bias), self.norm_neuron(cout))
 
 
 class LinearNormNeuron(nn.Module):
@@ -254,7 +334,7 @@ class SpikeDrivenSelfAttention(nn.Module):
         self.shortcut_neuron = parts.neuron()
         self.qkv = parts.linear_norm_neuron(dim, 3 * dim)
         self.attn_neuron = parts.attention_neuron()
-        self.proj = nn.Linear(dim, dim)
+        self.proj = parts.linear(dim, dim)
         self.proj_norm = parts.map_norm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
