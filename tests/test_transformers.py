@@ -234,3 +234,48 @@ def test_spike_linear_keeps_uint8_and_equals_linear(dtype, autocast):
     for a, b in zip(*results):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(TINY))
+@pytest.mark.parametrize("mode, checkpoint", [(None, False), (None, True), ("default", False)])
+def test_whole_step_cuda_graph_and_compile_train_like_eager(family, mode, checkpoint):
+    """Six steps of each family (Triton kernels, channels-last, bf16 autocast) through the whole-step CUDA graph
+    (eager or ``torch.compile``d objective; with or without recomputation) follow the eager steps: nothing in a
+    forward or backward synchronises with the host, and the captured step computes what the eager one does."""
+    import copy
+
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import compile_model, to_channels_last
+    from snntrain.tasks.step_graph import StepGraph, training_step_fn
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 2, 16, 16, generator=g).cuda(), torch.randint(0, 5, (4,), generator=g).cuda())
+               for _ in range(6)]
+    torch.manual_seed(0)
+    base = to_channels_last(tiny(family, backend="triton", checkpoint=checkpoint).cuda())
+    runs = {}
+    for graphed in (False, True):
+        model = copy.deepcopy(base)
+        opt = build_optimizer(model, {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0})
+        fn = compile_model(model, mode)
+
+        def objective(x, y, f=fn):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return {"loss": torch.nn.functional.cross_entropy(f(x), y)}
+
+        step = training_step_fn(objective, opt)
+        run_step = StepGraph(step, opt) if graphed else None
+        losses = []
+        for x, y in batches:
+            if graphed:
+                out = run_step(x, y)
+            else:
+                opt.zero_grad(set_to_none=True)
+                out = step(x, y)
+            losses.append(out["loss"].clone())
+        assert run_step is None or run_step.captured
+        runs[graphed] = torch.stack(losses)
+    torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=1e-3)
+    assert torch.isfinite(runs[True]).all()

@@ -111,10 +111,13 @@ class SpikeLinear(nn.Linear):
     input for the backward as uint8, the narrowest dtype that holds it exactly (half of bfloat16, a quarter of
     float32), and computes in autocast's dtype, or the wider of the input's and the weight's. Values, gradients and state dict are the Linear's; its
     input must be integers in [0, 255] (what the spiking transformers feed it: binary spikes, or sums of at most a
-    few hundred of them), which is not checked (that would wait for the device)."""
+    few hundred of them), which is not checked (that would wait for the device). ``narrow = False`` (a plain
+    attribute) makes it a plain Linear, for other inputs."""
+
+    narrow = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad):
+        if not self.narrow or not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad):
             return super().forward(x)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
