@@ -279,3 +279,48 @@ def test_whole_step_cuda_graph_and_compile_train_like_eager(family, mode, checkp
         runs[graphed] = torch.stack(losses)
     torch.testing.assert_close(runs[True], runs[False], rtol=2e-2, atol=1e-3)
     assert torch.isfinite(runs[True]).all()
+
+
+RECIPES = {  # experiment -> (model, variant, data, T)
+    "cifar10_spikformer": ("spikformer", "spikformer_cifar10", "cifar10", 4),
+    "cifar100_spikformer": ("spikformer", "spikformer_cifar10", "cifar100", 4),
+    "imagenet_spikformer": ("spikformer", "spikformer_s", "image_folder", 4),
+    "cifar10_dvs_spikformer": ("spikformer", "spikformer_ti", "cifar10_dvs", 16),
+    "dvs_gesture_spikformer": ("spikformer", "spikformer_ti", "dvs_gesture", 16),
+    "cifar10_sdt": ("spike_driven_transformer", "sdt_2_512", "cifar10", 4),
+    "cifar100_sdt": ("spike_driven_transformer", "sdt_2_512", "cifar100", 4),
+    "imagenet_sdt": ("spike_driven_transformer", "sdt_8_384", "image_folder", 4),
+    "cifar10_dvs_sdt": ("spike_driven_transformer", "sdt_2_256", "cifar10_dvs", 16),
+    "dvs_gesture_sdt": ("spike_driven_transformer", "sdt_2_256", "dvs_gesture", 16),
+    "cifar10_qkformer": ("qkformer", "qkformer_4_384", "cifar10", 4),
+    "cifar100_qkformer": ("qkformer", "qkformer_4_384", "cifar100", 4),
+    "imagenet_qkformer": ("qkformer", "qkformer_10_384", "image_folder", 4),
+    "cifar10_dvs_qkformer": ("qkformer", "qkformer_2_256", "cifar10_dvs", 16),
+    "dvs_gesture_qkformer": ("qkformer", "qkformer_2_256", "dvs_gesture", 16),
+    "digits_spikformer": ("spikformer", "spikformer_cifar10", "digits", 4),
+    "digits_sdt": ("spike_driven_transformer", "sdt_2_512", "digits", 4),
+    "digits_qkformer": ("qkformer", "qkformer_4_384", "digits", 4),
+}
+
+
+@pytest.mark.parametrize("experiment", list(RECIPES))
+def test_recipes_compose_and_build(experiment, compose_run, tmp_path):
+    from omegaconf import OmegaConf
+
+    model, variant, data, T = RECIPES[experiment]
+    extra = ["data.root=/nonexistent"] if data == "image_folder" else []  # ImageNet's folder is required
+    cfg = OmegaConf.to_container(compose_run(tmp_path, f"experiment={experiment}", *extra), resolve=True)
+    assert (cfg["model"]["name"], cfg["model"]["variant"], cfg["data"]["name"], cfg["T"]) == (model, variant, data, T)
+    if cfg["data"].get("num_classes") is None:
+        cfg["model"]["num_classes"] = 1000  # ImageNet's, read from its folders in a run
+    with torch.device("meta"):
+        build_model(cfg["model"])
+
+
+def test_cifar100_names_the_archive_to_fetch(tmp_path):
+    from snntrain.data import CIFAR100DataModule
+
+    dm = CIFAR100DataModule(root=str(tmp_path / "c100"), download=False)
+    assert dm.num_classes == len(dm.classes) == 100
+    with pytest.raises(RuntimeError, match=r"CIFAR-100 is not in .*c100 \(download=false\).*cifar-100-python.tar.gz"):
+        dm.prepare_data()

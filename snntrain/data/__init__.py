@@ -10,6 +10,7 @@ import lightning as L
 
 from ..validation import one_of
 from .cifar10 import CIFAR10DataModule
+from .cifar100 import CIFAR100DataModule
 from .digits import DigitsDataModule
 from .digits_dvs import DigitsDVSDataModule
 from .events import CIFAR10DVSDataModule, DVSGestureDataModule, NCaltech101DataModule, NMNISTDataModule
@@ -21,6 +22,7 @@ from .widerface import WiderFaceDataModule
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "digits": DigitsDataModule,
     "cifar10": CIFAR10DataModule,
+    "cifar100": CIFAR100DataModule,
     "image_folder": ImageFolderDataModule,
     "faces": FacesDataModule,
     "widerface": WiderFaceDataModule,
@@ -59,6 +61,7 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
 __all__ = [
     "DATAMODULES",
     "CIFAR10DVSDataModule",
+    "CIFAR100DataModule",
     "CIFAR10DataModule",
     "DVSGestureDataModule",
     "DigitsDVSDataModule",
