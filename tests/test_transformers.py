@@ -324,3 +324,24 @@ def test_cifar100_names_the_archive_to_fetch(tmp_path):
     assert dm.num_classes == len(dm.classes) == 100
     with pytest.raises(RuntimeError, match=r"CIFAR-100 is not in .*c100 \(download=false\).*cifar-100-python.tar.gz"):
         dm.prepare_data()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qkformer"])  # the most varied layers; ONNX's export takes most of a minute
+def test_trained_transformer_exports_and_nir_is_refused(family, compose_run, tmp_path):
+    """A ``debug=tiny`` run's checkpoint exports to safetensors, ONNX (checked with onnxruntime) and a torch.export
+    program that reloads; NIR is refused with the reason before anything is written."""
+    from snntrain.cli import run
+    from snntrain.export import export_checkpoint, load_exported
+    from snntrain.nir_graph import NIRError
+
+    run(compose_run(tmp_path / "run", f"model={family}", "debug=tiny"))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    card = export_checkpoint(ckpt, tmp_path / "export", backend="torch")
+    assert card["onnx_max_abs_diff"] < 1e-4 and card["torch_export_max_abs_diff"] < 1e-4
+    assert {"model.safetensors", "model.onnx", "model.pt2"} <= set(card["files"])
+    model = load_exported(tmp_path / "export", backend="torch")
+    assert model(torch.randn(2, 1, 16, 16)).shape == (2, 10)
+    with pytest.raises(NIRError, match="has no NIR graph: .* multipl(y|ies) spike tensors"):
+        export_checkpoint(ckpt, tmp_path / "nir", formats=["nir"])
+    assert not (tmp_path / "nir").exists()
