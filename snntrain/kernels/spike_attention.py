@@ -8,16 +8,18 @@ Shapes: ``q``, ``k``, ``v`` are spike tokens ``[T, B, N, C]`` (any strides with 
 slices of one ``[T, B, N, 3C]`` projection), split into ``H`` heads of ``D = C / H`` channels.
 
 * ``spike_kv``: one program per (step, sample, head) sums ``K_n^T V_n`` over the tokens in blocks
-  (``tl.dot`` in IEEE float32: the products of spikes are exact integer counts, whatever the input dtype) and
-  writes ``KV`` ``[T, B, H, D, D]`` in float32. Its backward is two batched products in PyTorch.
-* ``ssa_neuron_fwd``: one program per block of tokens of one (sample, head) scans T with the membrane of its
-  ``BLOCK_N x D`` neurons in registers; each step computes the current ``y = scale * Q_t KV_t`` in registers
-  (``tl.dot``, exact) and runs the neuron step of :mod:`snntrain.kernels.neuron_step`, writing only the spikes.
+  (``tl.dot`` in tf32, which holds spikes exactly, accumulated in float32: exact integer counts, whatever the input
+  dtype) and writes ``KV`` ``[T, B, H, D, D]`` in float32. Its backward is two batched products in PyTorch.
+* ``ssa_neuron_fwd``: one program per block of tokens (:func:`_block_n`) of one (sample, head) scans T with the
+  membrane of its ``BLOCK_N x D`` neurons in registers; each step computes the current ``y = scale * Q_t KV_t`` in
+  registers (one ``tl.dot``, exact) and runs the neuron step of :mod:`snntrain.kernels.neuron_step`, writing only
+  the spikes.
   The current, ``[T, B, N, C]`` in float32, never reaches memory: neither written, nor saved for the backward.
   When a gradient is needed the forward stores the fp32 membrane at the start of every chunk of steps after the
   first (:func:`~snntrain.kernels.neuron_step.chunk_steps`; none for T <= 4), as the neuron kernels do.
-* ``ssa_neuron_bwd``: per chunk in reverse, reload the checkpoint, recompute the chunk's currents and charged
-  membranes (the same operations, bit for bit: the spikes are the forward's), then the reverse-time scan gives
+* ``ssa_neuron_bwd``: per chunk in reverse, reload the checkpoint, recompute the chunk's currents (as ``D`` outer
+  products in registers: the chunk's steps are unrolled, and a ``tl.dot`` per step would stage each step's operands
+  in shared memory) and charged membranes (exact integer products: the spikes are the forward's, bit for bit), then the reverse-time scan gives
   ``dL/dy`` in ``q``'s dtype, PLIF's ``dL/dk`` as per-program partial sums added in a fixed order. ``dL/dQ =
   scale dL/dy KV^T`` and ``dL/dKV = scale Q^T dL/dy`` are batched products in the autograd backward.
 
@@ -70,8 +72,10 @@ from .op_utils import (
 
 __all__ = ["spike_kv", "ssa_neuron", "ssa_neuron_fwd", "ssa_neuron_bwd", "spike_kv_op"]
 
-#: Tokens per program (the products need at least 16 in each dim of a ``tl.dot``).
-BLOCK_N = 64
+#: Elements of a program's ``tokens x head channels`` tile: at least 16 tokens (``tl.dot``), fewer with larger heads;
+#: the backward keeps a chunk's membranes (4 steps, 8 for T > 4) in registers: a quarter of the forward's tile
+#: (``scripts/attention_resources.py``: no spills on sm_90).
+TILE = 2048
 KV_BLOCK_N = 64
 WARPS = 4
 
@@ -106,20 +110,36 @@ def _kv_kernel(
         m = (offs_n < N)[:, None] & mask_d[None, :]
         kt = tl.load(k_base + tl.cast(offs_n, tl.int64)[:, None] * sk_n + offs_d[None, :], mask=m, other=0.0)
         vt = tl.load(v_base + tl.cast(offs_n, tl.int64)[:, None] * sv_n + offs_d[None, :], mask=m, other=0.0)
-        acc += tl.dot(tl.trans(kt.to(tl.float32)), vt.to(tl.float32), input_precision="ieee")
+        # spikes are 0/1, exact in tf32; the products' sums are exact in the fp32 accumulator
+        acc += tl.dot(tl.trans(kt.to(tl.float32)), vt.to(tl.float32), input_precision="tf32")
     out = kv_ptr + tl.cast(pid, tl.int64) * D * D + offs_d[:, None] * D + offs_d[None, :]
     tl.store(out, acc, mask=mask_d[:, None] & mask_d[None, :])
 
 
 @triton.jit
-def _current(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask, mask_d, sq_t, sq_n, D, valid, scale):
-    """``scale * Q_t KV_t`` for a block of tokens: ``[BLOCK_N, BLOCK_D]`` fp32 (exact products of spikes)."""
+def _current(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask, mask_d, sq_t, sq_n, D, scale, PRECISION: tl.constexpr):
+    """``scale * Q_t KV_t`` for a block of tokens, ``[BLOCK_N, BLOCK_D]`` fp32, as one ``tl.dot``. Exact: Q is 0/1 and
+    KV holds counts of at most N, which tf32 represents exactly up to 2048 (``PRECISION`` is ``ieee`` beyond)."""
     q = tl.load(q_base + tl.cast(t, tl.int64) * sq_t + tl.cast(offs_n, tl.int64)[:, None] * sq_n + offs_d[None, :],
-                mask=mask & valid, other=0.0).to(tl.float32)
+                mask=mask, other=0.0).to(tl.float32)
     kv_at = kv_ptr + (tl.cast(t, tl.int64) * tb_h) * D * D
-    kv = tl.load(kv_at + offs_d[:, None] * D + offs_d[None, :], mask=mask_d[:, None] & mask_d[None, :] & valid,
-                 other=0.0)
-    return tl.dot(q, kv, input_precision="ieee") * scale
+    kv = tl.load(kv_at + offs_d[:, None] * D + offs_d[None, :], mask=mask_d[:, None] & mask_d[None, :], other=0.0)
+    return tl.dot(q, kv, input_precision=PRECISION) * scale
+
+
+@triton.jit
+def _current_fma(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask_n, mask_d, sq_t, sq_n, D, valid, scale,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`_current` as ``D`` outer products in registers (no shared memory: the backward recomputes a chunk's
+    steps unrolled). The same value bit for bit: every product and partial sum is an exact integer."""
+    q_rows = q_base + tl.cast(t, tl.int64) * sq_t + tl.cast(offs_n, tl.int64) * sq_n  # [BLOCK_N]
+    kv_at = kv_ptr + (tl.cast(t, tl.int64) * tb_h) * D * D
+    y = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for i in range(D):
+        qi = tl.load(q_rows + i, mask=mask_n & valid, other=0.0).to(tl.float32)  # column i of Q
+        kvi = tl.load(kv_at + i * D + offs_d, mask=mask_d & valid, other=0.0)  # row i of KV
+        y += qi[:, None] * kvi[None, :]
+    return y * scale
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -138,6 +158,7 @@ def _ssa_fwd_kernel(
     K_FROM_PTR: tl.constexpr,
     STORE_CKPT: tl.constexpr,
     NO_FMA: tl.constexpr,
+    PRECISION: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -160,20 +181,16 @@ def _ssa_fwd_kernel(
     step_size = tl.cast(B, tl.int64) * N * C
     out_dtype = s_ptr.dtype.element_ty
     v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32) + v_r
-    n_chunks = tl.cdiv(T, CHUNK)
-    for c_iter in range(n_chunks):
-        c = tl.cast(c_iter, tl.int32)
-        t0 = c * CHUNK
-        if STORE_CKPT:
-            tl.store(ckpt_ptr + tl.cast(c - 1, tl.int64) * step_size + out_offs, v, mask=mask & (c > 0))
-        for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            y = _current(q_base, kv_base, t, B * H, offs_n, offs_d, mask, mask_d, sq_t, sq_n, D, valid, scale)
-            _h, spike, v_new = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
-            tl.store(s_ptr + tl.cast(t, tl.int64) * step_size + out_offs, tl.where(spike, 1.0, 0.0).to(out_dtype),
-                     mask=mask & valid)
-            v = tl.where(valid, v_new, v)
+    # a loop over the steps, not unrolled: one product's operands staged in shared memory at a time
+    for t_iter in range(T):
+        t = tl.cast(t_iter, tl.int32)
+        if STORE_CKPT:  # the membrane before each chunk after the first
+            row = tl.cast(t // CHUNK - 1, tl.int64) * step_size
+            tl.store(ckpt_ptr + row + out_offs, v, mask=mask & (t % CHUNK == 0) & (t > 0))
+        y = _current(q_base, kv_base, t, B * H, offs_n, offs_d, mask, mask_d, sq_t, sq_n, D, scale, PRECISION)
+        _h, spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
+        tl.store(s_ptr + tl.cast(t, tl.int64) * step_size + out_offs, tl.where(spike, 1.0, 0.0).to(out_dtype),
+                 mask=mask)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -235,7 +252,8 @@ def _ssa_bwd_kernel(
         for j in tl.static_range(CHUNK):
             t = t0 + j
             valid = t < T
-            y = _current(q_base, kv_base, t, B * H, offs_n, offs_d, mask, mask_d, sq_t, sq_n, D, valid, scale)
+            y = _current_fma(q_base, kv_base, t, B * H, offs_n, offs_d, offs_n < N, mask_d, sq_t, sq_n, D, valid,
+                             scale, BLOCK_N, BLOCK_D)
             h_t, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             hs = hs + (h_t,)
             if STORE_GK:
@@ -283,6 +301,17 @@ def _block_d(D: int) -> int:
     return max(16, next_pow2(D))
 
 
+def _precision(N: int) -> str:
+    """The product's input precision: tf32 holds the counts of ``K^T V`` (at most N) exactly up to 2048."""
+    return "tf32" if N <= 2048 else "ieee"
+
+
+def _block_n(D: int, T: int, backward: bool = False) -> int:
+    """Tokens per program of the product-neuron kernels."""
+    tile = TILE // (4 if backward else 1) // (2 if backward and chunk_steps(T) > 4 else 1)
+    return max(16, tile // _block_d(D))
+
+
 def _kv_host(k: Tensor, v: Tensor, heads: int, launch: bool, wrap=direct) -> Tensor:
     T, B, N, H, D = _dims(k, heads)
     kv = torch.empty((T, B, H, D, D), dtype=torch.float32, device=k.device)
@@ -312,10 +341,11 @@ def _fwd_host(q: Tensor, kv: Tensor, k_tensor: Tensor | None, params: list[float
     if launch and q.numel():
         q, sq_t, sq_b, sq_n = _tokens(q)
         kk, v_threshold, v_reset, _alpha, scale = params
-        wrap(_ssa_fwd_kernel)[(cdiv(N, BLOCK_N), B * H)](
+        bn = _block_n(D, T)
+        wrap(_ssa_fwd_kernel)[(cdiv(N, bn), B * H)](
             q, kv, k_tensor, spikes, ckpt, T, B, N, H, D, sq_t, sq_b, sq_n, scale, kk, v_threshold, v_reset,
             **_consts(flags), K_FROM_PTR=k_tensor is not None, STORE_CKPT=ckpt.shape[0] > 0, NO_FMA=NO_FMA,
-            CHUNK=chunk_steps(T), BLOCK_N=BLOCK_N, BLOCK_D=_block_d(D), num_warps=WARPS,
+            PRECISION=_precision(N), CHUNK=chunk_steps(T), BLOCK_N=bn, BLOCK_D=_block_d(D), num_warps=WARPS,
         )
     return spikes, ckpt
 
@@ -336,14 +366,15 @@ def _bwd_host(q: Tensor, kv: Tensor, ckpt: Tensor, k_tensor: Tensor | None, grad
         return grad_y, grad_k
     q, sq_t, sq_b, sq_n = _tokens(q)
     gs, sg_t, sg_b, sg_n = _tokens(grad_spikes)
-    grid = (cdiv(N, BLOCK_N), B * H)
+    bn = _block_n(D, T, backward=True)
+    grid = (cdiv(N, bn), B * H)
     gk_part = torch.empty((grid[0] * grid[1],), dtype=torch.float32, device=q.device)
     kk, v_threshold, v_reset, alpha, scale = params
     wrap(_ssa_bwd_kernel)[grid](
         q, kv, ckpt, k_tensor, gs, grad_y, gk_part, T, B, N, H, D, sq_t, sq_b, sq_n, sg_t, sg_b, sg_n,
         scale, kk, v_threshold, v_reset, alpha, **_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
         SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=k_tensor is not None, STORE_GK=need_k, NO_FMA=NO_FMA,
-        CHUNK=chunk_steps(T), BLOCK_N=BLOCK_N, BLOCK_D=_block_d(D), num_warps=WARPS,
+        CHUNK=chunk_steps(T), BLOCK_N=bn, BLOCK_D=_block_d(D), num_warps=WARPS,
     )
     if need_k:
         wrap(sum_kernel)[(1,)](gk_part, grad_k, gk_part.numel(), BLOCK=SUM_BLOCK, num_warps=4)
