@@ -672,7 +672,8 @@ def transformer_floor(case: str, provider: str, precision: str) -> Bench | None:
     opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
     g = torch.Generator(device="cuda").manual_seed(0)
     n = case_T(case) * c["batch"]
-    x = torch.randn(n, 3, c["size"], c["size"], device="cuda", generator=g).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(n, 3, c["size"], c["size"], device="cuda", generator=g)
+    x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, CLASSES, (n,), device="cuda", generator=g)
     step = classifier_step(fn, opt, x, y, precision, graph=provider.endswith("-graph"))
     return Bench(case, provider, precision, c["batch"], step, note=f"ReLU network, T=1, batch T*B={n}")

@@ -300,6 +300,9 @@ RECIPES = {  # experiment -> (model, variant, data, T)
     "digits_spikformer": ("spikformer", "spikformer_cifar10", "digits", 4),
     "digits_sdt": ("spike_driven_transformer", "sdt_2_512", "digits", 4),
     "digits_qkformer": ("qkformer", "qkformer_4_384", "digits", 4),
+    "digits_dvs_spikformer": ("spikformer", "spikformer_cifar10", "digits_dvs", 4),
+    "digits_dvs_sdt": ("spike_driven_transformer", "sdt_2_512", "digits_dvs", 4),
+    "digits_dvs_qkformer": ("qkformer", "qkformer_4_384", "digits_dvs", 4),
 }
 
 

@@ -22,11 +22,11 @@ from .widerface import WiderFaceDataModule
 DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "digits": DigitsDataModule,
     "cifar10": CIFAR10DataModule,
-    "cifar100": CIFAR100DataModule,
     "image_folder": ImageFolderDataModule,
     "faces": FacesDataModule,
     "widerface": WiderFaceDataModule,
     "synthetic": SyntheticDataModule,
+    "cifar100": CIFAR100DataModule,
     # event cameras: [T, 2, H, W] frames, batched time-first
     "digits_dvs": DigitsDVSDataModule,
     "nmnist": NMNISTDataModule,

@@ -19,9 +19,10 @@ slices of one ``[T, B, N, 3C]`` projection), split into ``H`` heads of ``D = C /
   first (:func:`~snntrain.kernels.neuron_step.chunk_steps`; none for T <= 4), as the neuron kernels do.
 * ``ssa_neuron_bwd``: per chunk in reverse, reload the checkpoint, recompute the chunk's currents (as ``D`` outer
   products in registers: the chunk's steps are unrolled, and a ``tl.dot`` per step would stage each step's operands
-  in shared memory) and charged membranes (exact integer products: the spikes are the forward's, bit for bit), then the reverse-time scan gives
-  ``dL/dy`` in ``q``'s dtype, PLIF's ``dL/dk`` as per-program partial sums added in a fixed order. ``dL/dQ =
-  scale dL/dy KV^T`` and ``dL/dKV = scale Q^T dL/dy`` are batched products in the autograd backward.
+  in shared memory) and charged membranes (exact integer products: the spikes are the forward's, bit for bit),
+  then the reverse-time scan gives ``dL/dy`` in ``q``'s dtype, PLIF's ``dL/dk`` as per-program partial sums added
+  in a fixed order. ``dL/dQ = scale dL/dy KV^T`` and ``dL/dKV = scale Q^T dL/dy`` are batched products in the
+  autograd backward.
 
 Bytes per element-step of the attention (16-bit spikes): the forward reads Q and writes S (4 B), where the
 unfused path writes the current, reads it back in the neuron and keeps it for the backward (4 B more in

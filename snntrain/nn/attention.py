@@ -44,9 +44,9 @@ from .norm import build_norm2d
 from .norm_neuron import NormNeuron
 
 __all__ = [
-    "LinearNormNeuron", "SpikeLinear", "checkpointed", "QKAttention", "QKVNeuron", "SpikeDrivenSelfAttention", "SpikingMLP", "SpikingParts",
-    "SpikingSelfAttention", "map_as_tokens", "neuron_tokens", "norm_tokens", "ssa_reference", "tokens_as_map",
-    "tokens_from_map",
+    "LinearNormNeuron", "QKAttention", "QKVNeuron", "SpikeDrivenSelfAttention", "SpikeLinear", "SpikingMLP",
+    "SpikingParts", "SpikingSelfAttention", "checkpointed", "map_as_tokens", "neuron_tokens", "norm_tokens",
+    "ssa_reference", "tokens_as_map", "tokens_from_map",
 ]
 
 #: Neuron kinds the fused attention operators implement (others run the product, then the neuron module).
@@ -109,10 +109,10 @@ class _NarrowLinear(torch.autograd.Function):
 class SpikeLinear(nn.Linear):
     """A :class:`torch.nn.Linear` over spikes or spike counts (small non-negative integers): in training it keeps its
     input for the backward as uint8, the narrowest dtype that holds it exactly (half of bfloat16, a quarter of
-    float32), and computes in autocast's dtype, or the wider of the input's and the weight's. Values, gradients and state dict are the Linear's; its
-    input must be integers in [0, 255] (what the spiking transformers feed it: binary spikes, or sums of at most a
-    few hundred of them), which is not checked (that would wait for the device). ``narrow = False`` (a plain
-    attribute) makes it a plain Linear, for other inputs."""
+    float32), and computes in autocast's dtype, or the wider of the input's and the weight's. Values, gradients and
+    state dict are the Linear's; its input must be integers in [0, 255] (what the spiking transformers feed it:
+    binary spikes, or sums of at most a few hundred of them), which is not checked (that would wait for the device).
+    ``narrow = False`` (a plain attribute) makes it a plain Linear, for other inputs."""
 
     narrow = True
 
