@@ -348,3 +348,26 @@ def test_trained_transformer_exports_and_nir_is_refused(family, compose_run, tmp
     with pytest.raises(NIRError, match="has no NIR graph: .* multipl(y|ies) spike tensors"):
         export_checkpoint(ckpt, tmp_path / "nir", formats=["nir"])
     assert not (tmp_path / "nir").exists()
+
+
+def test_token_map_view_has_channels_last_strides_and_exact_norm_gradients():
+    """Tokens as a map are a view with a channels-last map's strides (also on the size-1 last dim: PyTorch's CPU batch
+    norm takes a stride of 1 there for another layout and gets the input gradient wrong), so a norm and neuron over it
+    give the gradients of the same map laid out contiguously."""
+    from snntrain.nn import NormNeuron, build_neuron
+    from snntrain.nn.attention import map_as_tokens, tokens_as_map
+
+    T, B, N, C = 2, 3, 5, 4
+    x = torch.randn(T, B, N, C, generator=torch.Generator().manual_seed(0)) * 2
+    view = tokens_as_map(x)
+    assert view.shape == (T, B, C, N, 1) and view.stride() == (B * N * C, N * C, 1, C, C)
+    assert view.data_ptr() == x.data_ptr() and torch.equal(map_as_tokens(view), x)
+    grads = []
+    for make in (tokens_as_map, lambda t: tokens_as_map(t).contiguous()):
+        leaf = x.clone().requires_grad_()
+        torch.manual_seed(1)
+        layer = NormNeuron(torch.nn.BatchNorm2d(C), build_neuron(type="LIF", detach_reset=True, backend="torch"),
+                           "torch")
+        layer(make(leaf)).mul(torch.arange(N, dtype=torch.float32).view(N, 1)).sum().backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[0], grads[1])
