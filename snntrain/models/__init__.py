@@ -27,7 +27,8 @@ def is_detector(cfg: Mapping[str, Any]) -> bool:
 def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
     """Build the model that ``cfg`` describes (its ``name`` picks the class, the rest are arguments):
     ``sew_resnet`` a :class:`SEWResNet` classifier, ``sew_fcos`` a :class:`SpikingFCOS` detector (also
-    built for a ``sew_resnet`` config with a ``head`` section, see :func:`is_detector`)."""
+    built for a ``sew_resnet`` config with a ``head`` section, see :func:`is_detector`), ``spikformer``,
+    ``spike_driven_transformer`` and ``qkformer`` the spiking transformers (:data:`TRANSFORMERS`)."""
     cfg = dict(cfg)
     name = cfg.get("name")
     if name not in MODELS:

@@ -5,7 +5,7 @@ Three stages at ``E/4, E/2, E`` channels, each behind a spiking patch embedding 
 (:class:`~snntrain.nn.attention.QKAttention`), the last Spikformer's spiking self-attention; every block is
 ``x + attn(x)``, ``x + MLP(x)`` on spike-count tokens. Token average, the linear head per step, averaged over T.
 
-The layout is SpingJelly 2.0's (``QKFormer``: its first embedding convolves three times and pools twice). Its
+The layout is SpikingJelly 2.0's (``QKFormer``: its first embedding convolves three times and pools twice). Its
 four max-pools can be switched off one by one (``pooling``) so that small images keep enough tokens (the paper's
 CIFAR model pools only in the last two embeddings); pooling has no parameters, so the counts stay SpikingJelly's.
 """
