@@ -13,7 +13,13 @@ same weights and batch:
 * the model zoo at ImageNet size (224x224, batch 32, T = 4, 10 classes, SGD), each against SpikingJelly's
   constructor of the same name (equal parameter counts): ``spiking_vgg11_bn-224``, ``spiking_resnet18-224`` (both
   LIF tau 2, sigmoid surrogate, no detach, on both sides) and ``ms_resnet18-224`` (each library's MS-ResNet neuron:
-  SpikingJelly's rectangular surrogate, our triangular one of the same support).
+  SpikingJelly's rectangular surrogate, our triangular one of the same support);
+* the spiking transformers (:data:`TRANSFORMER_CASES`), SpikingJelly's variant of the same name on both sides:
+  ``spikformer-cifar10`` (``spikformer_cifar10``, 32x32, batch 64), ``spikformer-s-224`` (``spikformer_s``, 224,
+  batch 32), ``sdt-8-384`` (``sdt_8_384``, 224, batch 32), ``qkformer-10-384`` (``qkformer_10_384``, 224, batch 32);
+  T = 4, 10 classes, SGD. Their ``relu-*`` rows are the floor of these networks: the same network with ReLU
+  instead of every neuron, at T = 1 on T x B images; ``snntrain-*-recompute`` rows train with activation
+  recomputation (``model.checkpoint=true``).
 
 Providers: ``snntrain-eager`` (channels-last, the default on CUDA), ``snntrain-eager-unfused`` (the
 same without the fused norm-neuron op: ``NormNeuron.fused = False``), ``snntrain-eager-nchw`` and
@@ -91,6 +97,16 @@ CASES = {
 }
 T, CLASSES = 4, 10
 
+#: The spiking transformers' cases: model name, SpikingJelly 2.0's variant (the constructor of the same name builds
+#: its side), image size and batch.
+TRANSFORMER_CASES = {
+    "spikformer-cifar10": {"model": "spikformer", "variant": "spikformer_cifar10", "size": 32, "batch": 64},
+    "spikformer-s-224": {"model": "spikformer", "variant": "spikformer_s", "size": 224, "batch": 32},
+    "sdt-8-384": {"model": "spike_driven_transformer", "variant": "sdt_8_384", "size": 224, "batch": 32},
+    "qkformer-10-384": {"model": "qkformer", "variant": "qkformer_10_384", "size": 224, "batch": 32},
+}
+CASES.update(TRANSFORMER_CASES)
+
 
 def case_T(case: str) -> int:
     return CASES[case].get("T", T)
@@ -113,6 +129,9 @@ PROVIDERS = ("snntrain-eager", "snntrain-eager-unfused", "snntrain-eager-nchw", 
              "relu-graph", "spikingjelly", "spikingjelly-compile", "lightning-loop")
 #: In-process providers (built together and timed in rounds with ``--rounds``).
 OWN = ("snntrain-", "resnet18-", "relu-")
+#: Providers of the transformer cases only: the eager step and the whole-step graph with activation recomputation.
+TRANSFORMER_PROVIDERS = ("snntrain-eager-recompute", "snntrain-graph-recompute")
+PROVIDERS += TRANSFORMER_PROVIDERS
 #: ``*-graph`` providers: the whole step (forward, loss, backward, optimizer) captured in one CUDA graph
 #: (``snntrain.tasks.step_graph``, ``cuda_graph=true`` on the command line); ``*-compile-graph`` over the
 #: ``compile=default`` objective.
@@ -365,6 +384,10 @@ def ours(case: str, provider: str, precision: str) -> Bench:
             "snntrain-compile-graph": "default"}.get(provider)
     if case == "detector":
         return detector(provider, precision, backend, mode)
+    if case in TRANSFORMER_CASES:
+        return transformer(case, provider, precision, backend, mode)
+    if provider in TRANSFORMER_PROVIDERS:
+        return None
     c = CASES[case]
     model = (zoo_model(case, backend) if "model" in c else sew_model(case, backend)).cuda()
     if "nchw" not in provider:
@@ -460,6 +483,8 @@ def resnet18(case: str, provider: str, precision: str) -> Bench | None:
     from snntrain.tasks.optim import build_optimizer
     from snntrain.tasks.speed import compile_model, to_channels_last
 
+    if case in TRANSFORMER_CASES:  # their floor is their own network with ReLU (relu-*)
+        return None
     c = CASES[case]
     if case == "detector" or "model" in c:  # the model zoo's floor is its own network with ReLU (relu-*)
         return None
@@ -491,6 +516,8 @@ def relu_floor(case: str, provider: str, precision: str) -> Bench | None:
 
     if case == "detector":
         return None
+    if case in TRANSFORMER_CASES:
+        return transformer_floor(case, provider, precision)
     c = CASES[case]
     model = zoo_model(case, "torch", T=1) if "model" in c else sew_model(case, "torch")
     if "model" not in c:
@@ -515,6 +542,8 @@ def relu_floor(case: str, provider: str, precision: str) -> Bench | None:
 def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
     c = CASES[case]
     prec = ["trainer.precision=" + ("bf16-mixed" if precision == "bf16" else "32-true")]
+    if case in TRANSFORMER_CASES:
+        return transformer_cli_overrides(case, steps) + prec
     if case == "detector":
         return ["task=detect", "data.augment=false", f"data.batch_size={c['batch']}",
                 f"data.num_train={steps * c['batch']}", "data.num_val=32", *prec]
@@ -654,6 +683,8 @@ def sj_network(case: str) -> torch.nn.Module:
 def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly") -> dict:
     """SpikingJelly 2.0's step of the case's network (:func:`sj_network`, its Triton LIF), eager or, for
     ``spikingjelly-compile``, with the network under ``torch.compile`` (default mode)."""
+    if case in TRANSFORMER_CASES:
+        return spikingjelly_transformer(case, precision, args, provider)
     from spikingjelly.activation_based import functional
 
     c = CASES[case]
@@ -700,6 +731,136 @@ def run_spikingjelly(case: str, provider: str, precision: str, args) -> list[dic
         print(f"{provider} {case} {precision} failed: {' | '.join(res.stderr.strip().splitlines()[-4:])[:600]}")
         return []
     return [json.loads(got[-1][4:])]
+
+
+# ----------------------------------------------------------------------------- spiking transformers
+
+
+def transformer_model(case: str, backend: str, **kw):
+    """Our network of a transformer case (SpikingJelly's neuron settings: LIF, tau 2, reset detached, sigmoid)."""
+    from snntrain.models import build_model
+
+    c = TRANSFORMER_CASES[case]
+    torch.manual_seed(0)
+    cfg = {"name": c["model"], "variant": c["variant"], "num_classes": CLASSES, "in_channels": 3, "T": case_T(case),
+           "neuron": {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "sigmoid"}, **kw}
+    return build_model(cfg, backend=backend)
+
+
+def unfuse_transformer(model, fused: bool) -> None:
+    """``*-unfused``: the norms and neurons, and the attention's product and neuron, each through its own kernels."""
+    from snntrain.nn import NormNeuron
+    from snntrain.nn.attention import QKVNeuron
+
+    for m in model.modules():
+        if isinstance(m, (NormNeuron, QKVNeuron)):
+            m.fused = fused
+
+
+def transformer(case: str, provider: str, precision: str, backend: str, mode: str | None) -> Bench | None:
+    """Our transformer's training step (channels-last stems; ``-recompute``: activation recomputation)."""
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import compile_model, to_channels_last
+
+    if "nchw" in provider:
+        return None
+    recompute = provider.endswith("-recompute")
+    model = to_channels_last(transformer_model(case, backend, checkpoint=recompute).cuda())
+    unfuse_transformer(model, not provider.endswith("-unfused"))
+    fn = compile_model(model, mode)
+    opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
+    x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
+    graph = provider.endswith("-graph") or provider == "snntrain-graph-recompute"
+    step = classifier_step(fn, opt, x, y, precision, graph=graph)
+    return Bench(case, provider, precision, CASES[case]["batch"], step, "recompute" if recompute else "")
+
+
+def relu_network(model):
+    """``model`` with ReLU instead of every neuron (the fused layers run their norm, then the ReLU; projections keep
+    their real-valued inputs as they are), in place."""
+    from snntrain.nn import BaseNeuron
+    from snntrain.nn.attention import SpikeLinear
+
+    unfuse_transformer(model, False)
+    for m in model.modules():
+        if isinstance(m, SpikeLinear):
+            m.narrow = False
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, BaseNeuron):
+                setattr(module, name, torch.nn.ReLU())
+    return model
+
+
+def transformer_floor(case: str, provider: str, precision: str) -> Bench | None:
+    """The same network with ReLU instead of its neurons, at T = 1 on T x B images: what it costs without spiking
+    neurons and the time axis (the ``relu-*`` rows of a transformer case)."""
+    from snntrain.tasks.optim import build_optimizer
+    from snntrain.tasks.speed import compile_model, to_channels_last
+
+    c = TRANSFORMER_CASES[case]
+    model = to_channels_last(relu_network(transformer_model(case, "triton", T=1)).cuda())
+    fn = compile_model(model, "reduce-overhead" if provider.endswith("reduce-overhead") else None)
+    opt = build_optimizer(model, {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = case_T(case) * c["batch"]
+    x = torch.randn(n, 3, c["size"], c["size"], device="cuda", generator=g)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, CLASSES, (n,), device="cuda", generator=g)
+    step = classifier_step(fn, opt, x, y, precision, graph=provider.endswith("-graph"))
+    return Bench(case, provider, precision, c["batch"], step, note=f"ReLU network, T=1, batch T*B={n}")
+
+
+def transformer_cli_overrides(case: str, steps: int) -> list[str]:
+    c = TRANSFORMER_CASES[case]
+    return ["task=classify", "data=synthetic", f"data.image_size={c['size']}", f"data.batch_size={c['batch']}",
+            f"data.num_train={steps * c['batch']}", "data.num_val=64", "data.in_channels=3",
+            f"data.num_classes={CLASSES}", f"T={case_T(case)}", f"model={c['model']}", f"model.variant={c['variant']}",
+            "model.neuron.surrogate=sigmoid", "model.neuron.detach_reset=true", "task.optimizer.name=sgd",
+            "task.optimizer.lr=0.01", "task.optimizer.weight_decay=0.0", "task.optimizer.momentum=0.9"]
+
+
+def spikingjelly_transformer(case: str, precision: str, args, provider: str) -> dict:
+    """SpikingJelly 2.0's constructor of the case's variant (its default LIF), eager or under ``torch.compile``; the
+    image repeated over T as its models take it; its Spikformer's per-step logits averaged over T."""
+    import importlib
+
+    from spikingjelly.activation_based import functional
+
+    c = TRANSFORMER_CASES[case]
+    module = {"spikformer": "spikformer", "spike_driven_transformer": "spike_driven_transformer",
+              "qkformer": "qkformer"}[c["model"]]
+    build = getattr(importlib.import_module(f"spikingjelly.activation_based.model.{module}"), c["variant"])
+    torch.manual_seed(0)
+    kwargs = {"num_classes": CLASSES, "T": case_T(case)}
+    if c["size"] != 224 and c["variant"] != "spikformer_cifar10":
+        kwargs.update(img_size_h=c["size"], img_size_w=c["size"])
+    net = build(**kwargs).cuda()
+    ctx = autocast(precision)
+    note = f"SJ_LIF_CUDA_IMPLEMENTATION={os.environ.get('SJ_LIF_CUDA_IMPLEMENTATION', '')}"
+    if precision == "bf16":
+        from spikingjelly.activation_based.precision import PrecisionConfig, prepare_model_for_precision
+
+        art = prepare_model_for_precision(net, "cuda", PrecisionConfig(neuron_storage="bf16"))
+        net = art.model
+        ctx = art.autocast_context()
+        note += ", precision API neuron_storage=bf16"
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
+    x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
+    forward = torch.compile(net) if provider == "spikingjelly-compile" else net
+    steps = case_T(case)
+
+    def step():
+        functional.reset_net(net)
+        with ctx:
+            out = forward(x.unsqueeze(0).repeat(steps, 1, 1, 1, 1))
+            logits = out.mean(0) if out.dim() == 3 else out
+            loss = torch.nn.functional.cross_entropy(logits, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return measure(Bench(case, provider, precision, c["batch"], step, note), args)
 
 
 # ----------------------------------------------------------------------------- output

@@ -14,9 +14,13 @@ batch-norm kernel adds them up per channel as it fires them, without a second re
   every pair, zeros included (still without padding). Inputs arrive as the layer sees them:
   a SEW ``ADD`` sum (values 0, 1, 2) makes the next convolution's operations MACs, ``AND`` and
   ``IAND`` keep them ACs, the image into the stem is MACs.
-* **Spiking layers** (:class:`~snntrain.nn.norm_neuron.NormNeuron`, and neurons outside one):
-  spikes per channel and neuron-steps, for firing rates and activation sparsity (the fraction
-  of zero outputs, NeuroBench's ``ActivationSparsity``).
+* **Spiking layers** (:class:`~snntrain.nn.norm_neuron.NormNeuron`, the fused attention neuron
+  :class:`~snntrain.nn.attention.QKVNeuron`, and neurons outside them): spikes per channel and
+  neuron-steps, for firing rates and activation sparsity (the fraction of zero outputs, NeuroBench's
+  ``ActivationSparsity``). The spiking transformers' projections are ``Linear`` layers over tokens
+  ``[T, B, N, C]`` (the ANN equivalent reads every token once); the attention's products of two spike
+  tensors (``Q K^T V``, ``K * V``) have no weights and are not synaptic operations in NeuroBench's sense:
+  they are not counted (docs/transformers.md gives their operation counts).
 * **The model**: how many samples (forward passes of one image) were counted, so that every
   count is reported per sample, like NeuroBench, and per time step (per sample / T).
 
@@ -48,11 +52,15 @@ import torch
 from torch import nn
 
 from .backend import use_triton
+from .nn.attention import QKVNeuron
 from .nn.neurons import BaseNeuron
 from .nn.norm_neuron import NormNeuron
 
 #: Layers whose inputs are counted as synaptic operations (NeuroBench's stateless connection layers).
 CONNECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: Spiking layers that hand their spikes to an attached counter themselves (``activity``), their neuron inside them
+#: bypassed when fused: the norm-neuron and the fused attention product-neuron.
+SELF_COUNTING = (NormNeuron, QKVNeuron)
 #: Version of the report's layout (``report["format"]``).
 FORMAT = "snntrain-efficiency-1"
 #: Calls buffered per layer before they are folded into its totals.
@@ -347,7 +355,10 @@ class _Connection:
         fan = self._fans.get(frame)  # one per frame layout: a smaller last batch reads the same fan-out
         if fan is None:
             fan = self._fans[frame] = fanout_block(m, geo, p) if p is not None else fanout_map(m, geo, frame[0])
-        steps = geo.frames // batch if batch and geo.frames % batch == 0 else 1
+        if batch and not geo.spatial_dims and x.dim() >= 3 and x.shape[1] == batch:
+            steps = x.shape[0]  # a Linear over [T, B, ..., C] (tokens): the ANN reads every token once
+        else:
+            steps = geo.frames // batch if batch and geo.frames % batch == 0 else 1
         ann_frames = geo.frames // steps  # the ANN runs each frame of a sample once, not once per step
         sums = (1, geo.frames, geo.frames * geo.frame_numel, geo.frames * geo.dense_per_frame,
                 ann_frames * geo.dense_per_frame, ann_frames * geo.frame_numel)
@@ -464,9 +475,9 @@ class _Sink:
 def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every spiking layer whose output is spikes: each :class:`NormNeuron` (its neuron is bypassed when
     fused) and each neuron that is not inside one."""
-    fused = [name for name, m in model.named_modules() if isinstance(m, NormNeuron)]
+    fused = [name for name, m in model.named_modules() if isinstance(m, SELF_COUNTING)]
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, NormNeuron) or (isinstance(m, BaseNeuron) and not any(name.startswith(f + ".")
+            if isinstance(m, SELF_COUNTING) or (isinstance(m, BaseNeuron) and not any(name.startswith(f + ".")
                                                                                     for f in fused))]
 
 
@@ -569,7 +580,7 @@ class ActivityCounter:
         for layer in self.connections.values():
             self._handles.append(layer.module.register_forward_pre_hook(partial(self._connection_pre, layer)))
         for layer in self.spiking.values():
-            if isinstance(layer.module, NormNeuron) and layer.module.activity is None:
+            if isinstance(layer.module, SELF_COUNTING) and layer.module.activity is None:
                 # it hands its spikes over itself (and may count them as it fires them); a hook if another counter
                 # holds it
                 layer.module.activity = _Sink(self, layer)
@@ -582,7 +593,7 @@ class ActivityCounter:
             h.remove()
         self._handles.clear()
         for layer in self.spiking.values():
-            if isinstance(layer.module, NormNeuron) and isinstance(layer.module.activity, _Sink) \
+            if isinstance(layer.module, SELF_COUNTING) and isinstance(layer.module.activity, _Sink) \
                     and layer.module.activity.counter is self:
                 del layer.module.activity  # back to the class's None: the module as it was
 
@@ -676,6 +687,8 @@ class ActivityCounter:
 def _layer_type(module: nn.Module) -> str:
     if isinstance(module, NormNeuron):
         return f"{type(module.norm).__name__}+{type(module.neuron).__name__}"
+    if isinstance(module, QKVNeuron):
+        return f"QKV+{type(module.neuron).__name__}"
     return type(module).__name__
 
 

@@ -438,6 +438,9 @@ def _backbone(model: nn.Module) -> tuple[nn.Module, bool]:
         return inner.backbone, True
     if isinstance(inner, SEWResNet):
         return inner, False
+    reason = getattr(inner, "nir_refusal", None)  # a model that says why it has no NIR form
+    if reason:
+        raise NIRError(f"{type(inner).__name__} has no NIR graph: {reason}")
     raise NIRError(f"NIR export covers SEW-ResNet classifiers and detector backbones, not {type(inner).__name__}")
 
 

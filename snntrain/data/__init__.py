@@ -10,6 +10,7 @@ import lightning as L
 
 from ..validation import one_of, unknown_setting
 from .cifar10 import CIFAR10DataModule
+from .cifar100 import CIFAR100DataModule
 from .digits import DigitsDataModule
 from .digits_dvs import DigitsDVSDataModule
 from .events import CIFAR10DVSDataModule, DVSGestureDataModule, NCaltech101DataModule, NMNISTDataModule
@@ -25,6 +26,7 @@ DATAMODULES: dict[str, type[L.LightningDataModule]] = {
     "faces": FacesDataModule,
     "widerface": WiderFaceDataModule,
     "synthetic": SyntheticDataModule,
+    "cifar100": CIFAR100DataModule,
     # event cameras: [T, 2, H, W] frames, batched time-first
     "digits_dvs": DigitsDVSDataModule,
     "nmnist": NMNISTDataModule,
@@ -59,6 +61,7 @@ def build_datamodule(cfg: Mapping[str, Any], seed: int = 0) -> L.LightningDataMo
 __all__ = [
     "DATAMODULES",
     "CIFAR10DVSDataModule",
+    "CIFAR100DataModule",
     "CIFAR10DataModule",
     "DVSGestureDataModule",
     "DigitsDVSDataModule",

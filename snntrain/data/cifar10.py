@@ -27,6 +27,9 @@ class CIFAR10DataModule(L.LightningDataModule):
     num_classes = 10
     in_channels = 3
     classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    #: torchvision's dataset class, the archive and folder it reads, the per-channel statistics, the name in messages
+    dataset_class, url, folder, mean, std, title = "CIFAR10", URL, "cifar-10-batches-py", MEAN, STD, "CIFAR-10"
+    files = "data_batch_1 ... test_batch"
 
     def __init__(
         self,
@@ -52,23 +55,23 @@ class CIFAR10DataModule(L.LightningDataModule):
         self.train_set = self.val_set = None
 
     def _dataset(self, train: bool, transform):
-        from torchvision.datasets import CIFAR10
+        import torchvision.datasets
 
+        dataset = getattr(torchvision.datasets, self.dataset_class)
         try:
-            return CIFAR10(str(self.root), train=train, transform=transform, download=False)
+            return dataset(str(self.root), train=train, transform=transform, download=False)
         except RuntimeError:
             if not self.download:
                 raise UnavailableError(self._missing("download=false")) from None
         try:
-            return CIFAR10(str(self.root), train=train, transform=transform, download=True)
+            return dataset(str(self.root), train=train, transform=transform, download=True)
         except Exception as err:  # no network, proxy refusal, partial file...
             raise UnavailableError(self._missing(f"download failed: {err}")) from err
 
     def _missing(self, why: str) -> str:
         return (
-            f"CIFAR-10 is not in {self.root} ({why}). Download {URL} and extract it there, so that "
-            f"{self.root / 'cifar-10-batches-py'} holds data_batch_1 ... test_batch; or point "
-            "data.root at a folder that has it."
+            f"{self.title} is not in {self.root} ({why}). Download {self.url} and extract it there, so that "
+            f"{self.root / self.folder} holds {self.files}; or point data.root at a folder that has it."
         )
 
     def prepare_data(self) -> None:
@@ -79,7 +82,7 @@ class CIFAR10DataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         resize = [v2.Resize(self.image_size, antialias=True)] if self.image_size != 32 else []
-        norm = [v2.ToImage(), *resize, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        norm = [v2.ToImage(), *resize, v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
         crop = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if self.augment else []
         train_tf = v2.Compose(crop + norm)
         eval_tf = v2.Compose(norm)

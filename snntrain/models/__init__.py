@@ -13,7 +13,10 @@ from .common import DEFAULT_NEURON, ClassifierHead, LayerFactory
 from .custom import TARGET, build_target
 from .detector import SpikingFCOS
 from .ms_resnet import MSResNet
+from .qkformer import QKFormer
 from .sew_resnet import SEWResNet, sew_resnet18, sew_resnet34, sew_resnet50
+from .spike_driven_transformer import SpikeDrivenTransformer
+from .spikformer import Spikformer
 from .spiking_resnet import SpikingResNet
 from .spiking_vgg import SpikingVGG
 
@@ -26,6 +29,9 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "spiking_vgg": SpikingVGG,
     "spiking_resnet": SpikingResNet,
     "ms_resnet": MSResNet,
+    "spikformer": Spikformer,
+    "spike_driven_transformer": SpikeDrivenTransformer,
+    "qkformer": QKFormer,
 }
 #: The families that are detectors (``task=detect``); every other one is a classifier.
 DETECTORS = ("sew_fcos",)
@@ -63,6 +69,6 @@ def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
         raise unknown_setting("model", f"model={name}", err, builder) from None
 
 
-__all__ = ["DEFAULT_NEURON", "DETECTORS", "MODELS", "ClassifierHead", "LayerFactory", "MSResNet", "SEWResNet",
-           "SpikingFCOS", "SpikingResNet", "SpikingVGG", "build_model", "is_detector", "model_label",
-           "sew_resnet18", "sew_resnet34", "sew_resnet50"]
+__all__ = ["DEFAULT_NEURON", "DETECTORS", "MODELS", "ClassifierHead", "LayerFactory", "MSResNet", "QKFormer",
+           "SEWResNet", "SpikeDrivenTransformer", "SpikingFCOS", "SpikingResNet", "SpikingVGG", "Spikformer",
+           "build_model", "is_detector", "model_label", "sew_resnet18", "sew_resnet34", "sew_resnet50"]

@@ -1,0 +1,54 @@
+"""What the spiking transformers (Spikformer, Spike-driven Transformer, QKFormer) share: their default neuron,
+named variants, the stem's direct encoding and the weight initialisation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+#: SpikingJelly's neuron in these models: LIF, tau 2, hard reset to 0, threshold 1, reset detached, sigmoid
+#: surrogate (alpha 4).
+DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "sigmoid"}
+
+
+def resolve_variant(family: str, variants: Mapping[str, Mapping[str, Any]], variant: str | None,
+                    **overrides: Any) -> dict[str, Any]:
+    """The architecture of ``variant`` (a key of ``variants``) with the ``overrides`` that are not None; with
+    ``variant`` None every architecture argument must be given."""
+    if variant is None:
+        missing = [k for k, v in overrides.items() if v is None]
+        if missing:
+            raise ValueError(f"{family} without a variant needs {', '.join(missing)}; or give variant= one of "
+                             f"{', '.join(variants)}")
+        return dict(overrides)
+    if not isinstance(variant, str) or variant not in variants:
+        raise ValueError(f"{family} variant={variant!r} is not valid; choose one of {', '.join(variants)}")
+    return {**variants[variant], **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def encode_stem(conv: nn.Sequential, sn: nn.Module, x: torch.Tensor, T: int) -> torch.Tensor:
+    """The first conv-norm-neuron stage. A static image ``[B, C, H, W]`` is encoded directly: the convolution
+    (``conv[0]``) runs once and its output is the input current of each of the T steps (``sn(.., steps=T)``, the
+    norm sees it once), what repeating the image T times computes. ``[T, B, C, H, W]`` input (events) runs at every
+    step."""
+    if x.dim() == 4:
+        return sn(conv[0](x), steps=T)
+    if x.dim() == 5:
+        return sn(conv(x))
+    raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
+
+
+def init_transformer(model: nn.Module) -> None:
+    """Truncated-normal weights (std 0.02) and zero biases for every linear and convolution layer, unit norms:
+    SpikingJelly's (and the papers') initialisation."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
