@@ -97,13 +97,13 @@ CASES = {
 }
 T, CLASSES = 4, 10
 
-#: The spiking transformers' cases: model name, SpikingJelly 2.0's variant (the constructor of the same name builds
+#: The spiking transformers' cases: model name and SpikingJelly 2.0's variant (the constructor of the same name builds
 #: its side), image size and batch.
 TRANSFORMER_CASES = {
-    "spikformer-cifar10": {"model": "spikformer", "variant": "spikformer_cifar10", "size": 32, "batch": 64},
-    "spikformer-s-224": {"model": "spikformer", "variant": "spikformer_s", "size": 224, "batch": 32},
-    "sdt-8-384": {"model": "spike_driven_transformer", "variant": "sdt_8_384", "size": 224, "batch": 32},
-    "qkformer-10-384": {"model": "qkformer", "variant": "qkformer_10_384", "size": 224, "batch": 32},
+    "spikformer-cifar10": {"model": {"name": "spikformer", "variant": "spikformer_cifar10"}, "size": 32, "batch": 64},
+    "spikformer-s-224": {"model": {"name": "spikformer", "variant": "spikformer_s"}, "size": 224, "batch": 32},
+    "sdt-8-384": {"model": {"name": "spike_driven_transformer", "variant": "sdt_8_384"}, "size": 224, "batch": 32},
+    "qkformer-10-384": {"model": {"name": "qkformer", "variant": "qkformer_10_384"}, "size": 224, "batch": 32},
 }
 CASES.update(TRANSFORMER_CASES)
 
@@ -742,7 +742,7 @@ def transformer_model(case: str, backend: str, **kw):
 
     c = TRANSFORMER_CASES[case]
     torch.manual_seed(0)
-    cfg = {"name": c["model"], "variant": c["variant"], "num_classes": CLASSES, "in_channels": 3, "T": case_T(case),
+    cfg = {**c["model"], "num_classes": CLASSES, "in_channels": 3, "T": case_T(case),
            "neuron": {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "sigmoid"}, **kw}
     return build_model(cfg, backend=backend)
 
@@ -829,11 +829,11 @@ def spikingjelly_transformer(case: str, precision: str, args, provider: str) -> 
 
     c = TRANSFORMER_CASES[case]
     module = {"spikformer": "spikformer", "spike_driven_transformer": "spike_driven_transformer",
-              "qkformer": "qkformer"}[c["model"]]
-    build = getattr(importlib.import_module(f"spikingjelly.activation_based.model.{module}"), c["variant"])
+              "qkformer": "qkformer"}[c["model"]["name"]]
+    build = getattr(importlib.import_module(f"spikingjelly.activation_based.model.{module}"), c["model"]["variant"])
     torch.manual_seed(0)
     kwargs = {"num_classes": CLASSES, "T": case_T(case)}
-    if c["size"] != 224 and c["variant"] != "spikformer_cifar10":
+    if c["size"] != 224 and c["model"]["variant"] != "spikformer_cifar10":
         kwargs.update(img_size_h=c["size"], img_size_w=c["size"])
     net = build(**kwargs).cuda()
     ctx = autocast(precision)
