@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from ..kernels.neuron_graph import Proxy, spike_node
 from ..validation import one_of
 
 SURROGATES: dict[str, float] = {
@@ -76,6 +77,9 @@ class SpikeFunction(torch.autograd.Function):
 
 
 def spike(x: torch.Tensor, name: str = "sigmoid", alpha: float | None = None) -> torch.Tensor:
-    """Heaviside step of ``x`` with the surrogate gradient ``name``."""
+    """Heaviside step of ``x`` with the surrogate gradient ``name`` (also inside a
+    :class:`~snntrain.nn.StepNeuron`'s step, where ``x`` is a traced value)."""
     name, alpha = check_surrogate(name, alpha)
+    if isinstance(x, Proxy):
+        return spike_node(x, name, alpha)
     return SpikeFunction.apply(x, name, alpha)

@@ -1,0 +1,320 @@
+"""Triton source for a traced neuron step (:mod:`snntrain.kernels.neuron_graph`): a forward time loop and a
+reverse-time backward loop.
+
+:func:`generate` writes one module with
+
+* ``_step(x, *states, *params) -> (out, *new_states)`` and ``_step_bwd(x, *states, *params, g_out,
+  *g_new_states) -> (g_x, *g_states, *g_learnable_params)``: the two graphs as straight-line
+  ``@triton.jit`` functions (Triton inlines them);
+* ``fwd_kernel``: each program owns ``BLOCK`` neurons and scans T with the states in registers (fp32, or
+  fp64 for fp64 input), in chunks of ``CHUNK`` steps whose loads are issued before the chunk's first store
+  (as :mod:`snntrain.kernels.lif` does). It writes the outputs, the final states when asked and, when a
+  gradient will be needed, the states at the start of every chunk but the first (checkpoints);
+* ``bwd_kernel``: walks the chunks in reverse, recomputes the chunk's states from its checkpoint (the
+  same ``_step``), then runs ``_step_bwd`` step by step backwards. dL/dX is written in the input's
+  dtype, dL/d(initial states) when asked; a learnable scalar parameter's gradient is summed per program
+  into a partial-sum row (summed in a fixed order afterwards), a per-channel parameter's per neuron over
+  T (summed per channel afterwards, one reduction pass).
+
+Neuron ``n`` of a step ``[B, C, S...]`` (row-major) has channel ``(n // S) % C``: per-channel parameters
+are loaded once per neuron. Every multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (the
+:func:`~snntrain.kernels.neuron_step.mul_rn` of the built-in neurons), so no FMA contraction makes the
+backward's recomputed states differ from the forward's, nor both from the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .neuron_graph import Graph
+
+__all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
+
+#: Changes whenever the generated code changes (part of the cache key).
+CODEGEN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What the generated module depends on besides the two graphs."""
+
+    states: tuple[str, ...]  # state names, in the step's order
+    params: tuple[str, ...]  # parameter names, in the step's order
+    per_channel: tuple[bool, ...]  # per parameter: a [C] tensor (else one value)
+    learnable: tuple[bool, ...]  # per parameter: its gradient is computed
+    inits: tuple[float | str, ...]  # per state: its initial value, a number or a parameter's name
+    fp64: bool  # compute in fp64 (fp64 input), else fp32
+
+
+def _fmt(v: float) -> str:
+    if v != v:
+        return 'float("nan")'
+    if v in (float("inf"), float("-inf")):
+        return f'float("{v}")'
+    return repr(float(v))
+
+
+def _emit_function(name: str, graph: Graph, args: list[str], ct: str) -> list[str]:
+    """``@triton.jit def name(*args)`` computing ``graph`` (inputs named as ``args``), returning its outputs."""
+    lines = ["@triton.jit", f"def {name}({', '.join(args)}):"]
+    names: dict[int, str] = {}
+    shape_of = args[0]
+    live = graph.live()
+    for i, n in enumerate(graph.nodes):
+        if i not in live:
+            continue
+        a = [names[j] for j in n.args]
+        op = n.op
+        v = f"t{i}"
+        if op == "input":
+            names[i] = n.attr if n.attr in args else None
+            if names[i] is None:
+                raise ValueError(f"graph input {n.attr!r} is not an argument of {name}")
+            continue
+        if op == "const":
+            expr = f"tl.full({shape_of}.shape, {_fmt(n.attr)}, {ct})"
+        elif op == "add":
+            expr = f"{a[0]} + {a[1]}"
+        elif op == "sub":
+            expr = f"{a[0]} - {a[1]}"
+        elif op == "mul":
+            expr = f"mul_rn({a[0]}, {a[1]}, NO_FMA_)"
+        elif op == "div":
+            expr = f"{a[0]} / {a[1]}"
+        elif op == "neg":
+            expr = f"-{a[0]}"
+        elif op in ("exp", "log", "sqrt", "abs", "floor"):
+            expr = f"tl.{op}({a[0]})"
+        elif op == "sigmoid":
+            expr = f"tl.sigmoid({a[0]})"
+        elif op == "tanh":  # sign(a) (1 - e) / (1 + e), e = exp(-2 |a|)
+            lines.append(f"    e{i} = tl.exp(-2.0 * tl.abs({a[0]}))")
+            lines.append(f"    r{i} = (1.0 - e{i}) / (1.0 + e{i})")
+            expr = f"tl.where({a[0]} >= 0.0, r{i}, -r{i})"
+        elif op == "relu":
+            expr = f"tl.where({a[0]} > 0.0, {a[0]}, 0.0)"
+        elif op == "clamp":
+            lo, hi = n.attr
+            expr = a[0]
+            if lo is not None:
+                expr = f"tl.where({expr} < {_fmt(lo)}, {_fmt(lo)}, {expr})"
+            if hi is not None:
+                lines.append(f"    k{i} = {expr}")
+                expr = f"tl.where(k{i} > {_fmt(hi)}, {_fmt(hi)}, k{i})"
+        elif op == "minimum":
+            expr = f"tl.where({a[1]} < {a[0]}, {a[1]}, {a[0]})"
+        elif op == "maximum":
+            expr = f"tl.where({a[1]} > {a[0]}, {a[1]}, {a[0]})"
+        elif op == "where":
+            expr = f"tl.where({a[0]} != 0.0, {a[1]}, {a[2]})"
+        elif op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
+            expr = f"tl.where({a[0]} {sym} {a[1]}, 1.0, 0.0).to({ct})"
+        elif op == "round":  # half to even, as torch.round
+            lines.append(f"    f{i} = tl.floor({a[0]} + 0.5)")
+            lines.append(f"    odd{i} = (f{i} - 2.0 * tl.floor(f{i} * 0.5)) != 0.0")
+            expr = f"tl.where((f{i} - {a[0]} == 0.5) & odd{i}, f{i} - 1.0, f{i})"
+        elif op == "sign":
+            expr = f"tl.where({a[0]} > 0.0, 1.0, tl.where({a[0]} < 0.0, -1.0, 0.0)).to({ct})"
+        elif op == "detach":
+            names[i] = a[0]
+            continue
+        elif op == "spike":
+            expr = f"tl.where({a[0]} >= 0.0, 1.0, 0.0).to({ct})"
+        else:  # pragma: no cover - every op of OPS is handled above
+            raise ValueError(f"no code for {op}")
+        lines.append(f"    {v} = {expr}")
+        names[i] = v
+    outs = []
+    for o in graph.outputs:
+        ref = names[o]
+        if ref in args:  # an output that is an input unchanged: a copy keeps the tuple's values distinct
+            ref = f"{ref} + 0.0"
+        outs.append(ref)
+    lines.append(f"    return {', '.join(outs)}" + ("," if len(outs) == 1 else ""))
+    return lines
+
+
+def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
+    """The Python source of the module (see the module docstring)."""
+    ct = "tl.float64" if spec.fp64 else "tl.float32"
+    K, M = len(spec.states), len(spec.params)
+    S = [f"s{i}" for i in range(K)]
+    P = [f"p{j}" for j in range(M)]
+    L = [j for j in range(M) if spec.learnable[j]]
+    step_args = ["x", *S, *P]
+    out: list[str] = [
+        '"""Generated by snntrain.kernels.neuron_codegen from a traced neuron step; do not edit."""',
+        "import triton",
+        "import triton.language as tl",
+        "from snntrain.kernels.neuron_step import NO_FMA, mul_rn",
+        "",
+        f"NO_FMA_ = tl.constexpr({'False' if spec.fp64 else 'NO_FMA'})",
+        f"STATES = {spec.states!r}",
+        f"PARAMS = {spec.params!r}",
+        "",
+    ]
+    # the step graphs name their inputs by the user's names; rename to positional argument names
+    fwd_r = _renamed(fwd, dict(zip(["x", *spec.states, *spec.params], step_args)))
+    out += _emit_function("_step", fwd_r, step_args, ct)
+    out.append("")
+    g_args = [f"g_{k}" for k in range(1 + K)]
+    bwd_r = _renamed(bwd, dict(zip(["x", *spec.states, *spec.params], step_args)))
+    out += _emit_function("_step_bwd", bwd_r, step_args + g_args, ct)
+    out.append("")
+    any_channel = any(spec.per_channel)
+
+    def param_loads(indent: str) -> list[str]:
+        lines = []
+        if any_channel:
+            lines.append(f"{indent}ch = (offs // S) % C")
+        for j in range(M):
+            if spec.per_channel[j]:
+                lines.append(f"{indent}p{j} = tl.load(p{j}_ptr + ch, mask=mask, other=0.0).to({ct})")
+            else:
+                lines.append(f"{indent}p{j} = tl.zeros([BLOCK], {ct}) + tl.load(p{j}_ptr).to({ct})")
+        return lines
+
+    def init_states(indent: str) -> list[str]:
+        lines = [f"{indent}if HAS_INIT:"]
+        for i in range(K):
+            lines.append(f"{indent}    s{i} = tl.load(init_ptr + {i} * N64 + offs, mask=mask, other=0.0).to({ct})")
+        lines.append(f"{indent}else:")
+        for i, init in enumerate(spec.inits):
+            if isinstance(init, str):
+                lines.append(f"{indent}    s{i} = p{spec.params.index(init)} + 0.0")
+            else:
+                lines.append(f"{indent}    s{i} = tl.zeros([BLOCK], {ct}) + {_fmt(init)}")
+        return lines
+
+    p_ptrs = [f"p{j}_ptr" for j in range(M)]
+    # ---------------- forward kernel
+    out += [
+        '@triton.jit(do_not_specialize=["T"])',
+        "def fwd_kernel(",
+        "    x_ptr,  # [T, N] input; x[t, n] at t*stride_xt + n*stride_xn",
+        "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
+        *[f"    {p},  # parameter {spec.params[j]!r}: {'[C]' if spec.per_channel[j] else '[1]'}"
+          for j, p in enumerate(p_ptrs)],
+        "    y_ptr,  # [T, N] contiguous outputs, dtype of x",
+        "    final_ptr,  # [K, N] states after the last step, written when STORE_FINAL",
+        "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N]: row c-1 = the states before chunk c, when STORE_CKPT",
+        "    T, N, C, S, stride_xt, stride_xn,",
+        "    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_CKPT: tl.constexpr,",
+        "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
+        "):",
+        "    pid = tl.program_id(0)",
+        "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "    mask = offs < N",
+        "    N64 = tl.cast(N, tl.int64)",
+        *param_loads("    "),
+        *init_states("    "),
+        "    x_base = x_ptr + offs * stride_xn",
+        "    out_dtype = y_ptr.dtype.element_ty",
+        "    n_chunks = tl.cdiv(T, CHUNK)",
+        "    for c_iter in range(n_chunks):",
+        "        c = tl.cast(c_iter, tl.int32)",
+        "        t0 = c * CHUNK",
+        "        if STORE_CKPT:",
+        f"            row = tl.cast(c - 1, tl.int64) * ({K} * N64)",
+        "            m_ck = offs < tl.where(c > 0, N, 0)",
+        *[f"            tl.store(ckpt_ptr + row + {i} * N64 + offs, s{i}, mask=m_ck)" for i in range(K)],
+        "        xs = ()",
+        "        for j in tl.static_range(CHUNK):",
+        "            m = offs < tl.where(t0 + j < T, N, 0)",
+        "            xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * stride_xt, mask=m, other=0.0),)",
+        "        for j in tl.static_range(CHUNK):",
+        "            t = t0 + j",
+        "            valid = t < T",
+        "            m = offs < tl.where(valid, N, 0)",
+        f"            x = xs[j].to({ct})",
+        f"            y, {', '.join(f'n{i}' for i in range(K))}{',' if K == 1 else ''} = _step({', '.join(step_args)})",
+        "            tl.store(y_ptr + tl.cast(t, tl.int64) * N + offs, y.to(out_dtype), mask=m)",
+        *[f"            s{i} = tl.where(valid, n{i}, s{i})" for i in range(K)],
+        "    if STORE_FINAL:",
+        *[f"        tl.store(final_ptr + {i} * N64 + offs, s{i}, mask=mask)" for i in range(K)],
+        "",
+    ]
+    # ---------------- backward kernel
+    gp_ptrs = [f"gp{j}_ptr" for j in L]
+    out += [
+        '@triton.jit(do_not_specialize=["T"])',
+        "def bwd_kernel(",
+        "    x_ptr,  # [T, N] forward input; x[t, n] at t*stride_xt + n*stride_xn",
+        "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
+        "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N] checkpoints written by the forward",
+        *[f"    {p}," for p in p_ptrs],
+        "    gy_ptr,  # [T, N] dL/dy at t*stride_gt + n*stride_gn (strides may be 0), read when HAS_GY",
+        "    gfinal_ptr,  # [K, N] dL/d(final states), read when HAS_GFINAL",
+        "    gx_ptr,  # [T, N] contiguous dL/dx out, dtype of x",
+        "    ginit_ptr,  # [K, N] dL/d(initial states) out, written when STORE_GINIT",
+        *[f"    {p},  # dL/d{spec.params[j]!r}: "
+          f"{'[N] per neuron (summed over T)' if spec.per_channel[j] else '[num_programs] per-program sums'}"
+          for p, j in zip(gp_ptrs, L)],
+        "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
+        "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
+        "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
+        "):",
+        "    pid = tl.program_id(0)",
+        "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
+        "    mask = offs < N",
+        "    N64 = tl.cast(N, tl.int64)",
+        *param_loads("    "),
+        *init_states("    "),
+        *[f"    i{i} = s{i}" for i in range(K)],
+        "    if HAS_GFINAL:",
+        *[f"        gs{i} = tl.load(gfinal_ptr + {i} * N64 + offs, mask=mask, other=0.0).to({ct})" for i in range(K)],
+        "    else:",
+        *[f"        gs{i} = tl.zeros([BLOCK], {ct})" for i in range(K)],
+        *[f"    acc{j} = tl.zeros([BLOCK], {ct})" for j in L],
+        "    x_base = x_ptr + offs * stride_xn",
+        "    gy_base = gy_ptr + offs * stride_gn",
+        "    out_dtype = gx_ptr.dtype.element_ty",
+        "    n_chunks = tl.cdiv(T, CHUNK)",
+        "    for cc in range(n_chunks):",
+        "        c = n_chunks - 1 - tl.cast(cc, tl.int32)",
+        "        t0 = c * CHUNK",
+        f"        row = tl.cast(c - 1, tl.int64) * ({K} * N64)",
+        "        m_ck = offs < tl.where(c > 0, N, 0)",
+        *[f"        s{i} = tl.where(c > 0, tl.load(ckpt_ptr + row + {i} * N64 + offs, mask=m_ck, other=0.0), i{i})"
+          for i in range(K)],
+        "        xs = ()",
+        "        gys = ()",
+        *[f"        ss{i} = ()" for i in range(K)],
+        "        for j in tl.static_range(CHUNK):",
+        "            t64 = tl.cast(t0 + j, tl.int64)",
+        "            m = offs < tl.where(t0 + j < T, N, 0)",
+        f"            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to({ct})",
+        "            xs = xs + (x,)",
+        "            if HAS_GY:",
+        f"                gys = gys + (tl.load(gy_base + t64 * stride_gt, mask=m, other=0.0).to({ct}),)",
+        "            else:",
+        f"                gys = gys + (tl.zeros([BLOCK], {ct}),)",
+        *[f"            ss{i} = ss{i} + (s{i},)" for i in range(K)],
+        f"            _y, {', '.join(f's{i}' for i in range(K))}{',' if K == 1 else ''} = _step({', '.join(step_args)})",
+        "        for j in tl.static_range(CHUNK - 1, -1, -1):",
+        "            t = t0 + j",
+        "            valid = t < T",
+        "            m = offs < tl.where(valid, N, 0)",
+        f"            r = _step_bwd(xs[j], {', '.join([f'ss{i}[j]' for i in range(K)] + P)}, gys[j], "
+        f"{', '.join(f'gs{i}' for i in range(K))})",
+        "            tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, r[0].to(out_dtype), mask=m)",
+        *[f"            gs{i} = tl.where(valid, r[{1 + i}], gs{i})" for i in range(K)],
+        *[f"            acc{j} += tl.where(m, r[{1 + K + q}], 0.0)" for q, j in enumerate(L)],
+        "    if STORE_GINIT:",
+        *[f"        tl.store(ginit_ptr + {i} * N64 + offs, gs{i}, mask=mask)" for i in range(K)],
+        *[(f"    tl.store(gp{j}_ptr + offs, acc{j}, mask=mask)" if spec.per_channel[j]
+           else f"    tl.store(gp{j}_ptr + pid, tl.sum(acc{j}, axis=0))") for j in L],
+        "",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _renamed(graph: Graph, names: dict[str, str]) -> Graph:
+    """``graph`` with its input nodes renamed (a shallow copy sharing nothing mutable)."""
+    g = Graph()
+    for n in graph.nodes:
+        attr = names.get(n.attr, n.attr) if n.op == "input" else n.attr
+        g.add(n.op, n.args, attr)
+    g.outputs = list(graph.outputs)
+    return g

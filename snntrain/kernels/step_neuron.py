@@ -1,0 +1,222 @@
+"""Neurons generated from a step function: host launch, operator registration and autograd.
+
+The kernels come from :mod:`snntrain.kernels.neuron_jit` (a module generated per traced step and
+found by its key). Registered as ``torch.ops.snntrain.step_neuron_fwd`` / ``step_neuron_bwd``
+(``torch.library.triton_op``, one pair for every generated neuron: the key selects the kernels), so
+they show by name in profiler traces and trace under ``torch.compile``; eager calls take an
+``autograd.Function`` over the same host functions (:func:`~snntrain.kernels.op_utils.traced`).
+
+What the forward keeps for the backward: the input X (the caller's tensor, not a copy) and the
+states at the start of every chunk of :func:`~snntrain.kernels.neuron_step.chunk_steps` steps but the
+first (``K`` states, fp32, every 8 steps: at most ``K / 2`` bytes per neuron-step and none for
+T <= 8); the backward recomputes the chunk's states and every intermediate value of the step. The
+outputs (spikes) are not saved.
+
+Layouts: X is read in place when its neurons form one strided run (contiguous, a stride-0 time axis,
+...); other layouts are copied once (:func:`snntrain.kernels.lif._time_major`). Outputs and gradients
+are contiguous. Parameters are one-element tensors or ``[C]`` tensors over dim 1 of a step
+``[B, C, ...]``; a learnable ``[C]`` parameter's gradient is summed per neuron over T in the kernel and
+then per channel (one reduction of ``N`` values), a scalar one's per program (then in a fixed order).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .lif import _time_major
+from .neuron_jit import lookup
+from .neuron_step import chunk_steps
+from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
+
+__all__ = ["step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE", "F_SAVE_CKPT", "F_GRAD_INIT"]
+
+F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
+
+# Launch sizes: as the hand-written neuron's (snntrain.kernels.lif), the backward's smaller for its registers.
+FWD_BLOCK, FWD_WARPS = 512, 4
+BWD_BLOCK, BWD_WARPS = 256, 4
+
+
+def _channels(x: Tensor, per_channel: tuple[bool, ...], params: list[Tensor]) -> tuple[int, int]:
+    """``(C, S)``: the channels (dim 2 of ``x``) and the neurons per channel and sample (dims 3..)."""
+    if not any(per_channel):
+        return 1, 1
+    C = x.shape[2] if x.dim() > 2 else 1
+    return C, math.prod(x.shape[3:])
+
+
+def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int, launch: bool,
+              wrap=direct) -> tuple[Tensor, Tensor, Tensor]:
+    compiled = lookup(key)
+    spec = compiled.spec
+    K = len(spec.states)
+    T, step = x.shape[0], tuple(x.shape[1:])
+    N = math.prod(step)
+    if N * max(K, 1) > INT32_MAX:
+        raise ValueError(f"a time step has {N} neurons with {K} states; the generated kernels support at most "
+                         f"{INT32_MAX} state values per step")
+    ct = torch.float64 if spec.fp64 else torch.float32
+    dev = x.device
+    y = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    final = torch.empty((K, *step) if flags & F_RETURN_STATE else (0,), dtype=ct, device=dev)
+    chunk = chunk_steps(T)
+    n_ckpt = max(cdiv(T, chunk) - 1, 0) if flags & F_SAVE_CKPT else 0
+    ckpt = torch.empty((n_ckpt, K, N), dtype=ct, device=dev)
+    if launch and N > 0 and T > 0:
+        C, S = _channels(x, spec.per_channel, params)
+        xk, stride_xt, stride_xn = _time_major(x)
+        wrap(compiled.module.fwd_kernel)[(cdiv(N, FWD_BLOCK),)](
+            xk, init, *params, y, final, ckpt, T, N, C, S, stride_xt, stride_xn,
+            HAS_INIT=init is not None, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0,
+            CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
+        )
+    return y, final, ckpt
+
+
+def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor], grad_y: Tensor | None,
+              grad_final: Tensor | None, key: str, flags: int, launch: bool,
+              wrap=direct) -> tuple[Tensor, Tensor, list[Tensor]]:
+    compiled = lookup(key)
+    spec = compiled.spec
+    K = len(spec.states)
+    T, step = x.shape[0], tuple(x.shape[1:])
+    N = math.prod(step)
+    ct = torch.float64 if spec.fp64 else torch.float32
+    dev = x.device
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    store_ginit = bool(flags & F_GRAD_INIT)
+    grad_init = torch.empty((K, *step) if store_ginit else (0,), dtype=ct, device=dev)
+    grid = cdiv(N, BWD_BLOCK)
+    learn = [j for j, flag in enumerate(spec.learnable) if flag]
+    bufs = [torch.empty((N,) if spec.per_channel[j] else (grid,), dtype=ct, device=dev) for j in learn]
+    grads = [torch.empty(p.shape if spec.learnable[j] else (0,), dtype=p.dtype, device=dev)
+             for j, p in enumerate(params)]
+    if not launch:
+        return grad_x, grad_init, grads
+    if N == 0 or T == 0:
+        grad_x.zero_()
+        grad_init.zero_()
+        for j in learn:
+            grads[j].zero_()
+        return grad_x, grad_init, grads
+    C, S = _channels(x, spec.per_channel, params)
+    xk, stride_xt, stride_xn = _time_major(x)
+    gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y)
+    gfinal = None if grad_final is None else grad_final.to(ct).contiguous()
+    wrap(compiled.module.bwd_kernel)[(grid,)](
+        xk, init, ckpt, *params, gy, gfinal, grad_x, grad_init, *bufs,
+        T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
+        HAS_INIT=init is not None, HAS_GY=gy is not None, HAS_GFINAL=gfinal is not None, STORE_GINIT=store_ginit,
+        CHUNK=chunk_steps(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
+    )
+    for j, buf in zip(learn, bufs):
+        p = params[j]
+        if spec.per_channel[j]:  # per neuron -> per channel: [B, C, S] summed over B and S
+            g = buf.view(-1, C, S).sum(dim=(0, 2))
+        else:
+            g = buf.sum()
+        grads[j] = g.reshape(p.shape).to(p.dtype)
+    return grad_x, grad_init, grads
+
+
+# ----------------------------------------------------------------------------
+# Operator registration
+# ----------------------------------------------------------------------------
+
+
+def _op_fwd(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(outputs [T, ...], final states [K, ...] or empty, checkpoints)`` of the generated neuron ``key``."""
+    return _fwd_host(x, init, list(params), key, flags, launch=True, wrap=op_wrap)
+
+
+def _op_fwd_fake(x, init, params, key, flags):
+    return _fwd_host(x, init, list(params), key, flags, launch=False)
+
+
+def _op_bwd(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor], grad_y: Tensor | None,
+            grad_final: Tensor | None, key: str, flags: int) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """``(dL/dx, dL/d(initial states) or empty, [dL/dparam or empty])``."""
+    return _bwd_host(x, init, ckpt, list(params), grad_y, grad_final, key, flags, launch=True, wrap=op_wrap)
+
+
+def _op_bwd_fake(x, init, ckpt, params, grad_y, grad_final, key, flags):
+    return _bwd_host(x, init, ckpt, list(params), grad_y, grad_final, key, flags, launch=False)
+
+
+step_neuron_fwd = register_op("snntrain::step_neuron_fwd", _op_fwd, _op_fwd_fake)
+step_neuron_bwd = register_op("snntrain::step_neuron_bwd", _op_bwd, _op_bwd_fake)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, init, params, key, flags = inputs
+    _y, final, ckpt = output
+    ctx.save_for_backward(x, init, ckpt, *params)
+    ctx.key, ctx.flags = key, flags
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(ckpt)
+    if not flags & F_RETURN_STATE:
+        ctx.mark_non_differentiable(final)
+
+
+def _grads(ctx, grad_y, grad_final, bwd):
+    x, init, ckpt, *params = ctx.saved_tensors
+    flags = ctx.flags
+    need_init = init is not None and ctx.needs_input_grad[1]
+    if need_init:
+        flags |= F_GRAD_INIT
+    if not ctx.flags & F_RETURN_STATE:
+        grad_final = None
+    grad_x, grad_init, grads = bwd(x, init, ckpt, params, grad_y, grad_final, ctx.key, flags)
+    spec = lookup(ctx.key).spec
+    grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
+    return grad_x, (grad_init.to(init.dtype) if need_init else None), grads
+
+
+def _op_backward(ctx, grad_y, grad_final, _grad_ckpt):
+    grad_x, grad_init, grads = _grads(ctx, grad_y, grad_final, step_neuron_bwd)
+    return grad_x, grad_init, grads, None, None
+
+
+step_neuron_fwd.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _EagerStepNeuron(torch.autograd.Function):
+    """The operators' forward and backward, launched without the operator machinery (eager calls); the
+    parameters as separate arguments, so that autograd sees each of them."""
+
+    @staticmethod
+    def forward(ctx, x, init, key, flags, *params):
+        with profiled("snntrain::step_neuron_fwd"):
+            out = _fwd_host(x, init, list(params), key, flags, launch=True)
+        _setup_context(ctx, (x, init, list(params), key, flags), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_final, _grad_ckpt):
+        def bwd(*args):
+            with profiled("snntrain::step_neuron_bwd"):
+                return _bwd_host(*args, launch=True)
+
+        grad_x, grad_init, grads = _grads(ctx, grad_y, grad_final, bwd)
+        return (grad_x, grad_init, None, None, *grads)
+
+
+def step_neuron(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, return_state: bool
+                ) -> tuple[Tensor, Tensor | None]:
+    """Run the generated neuron ``key`` over ``x`` ``[T, ...]``: ``(outputs in x's dtype, final states
+    [K, ...] or None)``. ``init`` is ``[K, ...]`` (the compute dtype) or None (the states' initial values);
+    ``params`` the parameter tensors in the step's order. Differentiable in ``x``, ``init`` and the
+    learnable parameters."""
+    flags = F_RETURN_STATE if return_state else 0
+    if torch.is_grad_enabled() and (x.requires_grad or (init is not None and init.requires_grad)
+                                    or any(p.requires_grad for p in params)):
+        flags |= F_SAVE_CKPT
+    if traced(x, init, *params):
+        y, final, _ckpt = step_neuron_fwd(x, init, params, key, flags)
+    else:
+        y, final, _ckpt = _EagerStepNeuron.apply(x, init, key, flags, *params)
+    return y, final if return_state else None
