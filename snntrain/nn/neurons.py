@@ -9,6 +9,8 @@ with :func:`set_backend`); it never changes the state-dict.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -162,26 +164,89 @@ class PLIF(BaseNeuron):
         return f"tau={self.tau:.4g}, " + super().extra_repr()
 
 
-NEURONS: dict[str, type[BaseNeuron]] = {"IF": IF, "LIF": LIF, "PLIF": PLIF}
+#: The neuron types of :func:`build_neuron` (``model.neuron.type``): name -> class, or ``"module:attribute"`` for a
+#: class imported when first built. :func:`register_neuron` adds to it.
+NEURONS: dict[str, type[nn.Module] | str] = {"IF": IF, "LIF": LIF, "PLIF": PLIF}
+
+#: The keys of the model configs' ``neuron`` block (``conf/model/*.yaml``), offered to every type: one that a type
+#: does not take is left out with a warning (``model.neuron.type=CUBALIF`` keeps working with the block's
+#: ``tau``); any other unknown key is an error that lists the type's parameters.
+SHARED_KEYS = ("tau", "v_threshold", "v_reset", "decay_input", "detach_reset", "surrogate", "alpha")
+
+_WARNED: set[tuple[str, str]] = set()
 
 
-def build_neuron(type: str = "LIF", **kwargs) -> BaseNeuron:
-    """Build a neuron from config values: ``type`` is ``IF``, ``LIF`` or ``PLIF`` (for which ``tau`` is
-    taken as ``init_tau``, as the model config's ``neuron.tau`` documents)."""
+def register_neuron(name: str, cls: type[nn.Module] | str, *, replace: bool = False) -> None:
+    """Make ``cls`` (a module class taking ``[T, ...]`` input, or ``"package.module:Class"`` to import when first
+    built) a neuron type of :func:`build_neuron` and ``model.neuron.type`` under ``name``. A name that exists
+    is refused unless ``replace``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"neuron type name {name!r} must be a non-empty string")
+    if name in NEURONS and not replace:
+        raise ValueError(f"neuron type {name!r} is already registered; pass replace=True to replace it")
+    if not (isinstance(cls, str) and ":" in cls) and not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"neuron type {name!r}: {cls!r} is neither an nn.Module class nor 'module:Class'")
+    NEURONS[name] = cls
+
+
+def neuron_class(type: str) -> type[nn.Module]:
+    """The class registered as ``type`` (importing it on first use)."""
     one_of("neuron type", type, NEURONS)
     cls = NEURONS[type]
+    if isinstance(cls, str):
+        import importlib
+
+        module, _, attr = cls.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"neuron type {type!r} needs {cls}, which is not available: {err}") from None
+        NEURONS[type] = cls
+    return cls
+
+
+def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | None = None, **kwargs) -> nn.Module:
+    """Build a neuron from config values: ``type`` is a name of :data:`NEURONS` (``IF``, ``LIF``, ``PLIF``, the
+    families of :mod:`snntrain.nn.families`, ``PSN``, ``MaskedPSN``, ``SlidingPSN`` and any type added with
+    :func:`register_neuron`); the other keys are its parameters. ``channels`` (the channel count at the layer,
+    dim 1 of a step) and ``T`` (the time steps) are passed to a type whose constructor names them. For PLIF the
+    config's ``tau`` is taken as ``init_tau``, as the model config's ``neuron.tau`` documents."""
+    cls = neuron_class(type)
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    named = [n for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    from .step_neuron import StepNeuron
+
+    if issubclass(cls, StepNeuron):  # a step neuron's parameters are its defaults' names (and its options)
+        named += [n for n in cls.defaults if n not in named]
+    kwargs = dict(kwargs)
     if type == "PLIF" and "tau" in kwargs:  # the config's tau is PLIF's initial time constant
         if "init_tau" in kwargs:
             raise ValueError("neuron PLIF got both tau and init_tau; give one (its initial time constant)")
-        kwargs = dict(kwargs)
         kwargs["init_tau"] = kwargs.pop("tau")
+    if "tau" in kwargs and "tau" not in named and "init_tau" in named and "init_tau" not in kwargs:
+        kwargs["init_tau"] = kwargs.pop("tau")  # the same reading for every type with an initial time constant
+    for name, value in (("channels", channels), ("T", T)):
+        if value is not None and name in named:
+            kwargs[name] = value
+    valid = ", ".join(named)
+    for key in list(kwargs):
+        if key in named:
+            continue
+        if key in SHARED_KEYS:
+            kwargs.pop(key)
+            if (type, key) not in _WARNED:
+                _WARNED.add((type, key))
+                warnings.warn(f"neuron {type} has no parameter {key!r}; the config's value is not used "
+                              f"(its parameters: {valid})", stacklevel=2)
+        elif not takes_any:
+            raise ValueError(f"neuron {type} has no parameter {key!r}; valid parameters: {valid}")
     try:
         return cls(**kwargs)
     except TypeError as err:
-        import inspect
-
-        valid = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
-        raise ValueError(f"bad parameter for neuron {type}: {err}; valid parameters: {', '.join(valid)}") from None
+        raise ValueError(f"bad parameter for neuron {type}: {err}; valid parameters: {valid}") from None
 
 
 def set_backend(module: nn.Module, backend: str) -> nn.Module:
@@ -191,3 +256,12 @@ def set_backend(module: nn.Module, backend: str) -> nn.Module:
         if hasattr(m, "backend") and isinstance(getattr(m, "backend"), str):
             m.backend = backend
     return module
+
+
+for _name in ("PSN", "MaskedPSN", "SlidingPSN"):  # the parallel spiking neurons, imported when first built
+    register_neuron(_name, f"snntrain.nn.psn:{_name}")
+
+from .families import FAMILIES  # noqa: E402 (the families are StepNeurons, defined after the registry)
+
+for _name, _cls in FAMILIES.items():
+    register_neuron(_name, _cls)

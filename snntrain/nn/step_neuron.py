@@ -94,10 +94,10 @@ class StepNeuron(nn.Module):
         self.v_seq: torch.Tensor | None = None
         if unsupported not in ("error", "torch"):
             raise ValueError(f"unsupported={unsupported!r} is not valid; choose one of error, torch")
-        if not cls.states:
+        if not self.states:
             raise ValueError(f"{cls.__name__} has no states: a StepNeuron declares at least one, e.g. "
                              "states = {'v': 0.0}")
-        self.state_names: tuple[str, ...] = tuple(cls.states)
+        self.state_names: tuple[str, ...] = tuple(self.states)
         self.param_names: tuple[str, ...] = tuple(cls.defaults)
         valid = ", ".join(self.param_names) or "(none)"
         unknown = [n for n in values if n not in cls.defaults]
@@ -113,7 +113,7 @@ class StepNeuron(nn.Module):
         if per_channel and (channels is None or isinstance(channels, bool) or not isinstance(channels, int)
                             or channels < 1):
             raise ValueError(f"per_channel={per_channel!r} needs channels, a positive int (got {channels!r})")
-        for name, init in cls.states.items():
+        for name, init in self.states.items():
             if isinstance(init, str) and init not in cls.defaults:
                 raise ValueError(f"state {name!r} starts at {init!r}, which is not a parameter; valid: {valid}")
         self.channels = channels
@@ -253,7 +253,7 @@ class StepNeuron(nn.Module):
             if given is not None:
                 states.append(given.to(ct))
                 continue
-            init = type(self).states[name]
+            init = self.states[name]
             base = torch.zeros(step_shape, dtype=ct, device=x.device)
             states.append(base + (ps[init] if isinstance(init, str) else float(init)))
         outs, trace_ = [], []
@@ -277,8 +277,8 @@ class StepNeuron(nn.Module):
             states=self.state_names, params=self.param_names,
             per_channel=tuple(p.dim() == 1 for p in params),
             learnable=tuple(p.requires_grad for p in params),
-            inits=tuple(type(self).states[n] if isinstance(type(self).states[n], str)
-                        else float(type(self).states[n]) for n in self.state_names),
+            inits=tuple(self.states[n] if isinstance(self.states[n], str)
+                        else float(self.states[n]) for n in self.state_names),
             fp64=fp64,
         )
 
@@ -307,7 +307,7 @@ class StepNeuron(nn.Module):
                 if given is not None:
                     rows.append(given.to(device=x.device, dtype=ct))
                     continue
-                value = type(self).states[name]
+                value = self.states[name]
                 p = self._torch_param(getattr(self, value), ct, step_shape) if isinstance(value, str) else float(value)
                 rows.append(torch.zeros(step_shape, dtype=ct, device=x.device) + p)
             init = torch.stack(rows).contiguous()
