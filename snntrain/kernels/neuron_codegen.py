@@ -170,7 +170,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
             lines.append(f"{indent}ch = (offs // S) % C")
         for j in range(M):
             if spec.per_channel[j]:
-                lines.append(f"{indent}p{j} = tl.load(p{j}_ptr + ch, mask=mask, other=0.0).to({ct})")
+                lines.append(f"{indent}p{j} = tl.load(p{j}_ptr + ch, mask=mask, other=1.0).to({ct})")
             else:
                 lines.append(f"{indent}p{j} = tl.zeros([BLOCK], {ct}) + tl.load(p{j}_ptr).to({ct})")
         return lines

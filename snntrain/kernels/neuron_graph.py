@@ -178,11 +178,17 @@ for _op, _f in (("lt", torch.lt), ("le", torch.le), ("gt", torch.gt), ("ge", tor
 
 
 def _name(func) -> str:
+    """A readable name of a torch function or method (``torch.sin``, ``torch.Tensor.sin``)."""
+    name = getattr(func, "__name__", None) or repr(func)
+    qual = getattr(func, "__qualname__", None) or ""
     mod = getattr(func, "__module__", None) or ""
-    qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
-    if mod.startswith("torch") or qual.startswith("_TensorBase") or qual.startswith("TensorBase"):
-        return f"torch.{qual}" if not qual.startswith("Tensor") else f"torch.{qual}"
-    return f"{mod}.{qual}" if mod else qual
+    if qual.startswith(("Tensor.", "TensorBase.", "_TensorBase.")):
+        return f"torch.Tensor.{name}"
+    if mod.startswith("torch.nn.functional"):
+        return f"torch.nn.functional.{name}"
+    if not mod or mod.startswith("torch") or qual.startswith("_VariableFunctions"):
+        return f"torch.{name}"
+    return f"{mod}.{name}"
 
 
 class Proxy:

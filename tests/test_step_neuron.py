@@ -1,0 +1,236 @@
+"""StepNeuron: a neuron from its Python step, generated into Triton kernels (snntrain.kernels.step_neuron).
+
+The reference is the same step run as a PyTorch loop (``backend="torch"``), differentiated by autograd. In
+float64 the generated backward (derived on the traced graph) must give the same gradients for the input,
+the initial states and every learnable parameter, scalar or per channel; in float32 and 16-bit input the
+spikes are identical and the gradients within the per-dtype table. The API's LIF equals the hand-written
+LIF kernel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _testing import DEVICE, SUMMED, assert_close
+from snntrain.kernels import neuron_jit
+from snntrain.nn import LIF, NEURONS, StepNeuron, UnsupportedOp, build_neuron, register_neuron, spike
+
+
+class AdaptiveLIF(StepNeuron):
+    """Two states, a spike-triggered threshold, hard reset."""
+
+    states = {"v": 0.0, "a": 0.0}
+    defaults = {"tau": 2.0, "tau_a": 5.0, "beta": 0.3, "v_threshold": 1.0}
+
+    def step(self, x, v, a, tau, tau_a, beta, v_threshold):
+        h = v + (x - v) / tau
+        s = self.heaviside(h - (v_threshold + beta * a))
+        return s, h * (1.0 - s), a - a / tau_a + s
+
+
+class KitchenSink(StepNeuron):
+    """Every supported operation with a derivative, so that each rule is checked against autograd."""
+
+    states = {"v": "v0", "u": 0.25}
+    defaults = {"k": 0.7, "g": 1.3, "v0": 0.1, "v_threshold": 0.8}
+
+    def step(self, x, v, u, k, g, v0, v_threshold):
+        h = v * k + torch.sigmoid(x) * g - torch.tanh(u) * 0.5 + torch.exp(-torch.abs(v)) * 0.1
+        h = h + torch.log(1.0 + u * u) * 0.2 + torch.sqrt(1.0 + x * x) * 0.05 - (0.5 ** x) * 0.01
+        h = torch.where(x > 0.0, h, h * 0.9) + torch.clamp(x, -0.5, 0.5) * 0.1
+        h = torch.minimum(h, 3.0 + u) + torch.maximum(u, -1.0 + x * 0.0) * 0.1 + torch.relu(x - 1.0) ** 2 * 0.01
+        s = spike(h - v_threshold, "atan", 2.0)
+        v_new = h - s.detach() * v_threshold + v0 * s
+        u_new = u * 0.8 + s - torch.floor(u) * 0.0 + (u / g)
+        return s, v_new, u_new
+
+
+def _grads(neuron, x, init, backend, params, weights):
+    neuron.backend = backend
+    xl = x.detach().clone().requires_grad_()
+    il = {k: v.detach().clone().requires_grad_() for k, v in init.items()}
+    y, finals = neuron(xl, init=il or None, return_state=True)
+    loss = (y * weights[0]).sum() + sum((finals[n] * w).sum() for n, w in zip(neuron.state_names, weights[1:]))
+    tensors = [xl, *il.values(), *params]
+    return y, finals, torch.autograd.grad(loss, tensors, allow_unused=True)
+
+
+def _weights(neuron, x, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = tuple(x.shape)
+    return [torch.randn(shape, generator=g, dtype=x.dtype).to(x.device)] + \
+        [torch.randn(shape[1:], generator=g, dtype=torch.float64).to(x.device) for _ in neuron.state_names]
+
+
+@pytest.mark.parametrize("T", [3, 11])
+@pytest.mark.parametrize("cls, learnable, per_channel", [
+    (AdaptiveLIF, ("beta",), ("tau",)),
+    (AdaptiveLIF, ("tau", "tau_a", "beta", "v_threshold"), ()),
+    (KitchenSink, ("k", "g", "v0"), ("g",)),
+])
+def test_gradients_equal_autograd_through_the_reference_fp64(T, cls, learnable, per_channel):
+    torch.manual_seed(0)
+    C = 3
+    neuron = cls(learnable=learnable, per_channel=per_channel, channels=C).to(DEVICE)
+    x = (torch.randn(T, 2, C, 5, dtype=torch.float64) * 1.5 + 0.6).to(DEVICE)
+    init = {"v": torch.randn(2, C, 5, dtype=torch.float64, device=DEVICE) * 0.5}
+    params = [getattr(neuron, n) for n in learnable]
+    weights = _weights(neuron, x, 1)
+    y_ref, f_ref, g_ref = _grads(neuron, x, init, "torch", params, weights)
+    y, f, g = _grads(neuron, x, init, "triton", params, weights)
+    assert 0 < y_ref.sum() < y_ref.numel()  # some neurons fire, not all
+    assert torch.equal(y, y_ref)
+    for n in neuron.state_names:
+        assert_close(f[n], f_ref[n], what=f"final {n}")
+    names = ["x", "v_init", *learnable]
+    for name, a, b in zip(names, g, g_ref):
+        assert_close(a, b, what=f"dL/d{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_16_and_32_bit_input_match_the_reference(dtype):
+    torch.manual_seed(1)
+    neuron = AdaptiveLIF(learnable=("beta",), per_channel=("tau_a",), channels=4).to(DEVICE)
+    x = (torch.randn(10, 3, 4, 7) * 1.5 + 0.6).to(device=DEVICE, dtype=dtype)
+    weights = _weights(neuron, x, 2)
+    y_ref, f_ref, g_ref = _grads(neuron, x, {}, "torch", [neuron.beta], weights)
+    y, f, g = _grads(neuron, x, {}, "triton", [neuron.beta], weights)
+    assert y.dtype == dtype and torch.equal(y, y_ref)
+    assert_close(f["v"], f_ref["v"], what="final v")
+    assert_close(g[0], g_ref[0], what="dL/dx")
+    assert_close(g[1], g_ref[1], **SUMMED, what="dL/dbeta (a sum over every neuron and step)")
+
+
+class ApiLIF(StepNeuron):
+    states = {"v": "v_reset"}
+    defaults = {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0}
+
+    def step(self, x, v, tau, v_threshold, v_reset):
+        h = v + (x - (v - v_reset)) * (1.0 / tau)
+        s = self.heaviside(h - v_threshold)
+        return s, h - h * s + v_reset * s
+
+
+@pytest.mark.parametrize("T", [4, 13])
+def test_api_lif_equals_the_hand_written_lif_kernel(T):
+    torch.manual_seed(2)
+    x = (torch.randn(T, 2, 3, 9) * 1.5 + 0.6).to(DEVICE)
+    ours = ApiLIF(tau=2.0, surrogate="atan", backend="triton")
+    builtin = LIF(tau=2.0, surrogate="atan", backend="triton")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, st = ours(xa, return_state=True)
+    yb, vb = builtin(xb, return_state=True)
+    assert torch.equal(ya, yb)
+    assert_close(st["v"], vb, rtol=1e-6, atol=1e-6, what="final membrane")
+    g = torch.randn_like(ya)
+    (ga,) = torch.autograd.grad((ya * g).sum(), xa)
+    (gb,) = torch.autograd.grad((yb * g).sum(), xb)
+    assert_close(ga, gb, **SUMMED, what="dL/dx (the hand-written kernel's surrogate uses fast divisions)")
+
+
+def test_expanded_input_and_gradient_and_frozen_learnable_parameter():
+    neuron = AdaptiveLIF(learnable=("beta",), backend="triton").to(DEVICE)
+    x = (torch.randn(9, 1, 6, dtype=torch.float64) + 0.8).to(DEVICE).requires_grad_()
+    xe = x.expand(9, 4, 6)  # stride-0 batch: read in place
+    neuron.beta.requires_grad_(False)
+    (gx,) = torch.autograd.grad(neuron(xe).sum(), x)  # an expanded dL/dy
+    neuron.backend = "torch"
+    (gx_ref,) = torch.autograd.grad(neuron(xe).sum(), x)
+    assert_close(gx, gx_ref)
+
+
+def test_generated_source_is_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("SNNTRAIN_CACHE_DIR", str(tmp_path))
+
+    class Unique(StepNeuron):
+        states = {"v": 0.0}
+        defaults = {"tau": 2.0}
+
+        def step(self, x, v, tau):
+            h = v + (x - v) / tau + 0.123456789  # a graph no other test builds
+            s = self.heaviside(h - 1.0)
+            return s, h * (1.0 - s)
+
+    n = Unique(backend="triton")
+    key = n.kernel_key()
+    compiled = neuron_jit.lookup(key)
+    assert compiled.path.parent == tmp_path / "neurons" and compiled.path.exists()
+    assert "def fwd_kernel(" in compiled.path.read_text() and "def bwd_kernel(" in compiled.path.read_text()
+    assert Unique(backend="triton").kernel_key() == key  # the same graph, the same kernels
+    assert n(torch.ones(2, 3, device=DEVICE) * 2.0).tolist() == [[1.0] * 3, [1.0] * 3]  # H = 1.12 each step
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_unsupported_operation_is_refused_at_build_naming_it():
+    class Sine(StepNeuron):
+        states = {"v": 0.0}
+        defaults = {}
+
+        def step(self, x, v):
+            h = v + torch.sin(x)
+            return self.heaviside(h - 1.0), h
+
+    with pytest.raises(UnsupportedOp, match=r"torch\.sin"):
+        Sine()
+    with pytest.warns(UserWarning, match=r"torch\.sin"):
+        n = Sine(unsupported="torch", backend="triton")
+    x = torch.randn(3, 2, 4, device=DEVICE)
+    assert torch.equal(n(x), Sine(unsupported="torch", backend="torch")(x))  # the PyTorch loop
+
+
+def test_value_dependent_python_branch_is_refused():
+    class Branchy(StepNeuron):
+        states = {"v": 0.0}
+        defaults = {}
+
+        def step(self, x, v):
+            if v > 1.0:
+                v = v * 0.0
+            return self.heaviside(v + x - 1.0), v + x
+
+    with pytest.raises(UnsupportedOp, match="torch.where"):
+        Branchy()
+
+
+def test_bad_parameters_and_shapes_are_named():
+    with pytest.raises(ValueError, match=r"no parameter 'taus'.*valid parameters: tau, tau_a, beta, v_threshold"):
+        AdaptiveLIF(taus=3.0)
+    with pytest.raises(ValueError, match=r"learnable names 'gamma'.*valid parameters"):
+        AdaptiveLIF(learnable=("gamma",))
+    with pytest.raises(ValueError, match="needs channels"):
+        AdaptiveLIF(per_channel=("tau",))
+    n = AdaptiveLIF(per_channel=("tau",), channels=3)
+    with pytest.raises(ValueError, match=r"parameter tau has 3 values, one per channel, but a step of the input has "
+                                         r"shape \(2, 5\)"):
+        n(torch.zeros(4, 2, 5))
+    with pytest.raises(ValueError, match=r"initial state a has shape \(2,\); it must have the shape of one step, "
+                                         r"\(2, 3\)"):
+        n(torch.zeros(4, 2, 3), init={"a": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"init names 'w'.*valid states: v, a"):
+        n(torch.zeros(4, 2, 3), init={"w": torch.zeros(2, 3)})
+    with pytest.raises(ValueError, match=r"tau has shape \(2, 2\)"):
+        AdaptiveLIF(tau=torch.ones(2, 2))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_registry_builds_user_neurons_and_knows_every_family():
+    for name in ("IF", "LIF", "PLIF", "KLIF", "CLIF", "CUBALIF", "QIF", "EIF", "Izhikevich", "RAF", "ILIF", "ALIF",
+                 "ChannelwisePLIF", "LearnableThresholdLIF", "PSN", "MaskedPSN", "SlidingPSN"):
+        assert name in NEURONS
+    register_neuron("TestAdaptiveLIF", AdaptiveLIF, replace=True)
+    n = build_neuron("TestAdaptiveLIF", tau=3.0, beta=0.1, channels=8)
+    assert isinstance(n, AdaptiveLIF) and float(n.tau) == 3.0
+    with pytest.raises(ValueError, match="already registered"):
+        register_neuron("TestAdaptiveLIF", AdaptiveLIF)
+    with pytest.raises(ValueError, match="neuron type"):
+        build_neuron("NoSuchNeuron")
+    with pytest.warns(UserWarning, match="neuron QIF has no parameter 'decay_input'"):
+        build_neuron("QIF", tau=2.0, decay_input=True)  # a model config's shared key, left out
+    with pytest.raises(ValueError, match="no parameter 'bogus'"):
+        build_neuron("CUBALIF", bogus=1.0)
+    assert build_neuron("ChannelwisePLIF", tau=3.0, channels=4).w.shape == (4,)
