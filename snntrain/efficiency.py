@@ -53,7 +53,7 @@ from torch import nn
 
 from .backend import use_triton
 from .nn.attention import QKVNeuron
-from .nn.neurons import BaseNeuron
+from .nn.neurons import is_neuron
 from .nn.norm_neuron import NormNeuron
 
 #: Layers whose inputs are counted as synaptic operations (NeuroBench's stateless connection layers).
@@ -477,7 +477,7 @@ def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     fused) and each neuron that is not inside one."""
     fused = [name for name, m in model.named_modules() if isinstance(m, SELF_COUNTING)]
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, SELF_COUNTING) or (isinstance(m, BaseNeuron) and not any(name.startswith(f + ".")
+            if isinstance(m, SELF_COUNTING) or (is_neuron(m) and not any(name.startswith(f + ".")
                                                                                     for f in fused))]
 
 
@@ -491,9 +491,9 @@ def check_spiking(model: nn.Module) -> None:
     drive, so for any other network it would report zero spikes and activity that it never saw."""
     if not spiking_layers(model):
         raise NotSpiking(
-            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF or "
-            f"NormNeuron), and {type(model).__name__} has none: it counts the spikes those layers fire and the "
-            "synaptic operations they drive, so for this network it would report zero spikes, which would be "
+            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF, a "
+            "StepNeuron, any type of snntrain.nn.NEURONS or NormNeuron), and "
+            f"{type(model).__name__} has none: it counts the spikes those layers fire and the synaptic operations they drive, so for this network it would report zero spikes, which would be "
             "wrong, not a measurement. Build the network's neurons with snntrain.nn (build_neuron, NormNeuron) to "
             "get the report")
 

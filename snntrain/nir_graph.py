@@ -38,6 +38,7 @@ metadata ``readout: mean_over_time``), which :func:`load_nir` applies.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .nn.layers import MultiStep
-from .nn.neurons import IF, LIF, BaseNeuron
+from .nn.neurons import IF, LIF, BaseNeuron, is_neuron
 from .nn.norm_neuron import NormNeuron
 
 #: Seconds per time step of graphs written for target ``spec`` (snnTorch's convention; Norse's is 1e-3).
@@ -115,7 +116,7 @@ def _is_batchnorm(m: nn.Module) -> bool:
 
 
 def _is_neuron(m: nn.Module) -> bool:
-    return isinstance(m, BaseNeuron) or hasattr(m, "params") and hasattr(m.params, "kind")
+    return is_neuron(m) or hasattr(m, "params") and hasattr(m.params, "kind")
 
 
 def _bn_scale_shift(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,9 +207,44 @@ def _if_node(shape: tuple[int, ...], v_threshold: float, v_reset: float, dt: flo
     return nir.IF(r=_full(shape, 1.0 / dt), v_threshold=thr, v_reset=v_r)
 
 
+def _per_channel(shape: tuple[int, ...], value: float | torch.Tensor) -> np.ndarray:
+    """``value`` (a number, or one per channel: dim 0 of the per-sample ``shape``) over ``shape``."""
+    if isinstance(value, torch.Tensor):
+        v = value.detach().double().cpu().numpy().reshape(-1, *([1] * (len(shape) - 1)))
+        return np.broadcast_to(v, shape).copy()
+    return _full(shape, float(value))
+
+
+def _step_neuron_node(m: nn.Module, shape: tuple[int, ...], dt: float) -> Any:
+    """The NIR node of a neuron that describes itself (``nir_form``, :class:`~snntrain.nn.StepNeuron`): ``LIF``
+    as the built-in LIF maps; ``CubaLIF`` ``c <- c_decay c + x``, ``H = v_decay V + c`` (the current of the same
+    step) as ``tau_syn = dt / (1 - c_decay)``, ``w_in = 1 / (1 - c_decay)``, ``tau_mem = dt / (1 - v_decay)``,
+    ``r = 1 / (1 - v_decay)``, ``v_leak = 0``, stepped by forward Euler."""
+    import nir
+
+    form = getattr(m, "nir_form", None)
+    if form is None:
+        raise NIRError(f"{type(m).__name__} has no NIR form: NIR's neurons are IF, LIF and CubaLIF")
+    try:
+        kind, p = form()
+    except ValueError as err:
+        raise NIRError(str(err)) from None
+    full = functools.partial(_per_channel, shape)
+    if kind == "LIF":
+        return nir.LIF(tau=full(p["tau_steps"]) * dt, r=full(p["r"]), v_leak=full(p["v_reset"]),
+                       v_threshold=full(p["v_threshold"]), v_reset=full(p["v_reset"]))
+    c_in, v_in = 1.0 - full(p["c_decay"]), 1.0 - full(p["v_decay"])
+    if np.any(c_in <= 0) or np.any(v_in <= 0):
+        raise NIRError(f"{type(m).__name__} with c_decay or v_decay >= 1 (no decay) has no CubaLIF time constant")
+    return nir.CubaLIF(tau_syn=dt / c_in, tau_mem=dt / v_in, r=1.0 / v_in, v_leak=_full(shape, 0.0),
+                       v_threshold=full(p["v_threshold"]), v_reset=full(p["v_reset"]), w_in=1.0 / c_in)
+
+
 def _neuron_node(m: nn.Module, shape: tuple[int, ...], dt: float, target: str) -> Any:
     import nir
 
+    if not isinstance(m, BaseNeuron) and hasattr(m, "nir_form"):
+        return _step_neuron_node(m, shape, dt)
     p = m.params
     if p.v_reset is None:
         raise NIRError("soft reset (v_reset=None, subtract the threshold) has no NIR form: NIR's neurons reset to "

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..backend import check_backend
 from ..nn.layers import MultiStep
-from ..nn.neurons import BaseNeuron, build_neuron
+from ..nn.neurons import build_neuron
 from ..nn.norm import build_norm2d
 from ..nn.norm_neuron import NormNeuron
 from ..validation import one_of, positive_int
@@ -53,20 +53,23 @@ def pick_variant(variant: object, variants: Mapping[str, Any]) -> Any:
 
 class LayerFactory:
     """Creates layers with the network-wide settings: ``neuron`` (keyword arguments of
-    :func:`snntrain.nn.build_neuron`), ``norm`` (``batchnorm`` or ``layernorm``, :data:`snntrain.nn.NORMS`)
-    and ``backend``. Both settings are checked once, when the factory is made."""
+    :func:`snntrain.nn.build_neuron`), ``norm`` (``batchnorm`` or ``layernorm``, :data:`snntrain.nn.NORMS`),
+    ``backend`` and ``T`` (the time steps, for neuron types that take them). Both settings are checked once,
+    when the factory is made."""
 
     def __init__(self, neuron: Mapping[str, Any] | None = None, norm: str = "batchnorm",
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", T: int | None = None) -> None:
         self.neuron_cfg = dict(DEFAULT_NEURON if neuron is None else neuron)
         self.norm_name = norm
         self.backend = check_backend(backend)
-        self.neuron()  # validate the neuron settings once, up front
+        self.T = T
+        self.neuron(channels=1)  # validate the neuron settings once, up front
         build_norm2d(norm, 1, backend)
 
-    def neuron(self) -> BaseNeuron:
-        """A spiking neuron over ``[T, ...]`` input."""
-        return build_neuron(**self.neuron_cfg, backend=self.backend)
+    def neuron(self, channels: int | None = None) -> nn.Module:
+        """A spiking neuron over ``[T, ...]`` input with ``channels`` channels (dim 2; for types with per-channel
+        parameters)."""
+        return build_neuron(**self.neuron_cfg, backend=self.backend, channels=channels, T=self.T)
 
     def conv(self, cin: int, cout: int, k: int, stride: int = 1, bias: bool = False) -> MultiStep:
         """A ``k x k`` convolution (padding ``k // 2``) over the folded ``[T * B, ...]`` batch."""
@@ -74,7 +77,7 @@ class LayerFactory:
 
     def norm_neuron(self, channels: int) -> NormNeuron:
         """The norm and neuron after a convolution (fused under the Triton backend)."""
-        return NormNeuron(build_norm2d(self.norm_name, channels, self.backend), self.neuron(), self.backend)
+        return NormNeuron(build_norm2d(self.norm_name, channels, self.backend), self.neuron(channels), self.backend)
 
     def norm(self, channels: int) -> nn.Module:
         """A norm over ``[N, C, H, W]`` maps alone (wrapped in ``MultiStep`` for ``[T, B, ...]``), where its output

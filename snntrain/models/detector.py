@@ -128,7 +128,7 @@ class Readout(nn.Module):
         self.mode = mode
         if mode == "rate":
             cfg = dict(neuron_cfg)
-            self.neuron = build_neuron(**cfg, backend=backend)
+            self.neuron = build_neuron(**cfg, backend=backend, channels=channels)
             self.weight = nn.Parameter(torch.full((channels, 1, 1), 4.0))
             self.bias = nn.Parameter(torch.full((channels, 1, 1), -2.0))
 
@@ -293,7 +293,7 @@ class SpikingFCOS(nn.Module):
             if len(ranges) != len(levels):
                 raise ValueError(f"scale_ranges has {len(ranges)} entries; fpn_levels has {len(levels)}")
         self.scale_ranges = ranges
-        f = LayerFactory(neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend, T=T)
         self.fpn = SpikingFPN([self.backbone.stage_channels[lv - 1] for lv in levels], channels, f)
         self.head = FCOSHead(channels, num_classes, num_convs, len(levels), readout, f)
         self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}

@@ -45,7 +45,7 @@ class MSBlock(nn.Module):
 
     def __init__(self, f: LayerFactory, cin: int, cout: int, stride: int) -> None:
         super().__init__()
-        self.sn1 = f.neuron()
+        self.sn1 = f.neuron(cin)
         self.conv1 = f.conv(cin, cout, 3, stride)
         self.sn2 = f.norm_neuron(cout)
         self.conv2 = f.conv(cout, cout, 3)
@@ -100,7 +100,7 @@ class MSResNet(nn.Module):
         self.T, num_classes, in_channels, backend = check_run_settings(T, num_classes, in_channels, backend)
         one_of("stem", stem, STEMS)
         width = positive_int("width", width)
-        f = LayerFactory(MS_NEURON if neuron is None else neuron, norm, backend)
+        f = LayerFactory(MS_NEURON if neuron is None else neuron, norm, backend, T=self.T)
 
         k, stride = (7, 2) if stem == "imagenet" else (3, 1)
         self.stem = MultiStep(nn.Conv2d(in_channels, width, k, stride=stride, padding=k // 2, bias=False),
@@ -116,7 +116,7 @@ class MSResNet(nn.Module):
                 cin = cout
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.head_sn = f.neuron()
+        self.head_sn = f.neuron(cin)
         self.num_classes = num_classes
         self.head = ClassifierHead(cin, num_classes)
         for m in self.modules():

@@ -172,7 +172,7 @@ class SEWResNet(nn.Module):
         width = positive_int("width", width)
         connect = check_connect(connect)
         check_backend(backend)
-        f = LayerFactory(neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend, T=self.T)
         block, layers = ARCHS[depth]
 
         if stem == "cifar":

@@ -33,7 +33,7 @@ class BasicBlock(nn.Module):
         self.conv2 = f.conv(planes, planes, 3)
         self.bn2 = MultiStep(f.norm(planes))
         self.downsample = _downsample(f, cin, planes, stride)
-        self.sn2 = f.neuron()
+        self.sn2 = f.neuron(planes)
 
     def last_norm(self) -> nn.Module:
         return self.bn2[0]
@@ -57,7 +57,7 @@ class Bottleneck(nn.Module):
         self.conv3 = f.conv(planes, cout, 1)
         self.bn3 = MultiStep(f.norm(cout))
         self.downsample = _downsample(f, cin, cout, stride)
-        self.sn3 = f.neuron()
+        self.sn3 = f.neuron(cout)
 
     def last_norm(self) -> nn.Module:
         return self.bn3[0]
@@ -117,7 +117,7 @@ class SpikingResNet(nn.Module):
         self.T, num_classes, in_channels, backend = check_run_settings(T, num_classes, in_channels, backend)
         one_of("stem", stem, STEMS)
         width = positive_int("width", width)
-        f = LayerFactory(neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend, T=self.T)
 
         if stem == "imagenet":
             self.conv1 = f.conv(in_channels, width, 7, stride=2)

@@ -78,7 +78,7 @@ class SpikingVGG(nn.Module):
         one_of("classifier", classifier, CLASSIFIERS)
         hidden = positive_int("hidden", hidden)
         dropout = number("dropout", dropout)
-        f = LayerFactory(neuron, norm, backend)
+        f = LayerFactory(neuron, norm, backend, T=self.T)
 
         layers: list[nn.Module] = []
         cin = in_channels
@@ -88,15 +88,15 @@ class SpikingVGG(nn.Module):
                 continue
             cout = v * width // 64
             layers.append(f.conv(cin, cout, 3, bias=True))
-            layers.append(f.norm_neuron(cout) if bn else f.neuron())
+            layers.append(f.norm_neuron(cout) if bn else f.neuron(cout))
             cin = cout
         self.features = nn.Sequential(*layers)
         self.num_classes = num_classes
         if classifier == "vgg":
             self.avgpool = MultiStep(nn.AdaptiveAvgPool2d(7), nn.Flatten(1))
             self.classifier = nn.Sequential(
-                nn.Linear(cin * 49, hidden), f.neuron(), TemporalDropout(dropout),
-                nn.Linear(hidden, hidden), f.neuron(), TemporalDropout(dropout),
+                nn.Linear(cin * 49, hidden), f.neuron(hidden), TemporalDropout(dropout),
+                nn.Linear(hidden, hidden), f.neuron(hidden), TemporalDropout(dropout),
                 nn.Linear(hidden, num_classes),
             )
         else:

@@ -76,6 +76,15 @@ class _Resetting(StepNeuron):
             return r * v_reset + (1.0 - r) * h
         return h - r * v_threshold
 
+    def _hard_reset_for_nir(self) -> None:
+        if not self.hard_reset:
+            raise ValueError(f"{type(self).__name__} with a soft reset (v_reset=None, subtract the threshold) has no "
+                             "NIR form: NIR's neurons reset to v_reset. Train with a hard reset to export to NIR")
+
+    def _value(self, name: str) -> float | torch.Tensor:
+        t = getattr(self, name).detach().float()
+        return float(t) if t.dim() == 0 else t
+
     def _lif_charge(self, x, v, tau, v_reset):
         """SpikingJelly's LIF charge, dividing by ``tau`` (``v_reset`` is 0 for a soft reset)."""
         if self.decay_input:
@@ -85,6 +94,8 @@ class _Resetting(StepNeuron):
 
 class KLIF(_Resetting):
     """K-based LIF (SpikingJelly ``KLIFNode``): the charged membrane scaled by a learnable ``k`` through a ReLU."""
+
+    nir_reason = "KLIF scales the charged membrane by a learned k through a ReLU"
 
     defaults = {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0, "k": 1.0}
 
@@ -109,6 +120,8 @@ class KLIF(_Resetting):
 class CLIF(StepNeuron):
     """Complementary LIF (SpikingJelly ``ComplementaryLIFNode``): a second state ``m`` that raises the soft
     reset by ``sigmoid(m)``."""
+
+    nir_reason = "CLIF's reset depends on a second state through a sigmoid"
 
     states = {"v": 0.0, "m": 0.0}
     defaults = {"tau": 2.0, "v_threshold": 1.0}
@@ -140,6 +153,11 @@ class CUBALIF(_Resetting):
         super().__init__(c_decay=c_decay, v_decay=v_decay, v_threshold=v_threshold, v_reset=v_reset,
                          surrogate=surrogate, alpha=alpha, backend=backend, **options)
 
+    def nir_form(self):
+        """NIR's ``CubaLIF`` with the synaptic current of the same step (as :func:`snntrain.nir_graph` writes it)."""
+        self._hard_reset_for_nir()
+        return "CubaLIF", {n: self._value(n) for n in ("c_decay", "v_decay", "v_threshold", "v_reset")}
+
     def step(self, x, v, c, c_decay, v_decay, v_threshold, v_reset):
         c = c * c_decay + x
         h = v * v_decay + c
@@ -149,6 +167,8 @@ class CUBALIF(_Resetting):
 
 class QIF(_Resetting):
     """Quadratic integrate-and-fire (SpikingJelly ``QIFNode``)."""
+
+    nir_reason = "QIF integrates a quadratic function of the membrane"
 
     defaults = {"tau": 2.0, "v_c": 0.8, "a0": 1.0, "v_threshold": 1.0, "v_rest": 0.0, "v_reset": -0.1}
 
@@ -170,6 +190,8 @@ class QIF(_Resetting):
 class EIF(_Resetting):
     """Exponential integrate-and-fire (SpikingJelly ``EIFNode``)."""
 
+    nir_reason = "EIF integrates an exponential function of the membrane"
+
     defaults = {"tau": 2.0, "delta_T": 1.0, "theta_rh": 0.8, "v_threshold": 1.0, "v_rest": 0.0, "v_reset": -0.1}
 
     def __init__(self, tau: float = 2.0, delta_T: float = 1.0, theta_rh: float = 0.8, v_threshold: float = 1.0,
@@ -189,6 +211,8 @@ class EIF(_Resetting):
 
 class Izhikevich(_Resetting):
     """Izhikevich-style adaptive QIF (SpikingJelly ``IzhikevichNode``): a recovery state ``w``."""
+
+    nir_reason = "Izhikevich integrates a quadratic function of the membrane and a recovery state"
 
     defaults = {"tau": 2.0, "v_c": 0.8, "a0": 1.0, "v_threshold": 1.0, "v_reset": 0.0, "v_rest": -0.1,
                 "w_rest": 0.0, "tau_w": 2.0, "a": 0.0, "b": 0.0}
@@ -214,6 +238,8 @@ class RAF(_Resetting):
     """Resonate-and-fire (SpikingJelly ``RAFNode``): the membrane ``v`` and current ``u`` rotate by
     ``omega * dt`` and decay by ``exp(b * dt)`` each step (those three factors are computed once, in
     double precision, as there)."""
+
+    nir_reason = "RAF rotates a pair of states (a resonator)"
 
     states = {"v": 0.0, "u": 0.0}
     defaults = {"decay": math.exp(-0.2), "cos_theta": math.cos(1.0), "sin_theta": math.sin(1.0), "v_threshold": 1.0,
@@ -245,6 +271,8 @@ class ILIF(StepNeuron):
     ``[grad_window]`` (default ``[0, max_spike_count]``), a soft reset by the count times the threshold,
     no input decay (``H = (1 - 1/tau) V + X``)."""
 
+    nir_reason = "ILIF fires multi-level spike counts, not spikes"
+
     states = {"v": 0.0}
     defaults = {"decay": 0.25, "v_threshold": 1.0}
 
@@ -275,6 +303,8 @@ class ILIF(StepNeuron):
 class ALIF(_Resetting):
     """LIF with an adaptive threshold ``v_threshold + beta * a``; ``a`` decays with ``tau_a`` and grows by one
     per spike."""
+
+    nir_reason = "ALIF's threshold adapts with a second state"
 
     defaults = {"tau": 2.0, "tau_a": 20.0, "beta": 0.2, "v_threshold": 1.0, "v_reset": 0.0}
 
@@ -319,6 +349,12 @@ class ChannelwisePLIF(_Resetting):
         s = self.heaviside(h - v_threshold)
         return s, self.reset(h, s, v_threshold, v_reset)
 
+    def nir_form(self):
+        self._hard_reset_for_nir()
+        tau = 1.0 / torch.sigmoid(self.w.detach().float())  # the time constants the step uses
+        return "LIF", {"tau_steps": tau, "r": 1.0 if self.decay_input else tau,
+                       "v_threshold": self._value("v_threshold"), "v_reset": self._value("v_reset")}
+
     @property
     def tau(self) -> torch.Tensor:
         """The time constants ``1 / sigmoid(w)``, one per channel."""
@@ -344,6 +380,12 @@ class LearnableThresholdLIF(_Resetting):
                          channels=channels if channelwise else None, learnable=("v_threshold",),
                          per_channel=("v_threshold",) if channelwise else (), surrogate=surrogate, alpha=alpha,
                          backend=backend, **options)
+
+    def nir_form(self):
+        self._hard_reset_for_nir()
+        tau = self._value("tau")
+        return "LIF", {"tau_steps": tau, "r": 1.0 if self.decay_input else tau,
+                       "v_threshold": self._value("v_threshold"), "v_reset": self._value("v_reset")}
 
     def step(self, x, v, tau, v_threshold, v_reset):
         h = self._lif_charge(x, v, tau, v_reset)

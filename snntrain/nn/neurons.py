@@ -189,6 +189,12 @@ def register_neuron(name: str, cls: type[nn.Module] | str, *, replace: bool = Fa
     NEURONS[name] = cls
 
 
+def is_neuron(module: object) -> bool:
+    """Whether ``module`` is a spiking neuron: an IF/LIF/PLIF, a :class:`~snntrain.nn.StepNeuron` or an instance of
+    any registered type (:data:`NEURONS`, those imported so far)."""
+    return isinstance(module, tuple(c for c in NEURONS.values() if isinstance(c, type)) + (BaseNeuron, _StepNeuron))
+
+
 def neuron_class(type: str) -> type[nn.Module]:
     """The class registered as ``type`` (importing it on first use)."""
     one_of("neuron type", type, NEURONS)
@@ -262,6 +268,7 @@ for _name in ("PSN", "MaskedPSN", "SlidingPSN"):  # the parallel spiking neurons
     register_neuron(_name, f"snntrain.nn.psn:{_name}")
 
 from .families import FAMILIES  # noqa: E402 (the families are StepNeurons, defined after the registry)
+from .step_neuron import StepNeuron as _StepNeuron  # noqa: E402
 
 for _name, _cls in FAMILIES.items():
     register_neuron(_name, _cls)

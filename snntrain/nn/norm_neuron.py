@@ -3,7 +3,7 @@
 In SEW-ResNet and the detector every convolution's output goes through a norm and then
 a neuron (conv -> norm -> neuron). :class:`NormNeuron` holds that norm
 (:class:`torch.nn.BatchNorm2d` or :class:`~snntrain.nn.norm.LayerNorm2d`) and neuron
-(:class:`~snntrain.nn.neurons.IF`, ``LIF``, ``PLIF``) as its submodules ``norm`` and
+(:class:`~snntrain.nn.neurons.IF`, ``LIF``, ``PLIF``, or any other neuron of :mod:`snntrain.nn`) as its submodules ``norm`` and
 ``neuron``, so its state dict is theirs (``norm.weight``, ``norm.bias``,
 ``norm.running_mean``, ``norm.running_var``, ``norm.num_batches_tracked``, and PLIF's
 ``neuron.w``) under every backend. With ``backend`` ``triton`` (or ``auto`` on CUDA) it
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend, use_triton
-from .neurons import BaseNeuron
+from .neurons import BaseNeuron, is_neuron
 from .norm import LayerNorm2d
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -53,7 +53,9 @@ class NormNeuron(nn.Module):
     A :class:`torch.nn.SyncBatchNorm` (``trainer.sync_batchnorm=true`` converts the batch norm in
     place) runs unfused too: its statistics come from every process, which the fused kernels do not
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
-    (a plain attribute: the norm's and the neuron's own kernels, one after the other).
+    (a plain attribute: the norm's and the neuron's own kernels, one after the other). Neurons other than
+    IF, LIF and PLIF (a :class:`~snntrain.nn.StepNeuron`, the families, PSN) run unfused: the norm, then
+    the neuron's own kernels.
     """
 
     #: While an :class:`snntrain.efficiency.ActivityCounter` is attached: the counter's sink for this layer's
@@ -61,13 +63,14 @@ class NormNeuron(nn.Module):
     #: per channel as it fires them (``sink.row``), so that the counter does not read them again.
     activity = None
 
-    def __init__(self, norm: nn.Module, neuron: BaseNeuron, backend: str = "auto") -> None:
+    def __init__(self, norm: nn.Module, neuron: nn.Module, backend: str = "auto") -> None:
         super().__init__()
         if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d, nn.Identity)):
             raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d, SyncBatchNorm "
                             "or LayerNorm2d (or nn.Identity for a batch norm already folded into the convolution)")
-        if not isinstance(neuron, BaseNeuron):
-            raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF or PLIF module")
+        if not is_neuron(neuron):
+            raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes a spiking neuron of snntrain.nn "
+                            "(IF, LIF, PLIF, a StepNeuron or any registered type)")
         self.norm = norm
         self.neuron = neuron
         self.backend = check_backend(backend)
@@ -94,8 +97,8 @@ class NormNeuron(nn.Module):
             if x.shape[-3] != channels:
                 raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
                                  f"was built for {channels}")
-            if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES
-                    and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
+            if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
+                    and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
                 spikes, counted = self._fused(x, steps, norm, neuron, sink)
             elif steps is not None:
                 y = norm(x)

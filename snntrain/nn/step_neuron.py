@@ -194,8 +194,9 @@ class StepNeuron(nn.Module):
         params = self._param_tensors()
         self._check_params(params, step_shape)
         inits = self._initial(init, step_shape)
+        # torch.export records the PyTorch loop: a program must not depend on kernels generated in this process
         if (use_triton(self.backend, x) and not self._fallback and not self.store_v_seq
-                and x.dtype in _KERNEL_DTYPES):
+                and x.dtype in _KERNEL_DTYPES and not torch.compiler.is_exporting()):
             y, finals = self._triton(x, inits, params, ct, return_state)
         else:
             y, finals = self._torch(x, inits, params, ct, step_shape)
@@ -284,21 +285,12 @@ class StepNeuron(nn.Module):
 
     def kernel_key(self, x_dtype: torch.dtype = torch.float32) -> str:
         """The key of this neuron's generated kernels for input of ``x_dtype`` (generating them if needed)."""
-        return self._compile(self._param_tensors(), x_dtype == torch.float64)
-
-    def _compile(self, params, fp64: bool) -> str:
-        spec = self._spec(params, fp64)
-        key = self._compiled.get(spec)
-        if key is None:
-            from ..kernels.neuron_jit import compile_neuron
-
-            key = self._compiled[spec] = compile_neuron(self._graph, spec).key
-        return key
+        return _kernel_key(self, x_dtype == torch.float64)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron
 
-        key = self._compile(params, ct == torch.float64)
+        key = _kernel_key(self, ct == torch.float64)
         init = None
         if any(i is not None for i in inits):
             step_shape = tuple(x.shape[1:])
@@ -314,6 +306,17 @@ class StepNeuron(nn.Module):
         y, final = step_neuron(x, init, [p.contiguous() for p in params], key, return_state)
         return y, (list(final.unbind(0)) if final is not None else None)
 
+    #: why the dynamics have no NIR node (the end of :meth:`nir_form`'s refusal); families say what they do
+    nir_reason = "its step is not one of the linear leaky integrations that NIR defines"
+
+    def nir_form(self) -> tuple[str, dict[str, float | torch.Tensor]]:
+        """``(node, values)`` of the NIR neuron these dynamics are (``"LIF"``: ``tau_steps``, ``r``, ``v_threshold``,
+        ``v_reset``; ``"CubaLIF"``: ``c_decay``, ``v_decay``, ``v_threshold``, ``v_reset``; each a number or one
+        value per channel), for :mod:`snntrain.nir_graph`. Raises ValueError with the reason where NIR has no node
+        for them (the default: a StepNeuron's step is arbitrary)."""
+        raise ValueError(f"{type(self).__name__} has no NIR form: NIR's neurons are IF, LIF and CubaLIF (linear "
+                         f"leaky integration with a hard reset), and {self.nir_reason}")
+
     def extra_repr(self) -> str:
         parts = []
         for n, p in zip(self.param_names, self._param_tensors()):
@@ -321,3 +324,17 @@ class StepNeuron(nn.Module):
             parts.append(f"{n}={kind}[{p.shape[0]}]" if p.dim() else f"{n}={kind}{float(p.detach()):.4g}")
         parts += [f"surrogate={self.surrogate}(alpha={self.alpha})", f"backend={self.backend}"]
         return ", ".join(parts)
+
+
+@torch.compiler.assume_constant_result
+def _kernel_key(neuron: StepNeuron, fp64: bool) -> str:
+    """The key of ``neuron``'s kernels for its current parameters (learnable or not, one value or per channel):
+    generated and compiled on first use, then from the neuron's own table. A constant for ``torch.compile``,
+    which calls it while tracing instead of tracing through it."""
+    spec = neuron._spec(neuron._param_tensors(), fp64)
+    key = neuron._compiled.get(spec)
+    if key is None:
+        from ..kernels.neuron_jit import compile_neuron
+
+        key = neuron._compiled[spec] = compile_neuron(neuron._graph, spec).key
+    return key

@@ -1,0 +1,142 @@
+"""A StepNeuron everywhere the built-in neurons go: torch.compile, torch.export and ONNX, NormNeuron, the
+efficiency report, NIR, the model configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from _testing import DEVICE, SUMMED, assert_close
+from snntrain import efficiency as E
+from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, MultiStep, NormNeuron, build_neuron
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    """The generated kernels' operators trace without graph breaks, also when the first call is compiled."""
+    backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
+    torch._dynamo.reset()
+    neuron = ALIF(tau_a=7.0, learnable=("beta", "tau"), backend="triton").to(DEVICE)
+
+    def fn(x):
+        return (neuron(x) * torch.linspace(0.5, 1.5, x.shape[-1], device=x.device)).sum()
+
+    compiled = torch.compile(fn, fullgraph=True, backend=backend)
+    x = (torch.randn(6, 3, 5, device=DEVICE) + 0.7)
+    results = []
+    for f in (compiled, fn):
+        xl = x.clone().requires_grad_()
+        loss = f(xl)
+        results.append((loss.detach(), *torch.autograd.grad(loss, [xl, neuron.beta, neuron.tau])))
+    (l1, *g1), (l0, *g0) = results
+    assert_close(l1, l0, what="compiled loss")
+    assert_close(g1[0], g0[0], what="compiled dx")
+    for a, b in zip(g1[1:], g0[1:]):
+        assert_close(a, b, **SUMMED, what="compiled dparam")
+
+
+class _Net(nn.Module):
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        self.fc = MultiStep(nn.Linear(4, 6))
+        self.sn = build_neuron("Izhikevich", a=0.2, b=0.1, backend=backend)
+
+    def forward(self, x):
+        return self.sn(self.fc(x)).mean(0)
+
+
+def test_torch_export_and_onnx_run_the_pytorch_loop(tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    net = _Net("triton").eval()
+    x = torch.randn(5, 2, 4) * 2.0
+    with torch.no_grad():
+        expected = net(x)
+        program = torch.export.export(net, (x,))
+        assert not any("step_neuron" in str(n.target) for n in program.graph.nodes)  # no process-local kernels
+        assert torch.equal(program.module()(x), expected)
+        torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=True, opset_version=18)
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert np.abs(out - expected.numpy()).max() < 1e-5
+
+
+def test_norm_neuron_with_a_step_neuron_runs_the_norm_then_the_neuron():
+    torch.manual_seed(0)
+    x = torch.randn(4, 2, 3, 5, 5, device=DEVICE) * 2.0
+    results = []
+    for backend in ("torch", "triton"):
+        torch.manual_seed(1)
+        layer = NormNeuron(nn.BatchNorm2d(3), ChannelwisePLIF(channels=3, init_tau=2.5, backend=backend),
+                           backend=backend).to(DEVICE)
+        xl = x.clone().requires_grad_()
+        y = layer(xl)
+        ref = layer.neuron(nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).unflatten(0, (4, 2)))
+        assert torch.equal(y, ref)
+        results.append((y, *torch.autograd.grad((y * x).sum(), [xl, layer.neuron.w, layer.norm.weight])))
+    (y0, *g0), (y1, *g1) = results
+    assert torch.equal(y0, y1)
+    assert_close(g1[0], g0[0], what="dL/dx")
+    for a, b in zip(g1[1:], g0[1:]):
+        assert_close(a, b, **SUMMED, what="dL/dparam")
+
+
+def test_efficiency_report_counts_step_neuron_spikes():
+    net = nn.Sequential(MultiStep(nn.Linear(4, 8)), ALIF(backend="torch"), MultiStep(nn.Linear(8, 2)))
+    counter = E.ActivityCounter(net, backend="torch").attach()
+    x = torch.randn(6, 3, 4) * 3.0
+    with torch.no_grad():
+        net(x)
+        counter.detach()
+        spikes = net[1](net[0](x))
+    totals = counter.unpack(counter.totals())
+    (layer,) = totals["spiking"].values()
+    assert layer["spikes"] == float(spikes.sum()) > 0 and layer["neuron_steps"] == spikes.numel()
+    assert totals["connections"]["2.0"]["ac"] > 0  # the ALIF's spikes drive the next layer's accumulates
+
+
+def test_nir_maps_lif_like_families_and_refuses_the_others_with_the_reason():
+    nir = pytest.importorskip("nir")
+    from snntrain.nir_graph import NIRError, neuron_to_nir
+
+    plif = ChannelwisePLIF(channels=3, init_tau=2.0)
+    with torch.no_grad():
+        plif.w.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    node = neuron_to_nir(plif, (3, 2, 2), dt=1e-3)
+    assert isinstance(node, nir.LIF)
+    assert np.allclose(node.tau[:, 0, 0], 1e-3 / torch.sigmoid(plif.w.detach()).double().numpy())
+    with pytest.raises(NIRError, match="QIF integrates a quadratic function"):
+        neuron_to_nir(QIF(), (3,), dt=1e-3)
+    with pytest.raises(NIRError, match="soft reset"):
+        neuron_to_nir(CUBALIF(v_reset=None), (3,), dt=1e-3)
+    # CUBALIF as CubaLIF: NIR's equations stepped by forward Euler fire the same spikes
+    cuba = CUBALIF(c_decay=0.6, v_decay=0.8, v_threshold=0.7, backend="torch")
+    dt = 1e-3
+    node = neuron_to_nir(cuba, (5,), dt=dt, name="sn")
+    assert isinstance(node, nir.CubaLIF)
+    x = torch.randn(12, 1, 5, dtype=torch.float64) * 0.8 + 0.2
+    y = cuba(x)[:, 0].numpy()
+    i = v = np.zeros(5)
+    for t in range(12):
+        i = i + dt / node.tau_syn * (-i + node.w_in * x[t, 0].numpy())
+        v = v + dt / node.tau_mem * (node.v_leak - v + node.r * i)
+        s = (v >= node.v_threshold).astype(float)
+        v = np.where(s > 0, node.v_reset, v)
+        assert np.array_equal(s, y[t])
+    assert y.sum() > 0
+
+
+def test_model_config_builds_every_family(compose_run):
+    """``model.neuron.type=NAME`` reaches the families, with the channel count at each norm-neuron site."""
+    from snntrain.models import build_model
+
+    for name in ("ALIF", "ChannelwisePLIF"):
+        cfg = compose_run(None, "debug=tiny", f"model.neuron.type={name}")
+        model = build_model(cfg.model, backend="torch")
+        neurons = [m for m in model.modules() if type(m).__name__ == name]
+        assert neurons, name
+        if name == "ChannelwisePLIF":
+            sizes = {int(m.w.numel()) for m in neurons}
+            assert len(sizes) > 1 or sizes != {1}
+        out = model(torch.randn(2, cfg.model.in_channels, 16, 16))
+        assert out.shape[0] == 2 and torch.isfinite(out).all()
