@@ -229,8 +229,8 @@ def test_registry_builds_user_neurons_and_knows_every_family():
         register_neuron("TestAdaptiveLIF", AdaptiveLIF)
     with pytest.raises(ValueError, match="neuron type"):
         build_neuron("NoSuchNeuron")
-    with pytest.warns(UserWarning, match="neuron QIF has no parameter 'decay_input'"):
-        build_neuron("QIF", tau=2.0, decay_input=True)  # a model config's shared key, left out
-    with pytest.raises(ValueError, match="no parameter 'bogus'"):
+    with pytest.raises(ValueError, match=r"neuron QIF: 'decay_input'; valid parameters: tau, v_c, a0"):
+        build_neuron("QIF", tau=2.0, decay_input=True)
+    with pytest.raises(ValueError, match="neuron CUBALIF: 'bogus'; valid parameters: c_decay, v_decay"):
         build_neuron("CUBALIF", bogus=1.0)
     assert build_neuron("ChannelwisePLIF", tau=3.0, channels=4).w.shape == (4,)

@@ -9,8 +9,6 @@ with :func:`set_backend`); it never changes the state-dict.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
@@ -168,14 +166,6 @@ class PLIF(BaseNeuron):
 #: class imported when first built. :func:`register_neuron` adds to it.
 NEURONS: dict[str, type[nn.Module] | str] = {"IF": IF, "LIF": LIF, "PLIF": PLIF}
 
-#: The keys of the model configs' ``neuron`` block (``conf/model/*.yaml``), offered to every type: one that a type
-#: does not take is left out with a warning (``model.neuron.type=CUBALIF`` keeps working with the block's
-#: ``tau``); any other unknown key is an error that lists the type's parameters.
-SHARED_KEYS = ("tau", "v_threshold", "v_reset", "decay_input", "detach_reset", "surrogate", "alpha")
-
-_WARNED: set[tuple[str, str]] = set()
-
-
 def register_neuron(name: str, cls: type[nn.Module] | str, *, replace: bool = False) -> None:
     """Make ``cls`` (a module class taking ``[T, ...]`` input, or ``"package.module:Class"`` to import when first
     built) a neuron type of :func:`build_neuron` and ``model.neuron.type`` under ``name``. A name that exists
@@ -225,8 +215,11 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     from .step_neuron import StepNeuron
 
-    if issubclass(cls, StepNeuron):  # a step neuron's parameters are its defaults' names (and its options)
-        named += [n for n in cls.defaults if n not in named]
+    if issubclass(cls, StepNeuron):  # a step neuron's parameters: its own, its defaults' names, StepNeuron's options
+        base = inspect.signature(StepNeuron.__init__).parameters
+        named += [n for n in [*cls.defaults, *base] if n not in named and n != "self"
+                  and (n not in base or base[n].kind is not inspect.Parameter.VAR_KEYWORD)]
+        takes_any = False
     kwargs = dict(kwargs)
     if type == "PLIF" and "tau" in kwargs:  # the config's tau is PLIF's initial time constant
         if "init_tau" in kwargs:
@@ -238,17 +231,10 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
         if value is not None and name in named:
             kwargs[name] = value
     valid = ", ".join(named)
-    for key in list(kwargs):
-        if key in named:
-            continue
-        if key in SHARED_KEYS:
-            kwargs.pop(key)
-            if (type, key) not in _WARNED:
-                _WARNED.add((type, key))
-                warnings.warn(f"neuron {type} has no parameter {key!r}; the config's value is not used "
-                              f"(its parameters: {valid})", stacklevel=2)
-        elif not takes_any:
-            raise ValueError(f"neuron {type} has no parameter {key!r}; valid parameters: {valid}")
+    if not takes_any:
+        for key in kwargs:
+            if key not in named:
+                raise ValueError(f"bad parameter for neuron {type}: {key!r}; valid parameters: {valid}")
     try:
         return cls(**kwargs)
     except TypeError as err:
