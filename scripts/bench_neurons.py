@@ -1,6 +1,17 @@
 """Benchmark the multi-step LIF neuron: ours (Triton and PyTorch backends) against SpikingJelly 2.0.0.
 
     python scripts/bench_neurons.py --out DIR [--quick] [--budget SECONDS] [--sweep]
+    python scripts/bench_neurons.py --out DIR --families [--api-lif] [--smoke]
+
+``--families`` and ``--api-lif`` measure the neurons generated from a step function instead
+(:func:`run_generated`, results as JSON lines in ``DIR/bench_neuron_families.jsonl``): each family of
+``snntrain.nn.families`` (our generated kernels) against SpikingJelly's fastest implementation of
+the same neuron (its node, whose multi-step call picks its registered CUDA/Triton kernel where it has
+one, and ``FlexSN`` over the same step; the faster of the two is the peer), forward plus backward at
+T = 4 and 16 on ``[T, 64, 256, 256]`` (the tutorial's ``[T, 64, 65536]`` with 256 channels), fp32 and
+bf16, with the peak memory each allocates beyond its input; ``--api-lif`` the StepNeuron LIF against
+the hand-written LIF kernel at T = 4 and 32. ``--smoke`` runs the same code on the CPU on a tiny shape
+(Triton's interpreter, wall-clock timing, no memory): a check of the script, not a measurement.
 
 Cases: the SpikingJelly tutorial's ``[T, 64, 65536]`` for T in 4, 8, 16, 32, and the
 neuron inputs of SEW-ResNet-18 on 224x224 ImageNet at batch 32 and T=4 (the stem's
@@ -38,12 +49,17 @@ Writes ``DIR/bench_neurons.csv``, ``.png`` (via scripts/bench_utils.py) and
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+
+if "--smoke" in sys.argv:  # the CPU check runs the kernels in Triton's interpreter: set before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -363,14 +379,294 @@ def sweep(quick: bool) -> None:
             print(f"T={T:2d} {dname} (x roofline of the mode): " + "; ".join(line), flush=True)
 
 
+# ----------------------------------------------------------------------------
+# Generated neurons (--families, --api-lif)
+# ----------------------------------------------------------------------------
+
+GEN_NAME = "bench_neuron_families"
+FAMILY_T = (4, 16)
+API_LIF_T = (4, 32)
+GEN_DTYPES = ("fp32", "bf16")
+GEN_SHAPE = (64, 256, 256)  # one step: [B, C, H*W], as many neurons as the tutorial's [64, 65536]
+SMOKE_SHAPE = (2, 4, 8)
+
+
+def _sj_flexsn_cores(sg):
+    """FlexSN cores (``core(x, *states, *static) -> (spike, *states)``) of the families at their default
+    parameters, written as our families' steps are; None where FlexSN does not apply (ILIF's spike counts)."""
+    import torch as th
+
+    def klif(x, v, k):
+        h = th.relu(k * (v + (x - (v - 0.0)) / 2.0))
+        s = sg(h - 1.0)
+        return s, s * 0.0 + (1.0 - s) * h
+
+    def clif(x, v, m):
+        h = v - (v - 0.0) / 2.0 + x
+        decayed = m * th.sigmoid(h / 2.0)
+        s = sg(h - 1.0)
+        m = decayed + s
+        return s, h - s * (1.0 + th.sigmoid(m)), m
+
+    def cubalif(x, v, c):
+        c = c * 0.5 + x
+        h = v * 0.75 + c
+        s = sg(h - 0.5)
+        return s, s * 0.0 + (1.0 - s) * h, c
+
+    def qif(x, v):
+        h = v + (x + 1.0 * (v - 0.0) * (v - 0.8)) / 2.0
+        s = sg(h - 1.0)
+        return s, s * -0.1 + (1.0 - s) * h
+
+    def eif(x, v):
+        h = v + (x + 0.0 - v + 1.0 * th.exp((v - 0.8) / 1.0)) / 2.0
+        s = sg(h - 1.0)
+        return s, s * -0.1 + (1.0 - s) * h
+
+    def izhikevich(x, v, w):
+        h = v + (x + 1.0 * (v + 0.1) * (v - 0.8) - w) / 2.0
+        s = sg(h - 1.0)
+        w = w + (0.0 * (h + 0.1) - w) / 2.0 + 0.0 * s
+        return s, s * 0.0 + (1.0 - s) * h, w
+
+    decay, cos_t, sin_t = math.exp(-0.2), math.cos(1.0), math.sin(1.0)
+
+    def raf(x, v, u):
+        u_c = decay * (u * cos_t - v * sin_t) + x
+        v_c = decay * (u * sin_t + v * cos_t)
+        s = sg(v_c - 1.0)
+        return s, s * 0.0 + (1.0 - s) * v_c, u_c
+
+    def alif(x, v, a):
+        h = v + (x - (v - 0.0)) / 2.0
+        theta = 1.0 + 0.2 * a
+        s = sg(h - theta)
+        return s, s * 0.0 + (1.0 - s) * h, a - a / 20.0 + s
+
+    def plif(x, v, w):
+        h = v + (x - (v - 0.0)) * th.sigmoid(w)
+        s = sg(h - 1.0)
+        return s, s * 0.0 + (1.0 - s) * h
+
+    def lif_threshold(x, v, v_th):
+        h = v + (x - (v - 0.0)) / 2.0
+        s = sg(h - v_th)
+        return s, s * 0.0 + (1.0 - s) * h
+
+    return {
+        "KLIF": (klif, 1, [("k", 1.0)]), "CLIF": (clif, 2, []), "CUBALIF": (cubalif, 2, []), "QIF": (qif, 1, []),
+        "EIF": (eif, 1, []), "Izhikevich": (izhikevich, 2, []), "RAF": (raf, 2, []), "ILIF": None,
+        "ALIF": (alif, 2, []), "ChannelwisePLIF": (plif, 1, [("w", 0.0)]),
+        "LearnableThresholdLIF": (lif_threshold, 1, [("v_threshold", 1.0)]),
+    }
+
+
+#: family -> (SpikingJelly node, its parameters) of the same neuron (None: SpikingJelly has no such node). PLIF and
+#: LIFNode are the nearest nodes of the channel-wise PLIF (one w per layer) and the learnable-threshold LIF.
+SJ_NODES = {
+    "KLIF": ("KLIFNode", {}), "CLIF": ("ComplementaryLIFNode", {}), "CUBALIF": ("CUBALIFNode", {}),
+    "QIF": ("QIFNode", {}), "EIF": ("EIFNode", {}), "Izhikevich": ("IzhikevichNode", {}), "RAF": ("RAFNode", {}),
+    "ILIF": ("ILIFNode", {}), "ALIF": None, "ChannelwisePLIF": ("ParametricLIFNode", {}),
+    "LearnableThresholdLIF": ("LIFNode", {}),
+}
+
+
+def _measure(module, shape, dtype, dev, smoke: bool, reset=None) -> tuple[float, float | None, int]:
+    """``(ms, peak MiB beyond the input, output sum)`` of ``y = module(x); y.sum().backward()``."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    leaf = (torch.randn(shape, device=dev, generator=g) * 1.5 + 0.6).to(dtype).requires_grad_()
+
+    def step():
+        if reset is not None:
+            reset()
+        module(leaf).sum().backward()
+
+    if reset is not None:
+        reset()
+    with torch.no_grad():
+        count = int(module(leaf).float().sum().item())
+    if smoke:
+        import statistics
+
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+            leaf.grad = None
+        return statistics.median(times), None, count
+    step()  # compile, warm up
+    leaf.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    leaf.grad = None
+    ms = bu.bench_ms(step, grad_to_none=[leaf])
+    leaf = None  # (not del: step() refers to it)
+    torch.cuda.empty_cache()
+    return ms, peak, count
+
+
+def _ours(name: str, backend: str, channels: int):
+    from snntrain.nn import build_neuron
+
+    kw = {"channels": channels}
+    if name == "LearnableThresholdLIF":
+        kw["channelwise"] = True
+    return build_neuron(name, backend=backend, **kw)
+
+
+def _flexsn(entry, dev, dtype):
+    from spikingjelly.activation_based import surrogate
+    from spikingjelly.activation_based.neuron.flexsn import FlexSN
+
+    # the surrogate as a function: a FlexSN core may not capture a module
+    core, n_states, static = _sj_flexsn_cores(lambda u: surrogate.sigmoid.apply(u, 4.0))[entry]
+    statics = tuple(torch.nn.Parameter(torch.tensor(v, device=dev, dtype=dtype)) for _, v in static)
+    return FlexSN(core=core, num_states=n_states, static_inputs=statics, step_mode="m").to(dev)
+
+
+def _sj_node(entry, dev):
+    from spikingjelly.activation_based import neuron, surrogate
+
+    cls_name, kw = entry
+    kw = dict(kw)
+    if cls_name != "ILIFNode":
+        kw["surrogate_function"] = surrogate.Sigmoid(alpha=4.0)
+    node = getattr(neuron, cls_name)(**kw)
+    node.step_mode = "m"
+    return node.to(dev)
+
+
+def run_generated(args) -> None:
+    """``--families`` / ``--api-lif``: rows as JSON lines in ``<out>/bench_neuron_families.jsonl`` and a summary."""
+    smoke = args.smoke
+    dev = torch.device("cpu") if smoke else bu.device()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{GEN_NAME}.jsonl"
+    step_shape = SMOKE_SHAPE if smoke else GEN_SHAPE
+    channels = step_shape[1]
+    gpu = "cpu (smoke: not a measurement)" if smoke else bu.gpu_name()
+    rows: list[dict] = []
+
+    def record(bench, family, provider, dname, T, fn):
+        shape = (T, *step_shape)
+        try:
+            module, reset = fn()
+            ms, peak, count = _measure(module, shape, DTYPES[dname], dev, smoke, reset)
+            row = {"bench": bench, "family": family, "provider": provider, "dtype": dname, "T": T,
+                   "shape": list(shape), "ms": round(ms, 4), "peak_mib": None if peak is None else round(peak, 2),
+                   "output_sum": count, "gpu": gpu, "torch": torch.__version__}
+        except Exception as err:  # noqa: BLE001 - a peer that refuses a case is recorded, the run goes on
+            msg = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            row = {"bench": bench, "family": family, "provider": provider, "dtype": dname, "T": T,
+                   "shape": list(shape), "error": f"{type(err).__name__}: {msg}", "gpu": gpu}
+        rows.append(row)
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        shown = f"{row['ms']:.3f} ms, peak {row['peak_mib']} MiB" if "ms" in row else row["error"]
+        print(f"{bench} {family:22s} {provider:12s} {dname} T={T:2d}: {shown}", flush=True)
+
+    path.write_text("")
+    families = args.family or list(SJ_NODES)
+    if args.families:
+        try:
+            import spikingjelly  # noqa: F401
+            have_sj = True
+        except ImportError:
+            have_sj = False
+            print("spikingjelly is not importable: only ours is measured", flush=True)
+        cores = _sj_flexsn_cores(lambda u: u)  # which families have a FlexSN core
+        for family in families:
+            for dname in GEN_DTYPES:
+                for T in FAMILY_T:
+                    record("families", family, "ours", dname, T, lambda: (_ours(family, "triton", channels), None))
+                    if not have_sj:
+                        continue
+                    if SJ_NODES[family] is not None:
+                        def node():
+                            m = _sj_node(SJ_NODES[family], dev)
+                            return m, m.reset
+                        record("families", family, "sj-node", dname, T, node)
+                    if cores[family] is not None:
+                        def flex():
+                            m = _flexsn(family, dev, DTYPES[dname])
+                            return m, m.reset
+                        record("families", family, "sj-flexsn", dname, T, flex)
+    if args.api_lif:
+        from snntrain.nn import LIF, StepNeuron
+
+        class ApiLIF(StepNeuron):
+            states = {"v": "v_reset"}
+            defaults = {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0}
+
+            def step(self, x, v, tau, v_threshold, v_reset):
+                h = v + (x - (v - v_reset)) * (1.0 / tau)
+                s = self.heaviside(h - v_threshold)
+                return s, h - h * s + v_reset * s
+
+        for dname in GEN_DTYPES:
+            for T in API_LIF_T:
+                record("api_lif", "LIF", "api", dname, T, lambda: (ApiLIF(backend="triton"), None))
+                record("api_lif", "LIF", "hand-written", dname, T, lambda: (LIF(backend="triton"), None))
+    print(f"\n{len(rows)} rows: {path}" + ("  (smoke: CPU interpreter timings, a check of the script only)"
+                                              if smoke else ""))
+    for line in generated_summary(rows):
+        print(line)
+
+
+def generated_summary(rows: list[dict]) -> list[str]:
+    """Ratios against the targets: each family at least 2x faster than SpikingJelly's faster implementation and at
+    most 0.5x its peak memory; the StepNeuron LIF within 1.15x of the hand-written kernel."""
+    ok = [r for r in rows if "ms" in r]
+    by = {(r["bench"], r["family"], r["provider"], r["dtype"], r["T"]): r for r in ok}
+    lines = []
+    for (bench, family, provider, dname, T), r in by.items():
+        if bench == "families" and provider == "ours":
+            peers = [by[k] for k in ((bench, family, p, dname, T) for p in ("sj-node", "sj-flexsn")) if k in by]
+            if not peers:
+                lines.append(f"{family} {dname} T={T}: ours {r['ms']:.3f} ms; no SpikingJelly implementation ran")
+                continue
+            best = min(peers, key=lambda p: p["ms"])
+            speed = best["ms"] / r["ms"]
+            line = (f"{family} {dname} T={T}: ours {r['ms']:.3f} ms vs {best['provider']} {best['ms']:.3f} ms = "
+                    f"{speed:.2f}x (target >= 2x: {'PASS' if speed >= 2 else 'MISS'})")
+            if r["peak_mib"] is not None and best["peak_mib"]:
+                mem = r["peak_mib"] / best["peak_mib"]
+                line += f"; memory {mem:.2f}x (target <= 0.5x: {'PASS' if mem <= 0.5 else 'MISS'})"
+            if r["output_sum"] != best["output_sum"]:
+                line += f"; output sums differ ({r['output_sum']} vs {best['output_sum']})"
+            lines.append(line)
+        if bench == "api_lif" and provider == "api":
+            hand = by.get((bench, family, "hand-written", dname, T))
+            if hand:
+                ratio = r["ms"] / hand["ms"]
+                lines.append(f"StepNeuron LIF {dname} T={T}: {r['ms']:.3f} ms vs hand-written {hand['ms']:.3f} ms = "
+                             f"{ratio:.2f}x (target <= 1.15x: {'PASS' if ratio <= 1.15 else 'MISS'})"
+                             + ("" if r["output_sum"] == hand["output_sum"] else "; spike counts differ"))
+    return lines
+
+
 def main() -> None:
     def extra(p: argparse.ArgumentParser) -> None:
         p.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (default 330)")
         p.add_argument("--sweep", action="store_true", help="only time our kernels over launch configurations")
         p.add_argument("--worker", choices=[w for w, _ in SJ_WORKERS], help=argparse.SUPPRESS)
         p.add_argument("--worker-out", help=argparse.SUPPRESS)
+        p.add_argument("--families", action="store_true", help="the generated neuron families against SpikingJelly")
+        p.add_argument("--api-lif", action="store_true", help="the StepNeuron LIF against the hand-written LIF kernel")
+        p.add_argument("--family", action="append", help="only this family (repeatable; with --families)")
+        p.add_argument("--smoke", action="store_true", help="with --families/--api-lif: a tiny CPU run (a check)")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
+    if args.families or args.api_lif:
+        run_generated(args)
+        return
     bu.device()
     if args.worker:
         sj_worker(args.worker, args.quick, Path(args.worker_out))
