@@ -389,6 +389,7 @@ API_LIF_T = (4, 32)
 GEN_DTYPES = ("fp32", "bf16")
 GEN_SHAPE = (64, 256, 256)  # one step: [B, C, H*W], as many neurons as the tutorial's [64, 65536]
 SMOKE_SHAPE = (2, 4, 8)
+SMOKE_T = (3, 9)  # one chunk of steps, and several (checkpoints)
 
 
 def _sj_flexsn_cores(sg):
@@ -584,7 +585,7 @@ def run_generated(args) -> None:
         cores = _sj_flexsn_cores(lambda u: u)  # which families have a FlexSN core
         for family in families:
             for dname in GEN_DTYPES:
-                for T in FAMILY_T:
+                for T in SMOKE_T if smoke else FAMILY_T:
                     record("families", family, "ours", dname, T, lambda: (_ours(family, "triton", channels), None))
                     if not have_sj:
                         continue
@@ -611,7 +612,7 @@ def run_generated(args) -> None:
                 return s, h - h * s + v_reset * s
 
         for dname in GEN_DTYPES:
-            for T in API_LIF_T:
+            for T in SMOKE_T if smoke else API_LIF_T:
                 record("api_lif", "LIF", "api", dname, T, lambda: (ApiLIF(backend="triton"), None))
                 record("api_lif", "LIF", "hand-written", dname, T, lambda: (LIF(backend="triton"), None))
     print(f"\n{len(rows)} rows: {path}" + ("  (smoke: CPU interpreter timings, a check of the script only)"

@@ -140,3 +140,27 @@ def test_model_config_builds_every_family(compose_run):
             assert len(sizes) > 1 or sizes != {1}
         out = model(torch.randn(2, cfg.model.in_channels, 16, 16))
         assert out.shape[0] == 2 and torch.isfinite(out).all()
+
+
+def test_benchmark_script_smoke(tmp_path):
+    """scripts/bench_neurons.py --families --api-lif --smoke: every provider runs and writes its JSON line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("spikingjelly")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, str(root / "scripts" / "bench_neurons.py"), "--out", str(tmp_path), "--families",
+                    "--api-lif", "--smoke", "--family", "CUBALIF"], check=True, env=env, capture_output=True,
+                   timeout=600)
+    rows = [json.loads(line) for line in (tmp_path / "bench_neuron_families.jsonl").read_text().splitlines()]
+    got = {(r["bench"], r["provider"], r["dtype"], r["T"]) for r in rows if "ms" in r}
+    for provider in ("ours", "sj-node", "sj-flexsn"):
+        assert ("families", provider, "fp32", 9) in got, provider
+    assert ("api_lif", "api", "bf16", 9) in got and ("api_lif", "hand-written", "bf16", 9) in got
+    ours = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "ours" and r["dtype"] == "fp32"}
+    node = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "sj-node" and r["dtype"] == "fp32"}
+    assert ours == node  # the same neuron: the same spikes
