@@ -234,3 +234,23 @@ def test_registry_builds_user_neurons_and_knows_every_family():
     with pytest.raises(ValueError, match="neuron CUBALIF: 'bogus'; valid parameters: c_decay, v_decay"):
         build_neuron("CUBALIF", bogus=1.0)
     assert build_neuron("ChannelwisePLIF", tau=3.0, channels=4).w.shape == (4,)
+
+
+def test_channels_last_maps_are_read_in_place_with_per_channel_parameters():
+    """[T, B, C, H, W] maps in channels-last memory: the neurons are numbered in memory order (channel fastest),
+    outputs and gradients keep that layout, per-channel parameters and their gradients still follow C."""
+    torch.manual_seed(7)
+    neuron = AdaptiveLIF(learnable=("tau", "beta"), per_channel=("tau", "beta"), channels=3).to(DEVICE)
+    with torch.no_grad():
+        neuron.tau.copy_(torch.tensor([1.5, 2.0, 4.0]))
+    base = torch.randn(10, 2, 3, 4, 5, dtype=torch.float64, device=DEVICE) * 1.5 + 0.6
+    x = base.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)  # channels-last per step
+    init = {"v": torch.randn(2, 3, 4, 5, dtype=torch.float64, device=DEVICE).to(memory_format=torch.channels_last)}
+    weights = _weights(neuron, x, 3)
+    y_ref, f_ref, g_ref = _grads(neuron, x, init, "torch", [neuron.tau, neuron.beta], weights)
+    y, f, g = _grads(neuron, x, init, "triton", [neuron.tau, neuron.beta], weights)
+    assert y.stride() == x.stride()  # the output in the input's layout, no transposes around the neuron
+    assert torch.equal(y, y_ref)
+    assert_close(f["a"], f_ref["a"], what="final a")
+    for name, a, b in zip(["x", "v_init", "tau", "beta"], g, g_ref):
+        assert_close(a, b, what=f"dL/d{name}")

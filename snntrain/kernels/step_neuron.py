@@ -12,11 +12,13 @@ first (``K`` states, fp32, every 8 steps: at most ``K / 2`` bytes per neuron-ste
 T <= 8); the backward recomputes the chunk's states and every intermediate value of the step. The
 outputs (spikes) are not saved.
 
-Layouts: X is read in place when its neurons form one strided run (contiguous, a stride-0 time axis,
-...); other layouts are copied once (:func:`snntrain.kernels.lif._time_major`). Outputs and gradients
-are contiguous. Parameters are one-element tensors or ``[C]`` tensors over dim 1 of a step
-``[B, C, ...]``; a learnable ``[C]`` parameter's gradient is summed per neuron over T in the kernel and
-then per channel (one reduction of ``N`` values), a scalar one's per program (then in a fixed order).
+Layouts are the hand-written neuron's (:mod:`snntrain.kernels.lif`, whose layout helpers these are): X
+is read in place when its neurons form one strided run (contiguous, a stride-0 time axis, ...) or are
+dense in another order (channels-last maps), the neurons then numbered in memory order and every output
+and gradient laid out like X; other layouts are copied once. Parameters are one-element tensors or
+``[C]`` tensors over dim 1 of a step ``[B, C, ...]`` (channel ``(n // S) % C`` of neuron ``n`` in that
+numbering); a learnable ``[C]`` parameter's gradient is summed per neuron over T in the kernel and then
+per channel (one reduction of ``N`` values), a scalar one's per program (then in a fixed order).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-from .lif import _time_major
+from .lif import _empty, _neuron_order, _permuted, _time_major
 from .neuron_jit import lookup
 from .neuron_step import chunk_steps
 from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
@@ -40,12 +42,13 @@ FWD_BLOCK, FWD_WARPS = 512, 4
 BWD_BLOCK, BWD_WARPS = 256, 4
 
 
-def _channels(x: Tensor, per_channel: tuple[bool, ...], params: list[Tensor]) -> tuple[int, int]:
-    """``(C, S)``: the channels (dim 2 of ``x``) and the neurons per channel and sample (dims 3..)."""
-    if not any(per_channel):
+def _channels(x: Tensor, per_channel: tuple[bool, ...], order: tuple[int, ...]) -> tuple[int, int]:
+    """``(C, S)``: the channels (dim 2 of ``x``) and the run of neurons per channel in the kernels' numbering
+    (``order``): neuron ``n`` has channel ``(n // S) % C`` (S = H * W row-major, 1 channels-last)."""
+    if not any(per_channel) or x.dim() < 3:
         return 1, 1
-    C = x.shape[2] if x.dim() > 2 else 1
-    return C, math.prod(x.shape[3:])
+    pos = order.index(1)  # the channel dim of a step, in memory order
+    return x.shape[2], math.prod(x.shape[1 + d] for d in order[pos + 1:])
 
 
 def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int, launch: bool,
@@ -60,14 +63,17 @@ def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, fl
                          f"{INT32_MAX} state values per step")
     ct = torch.float64 if spec.fp64 else torch.float32
     dev = x.device
-    y = torch.empty(x.shape, dtype=x.dtype, device=dev)
-    final = torch.empty((K, *step) if flags & F_RETURN_STATE else (0,), dtype=ct, device=dev)
+    order = _neuron_order(x, None)
+    y = _empty(x.shape, order, 1, x.dtype, dev)
+    final = _empty((K, *step) if flags & F_RETURN_STATE else (0,), order, 1, ct, dev)
     chunk = chunk_steps(T)
     n_ckpt = max(cdiv(T, chunk) - 1, 0) if flags & F_SAVE_CKPT else 0
     ckpt = torch.empty((n_ckpt, K, N), dtype=ct, device=dev)
     if launch and N > 0 and T > 0:
-        C, S = _channels(x, spec.per_channel, params)
-        xk, stride_xt, stride_xn = _time_major(x)
+        C, S = _channels(x, spec.per_channel, order)
+        xk, stride_xt, stride_xn = _time_major(x, order)
+        if init is not None:
+            init = _permuted(init, order, 1).contiguous()
         wrap(compiled.module.fwd_kernel)[(cdiv(N, FWD_BLOCK),)](
             xk, init, *params, y, final, ckpt, T, N, C, S, stride_xt, stride_xn,
             HAS_INIT=init is not None, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0,
@@ -86,9 +92,10 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     N = math.prod(step)
     ct = torch.float64 if spec.fp64 else torch.float32
     dev = x.device
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=dev)
+    order = _neuron_order(x, None)
+    grad_x = _empty(x.shape, order, 1, x.dtype, dev)
     store_ginit = bool(flags & F_GRAD_INIT)
-    grad_init = torch.empty((K, *step) if store_ginit else (0,), dtype=ct, device=dev)
+    grad_init = _empty((K, *step) if store_ginit else (0,), order, 1, ct, dev)
     grid = cdiv(N, BWD_BLOCK)
     learn = [j for j, flag in enumerate(spec.learnable) if flag]
     bufs = [torch.empty((N,) if spec.per_channel[j] else (grid,), dtype=ct, device=dev) for j in learn]
@@ -102,10 +109,12 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         for j in learn:
             grads[j].zero_()
         return grad_x, grad_init, grads
-    C, S = _channels(x, spec.per_channel, params)
-    xk, stride_xt, stride_xn = _time_major(x)
-    gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y)
-    gfinal = None if grad_final is None else grad_final.to(ct).contiguous()
+    C, S = _channels(x, spec.per_channel, order)
+    xk, stride_xt, stride_xn = _time_major(x, order)
+    if init is not None:
+        init = _permuted(init, order, 1).contiguous()
+    gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y, order)
+    gfinal = None if grad_final is None else _permuted(grad_final, order, 1).to(ct).contiguous()
     wrap(compiled.module.bwd_kernel)[(grid,)](
         xk, init, ckpt, *params, gy, gfinal, grad_x, grad_init, *bufs,
         T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
@@ -114,7 +123,7 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     )
     for j, buf in zip(learn, bufs):
         p = params[j]
-        if spec.per_channel[j]:  # per neuron -> per channel: [B, C, S] summed over B and S
+        if spec.per_channel[j]:  # per neuron -> per channel: n = (outer * C + channel) * S + inner
             g = buf.view(-1, C, S).sum(dim=(0, 2))
         else:
             g = buf.sum()
