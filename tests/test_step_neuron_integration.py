@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from _testing import DEVICE, SUMMED, assert_close
+from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph
 from snntrain import efficiency as E
 from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, MultiStep, NormNeuron, build_neuron
 
@@ -164,3 +164,25 @@ def test_benchmark_script_smoke(tmp_path):
     ours = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "ours" and r["dtype"] == "fp32"}
     node = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "sj-node" and r["dtype"] == "fp32"}
     assert ours == node  # the same neuron: the same spikes
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_of_a_training_step():
+    """A step with a generated neuron (per-channel learnable parameter, initial state) can be captured: nothing
+    synchronises with the host."""
+    neuron = ALIF(learnable=("beta",), per_channel=("beta",), channels=4, backend="triton").to(DEVICE)
+    x = torch.randn(12, 2, 4, 9, device=DEVICE, requires_grad=True)
+    v0 = torch.zeros(2, 4, 9, device=DEVICE, requires_grad=True)
+
+    def step():
+        x.grad = v0.grad = neuron.beta.grad = None
+        y, finals = neuron(x * 2.0, init={"v": v0}, return_state=True)
+        (y.sum() + finals["a"].sum()).backward()
+
+    step()
+    eager = [t.grad.clone() for t in (x, v0, neuron.beta)]
+    graph, _ = capture_cuda_graph(step)
+    graph.replay()
+    torch.cuda.synchronize()
+    for t, e in zip((x, v0, neuron.beta), eager):
+        assert torch.equal(t.grad, e)
