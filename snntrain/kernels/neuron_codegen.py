@@ -19,7 +19,10 @@ reverse-time backward loop.
 Neuron ``n`` of a step ``[B, C, S...]`` (row-major) has channel ``(n // S) % C``: per-channel parameters
 are loaded once per neuron. Every multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (the
 :func:`~snntrain.kernels.neuron_step.mul_rn` of the built-in neurons), so no FMA contraction makes the
-backward's recomputed states differ from the forward's, nor both from the PyTorch reference.
+backward's recomputed states differ from the forward's, nor both from the PyTorch reference. The forward's
+divisions are IEEE divisions, as PyTorch's; the divisions that differentiation adds (``fdiv``) are the fast
+form (within 2 ulp), as the hand-written neurons' backward uses: the backward is issue-bound for 16-bit
+input, and a gradient needs no bit-exact quotient.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from .neuron_graph import Graph
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ def _emit_function(name: str, graph: Graph, args: list[str], ct: str) -> list[st
             expr = f"mul_rn({a[0]}, {a[1]}, NO_FMA_)"
         elif op == "div":
             expr = f"{a[0]} / {a[1]}"
+        elif op == "fdiv":  # the reverse step's divisions: the fast form (the backward is issue-bound)
+            expr = f"{a[0]} / {a[1]}" if ct == "tl.float64" else f"tl.math.fdiv({a[0]}, {a[1]})"
         elif op == "neg":
             expr = f"-{a[0]}"
         elif op in ("exp", "log", "sqrt", "abs", "floor"):

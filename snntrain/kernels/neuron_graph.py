@@ -42,6 +42,7 @@ OPS: dict[str, int] = {
     "clamp": 1, "minimum": 2, "maximum": 2, "where": 3,
     "lt": 2, "le": 2, "gt": 2, "ge": 2, "eq": 2, "ne": 2,
     "round": 1, "floor": 1, "detach": 1, "spike": 1, "sign": 1,
+    "fdiv": 2,  # a division of the reverse step only: generated as the fast (non-IEEE, 2 ulp) division
 }
 #: Operations whose derivative is zero everywhere (or undefined and taken as zero, as PyTorch does).
 _NO_GRAD = {"lt", "le", "gt", "ge", "eq", "ne", "round", "floor", "detach", "sign", "const", "input"}
@@ -458,10 +459,10 @@ def _surrogate_grad(g: Graph, u: int, surrogate: str, alpha: float) -> int:
     if surrogate == "sigmoid":  # alpha * e / (1 + e)^2, e = exp(-alpha |u|)
         e = g.add("exp", (g.add("mul", (g.add("abs", (u,)), g.const(-alpha))),))
         d = g.add("add", (e, g.const(1.0)))
-        return g.add("div", (g.add("mul", (e, g.const(alpha))), g.add("mul", (d, d))))
+        return g.add("fdiv", (g.add("mul", (e, g.const(alpha))), g.add("mul", (d, d))))
     if surrogate == "atan":  # (alpha / 2) / (1 + (pi / 2 * alpha * u)^2)
         z = g.add("mul", (u, g.const(math.pi / 2.0 * alpha)))
-        return g.add("div", (g.const(alpha / 2.0), g.add("add", (g.add("mul", (z, z)), g.const(1.0)))))
+        return g.add("fdiv", (g.const(alpha / 2.0), g.add("add", (g.add("mul", (z, z)), g.const(1.0)))))
     # piecewise_quadratic: max(alpha - alpha^2 |u|, 0)
     return g.add("relu", (g.add("add", (g.add("mul", (g.add("abs", (u,)), g.const(-alpha * alpha))),
                                         g.const(alpha))),))
@@ -481,19 +482,19 @@ def _local_grads(g: Graph, i: int, gy: int) -> list[tuple[int, int]]:
         return [(a[0], g.neg(gy))]
     if op == "mul":
         return [(a[0], g.mul(gy, a[1])), (a[1], g.mul(gy, a[0]))]
-    if op == "div":  # d(a/b) = g/b, -g a / b^2 = -(g/b) * (a/b)
-        q = g.add("div", (gy, a[1]))
+    if op in ("div", "fdiv"):  # d(a/b) = g/b, -g a / b^2 = -(g/b) * (a/b)
+        q = g.add("fdiv", (gy, a[1]))
         return [(a[0], q), (a[1], g.neg(g.mul(q, i)))]
     if op == "exp":
         return [(a[0], g.mul(gy, i))]
     if op == "log":
-        return [(a[0], g.add("div", (gy, a[0])))]
+        return [(a[0], g.add("fdiv", (gy, a[0])))]
     if op == "sigmoid":  # s (1 - s)
         return [(a[0], g.mul(gy, g.add("mul", (i, g.add("sub", (g.const(1.0), i))))))]
     if op == "tanh":  # 1 - t^2
         return [(a[0], g.mul(gy, g.add("sub", (g.const(1.0), g.add("mul", (i, i))))))]
     if op == "sqrt":  # g / (2 sqrt)
-        return [(a[0], g.add("div", (gy, g.add("mul", (i, g.const(2.0))))))]
+        return [(a[0], g.add("fdiv", (gy, g.add("mul", (i, g.const(2.0))))))]
     if op == "abs":
         return [(a[0], g.mul(gy, g.add("sign", (a[0],))))]
     if op == "relu":
