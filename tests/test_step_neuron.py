@@ -254,3 +254,33 @@ def test_channels_last_maps_are_read_in_place_with_per_channel_parameters():
     assert_close(f["a"], f_ref["a"], what="final a")
     for name, a, b in zip(["x", "v_init", "tau", "beta"], g, g_ref):
         assert_close(a, b, what=f"dL/d{name}")
+
+
+class _TakesT(torch.nn.Module):
+    def __init__(self, T: int, channels: int, scale: float = 1.0) -> None:
+        super().__init__()
+        self.T, self.channels, self.scale = T, channels, scale
+
+
+def test_registry_passes_T_and_channels_where_a_type_names_them():
+    from snntrain.models.common import LayerFactory
+
+    register_neuron("TestTakesT", _TakesT, replace=True)
+    try:
+        f = LayerFactory({"type": "TestTakesT", "scale": 2.0}, backend="torch", T=6)
+        m = f.norm_neuron(5).neuron
+        assert (m.T, m.channels, m.scale) == (6, 5, 2.0)
+        assert isinstance(build_neuron("LIF", T=4, channels=3), LIF)  # types that do not name them do not get them
+    finally:
+        NEURONS.pop("TestTakesT")
+
+
+def test_psn_family_is_built_lazily_with_T():
+    psn = pytest.importorskip("snntrain.nn.psn")
+    for name in ("PSN", "MaskedPSN", "SlidingPSN"):
+        try:
+            m = build_neuron(name, T=4)
+        except ValueError as err:  # a required parameter of the family (e.g. the masked/sliding window) is named
+            assert "valid parameters" in str(err)
+            continue
+        assert isinstance(m, getattr(psn, name))

@@ -205,8 +205,9 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
     """Build a neuron from config values: ``type`` is a name of :data:`NEURONS` (``IF``, ``LIF``, ``PLIF``, the
     families of :mod:`snntrain.nn.families`, ``PSN``, ``MaskedPSN``, ``SlidingPSN`` and any type added with
     :func:`register_neuron`); the other keys are its parameters. ``channels`` (the channel count at the layer,
-    dim 1 of a step) and ``T`` (the time steps) are passed to a type whose constructor names them. For PLIF the
-    config's ``tau`` is taken as ``init_tau``, as the model config's ``neuron.tau`` documents."""
+    dim 1 of a step), ``T`` (the time steps) and ``backend`` are passed to a type whose constructor names them.
+    The config's ``tau`` is taken as ``init_tau`` by a type with an initial time constant (PLIF,
+    ChannelwisePLIF), as the model config's ``neuron.tau`` documents."""
     cls = neuron_class(type)
     import inspect
 
@@ -227,7 +228,8 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
         kwargs["init_tau"] = kwargs.pop("tau")
     if "tau" in kwargs and "tau" not in named and "init_tau" in named and "init_tau" not in kwargs:
         kwargs["init_tau"] = kwargs.pop("tau")  # the same reading for every type with an initial time constant
-    for name, value in (("channels", channels), ("T", T)):
+    backend = kwargs.pop("backend", None)
+    for name, value in (("channels", channels), ("T", T), ("backend", backend)):
         if value is not None and name in named:
             kwargs[name] = value
     valid = ", ".join(named)
