@@ -61,24 +61,49 @@ def test_torch_export_and_onnx_run_the_pytorch_loop(tmp_path):
     assert np.abs(out - expected.numpy()).max() < 1e-5
 
 
-def test_norm_neuron_with_a_step_neuron_runs_the_norm_then_the_neuron():
+@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine"])
+def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mode, monkeypatch):
+    """NormNeuron(BatchNorm2d, StepNeuron) under Triton folds the norm into the neuron's generated kernels; float64
+    against the unfused PyTorch path: the same spikes, running statistics and gradients (input, the norm's weight
+    and bias, the neuron's per-channel parameter), in training (batch statistics) and in eval mode."""
     torch.manual_seed(0)
-    x = torch.randn(4, 2, 3, 5, 5, device=DEVICE) * 2.0
+    T, B, C, H, W = 5, 3, 4, 3, 2
+    steps = 3 if mode == "steps" else None
+    x = torch.randn((B, C, H, W) if steps else (T, B, C, H, W), dtype=torch.float64, device=DEVICE) * 2.0 + 0.3
+    if mode == "channels_last":
+        x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    folded = []
+    fused_step = NormNeuron._fused_step
+    monkeypatch.setattr(NormNeuron, "_fused_step", staticmethod(lambda *a: folded.append(1) or fused_step(*a)))
     results = []
     for backend in ("torch", "triton"):
         torch.manual_seed(1)
-        layer = NormNeuron(nn.BatchNorm2d(3), ChannelwisePLIF(channels=3, init_tau=2.5, backend=backend),
-                           backend=backend).to(DEVICE)
+        norm = nn.BatchNorm2d(C, affine=mode != "no_affine", momentum=None if mode == "steps" else 0.1)
+        layer = NormNeuron(norm, ChannelwisePLIF(channels=C, init_tau=2.5, backend=backend), backend=backend)
+        layer = layer.to(device=DEVICE, dtype=torch.float64)
+        with torch.no_grad():
+            norm.running_mean.uniform_(-0.5, 0.5)
+            norm.running_var.uniform_(0.5, 2.0)
+            if norm.affine:
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.3, 0.3)
+        if mode == "eval":
+            layer.eval()
         xl = x.clone().requires_grad_()
-        y = layer(xl)
-        ref = layer.neuron(nn.functional.batch_norm(x.flatten(0, 1), None, None, training=True).unflatten(0, (4, 2)))
-        assert torch.equal(y, ref)
-        results.append((y, *torch.autograd.grad((y * x).sum(), [xl, layer.neuron.w, layer.norm.weight])))
-    (y0, *g0), (y1, *g1) = results
-    assert torch.equal(y0, y1)
-    assert_close(g1[0], g0[0], what="dL/dx")
-    for a, b in zip(g1[1:], g0[1:]):
-        assert_close(a, b, **SUMMED, what="dL/dparam")
+        y = layer(xl, steps=steps) if steps else layer(xl)
+        leaves = [xl, layer.neuron.w] + ([norm.weight, norm.bias] if norm.affine else [])
+        g = torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float64, device=DEVICE).view_as(y)
+        results.append((y, norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked),
+                        torch.autograd.grad((y * g).sum(), leaves)))
+    (y0, rm0, rv0, n0, g0), (y1, rm1, rv1, n1, g1) = results
+    assert folded == [1]  # the Triton layer folded the norm into the neuron's kernels; the PyTorch one did not
+    assert 0 < y0.sum() < y0.numel()
+    assert torch.equal(y1, y0)
+    assert_close(rm1, rm0, what="running mean")
+    assert_close(rv1, rv0, what="running var")
+    assert n1 == n0
+    for name, a, b in zip(["x", "w", "weight", "bias"], g1, g0):
+        assert_close(a, b, rtol=1e-9, atol=1e-11, what=f"dL/d{name} (per-channel sums in another order)")
 
 
 def test_efficiency_report_counts_step_neuron_spikes():
@@ -186,3 +211,25 @@ def test_cuda_graph_capture_of_a_training_step():
     torch.cuda.synchronize()
     for t, e in zip((x, v0, neuron.beta), eager):
         assert torch.equal(t.grad, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_folded_into_a_step_neuron_16_and_32_bit(dtype):
+    """fp32 statistics (on CUDA, torch.batch_norm_stats of the input as it is) and the fp32 normalised input inside
+    the kernels, where the unfused path rounds the norm's output to the input dtype: the same running statistics,
+    nearly every spike the same, gradients finite."""
+    torch.manual_seed(2)
+    x = (torch.randn(4, 8, 3, 6, 6, device=DEVICE) * 2.0 + 0.3).to(dtype)
+    out = []
+    for backend in ("torch", "triton"):
+        torch.manual_seed(1)
+        layer = NormNeuron(nn.BatchNorm2d(3), ALIF(backend=backend), backend=backend).to(DEVICE)
+        xl = x.clone().requires_grad_()
+        y = layer(xl)
+        (gx,) = torch.autograd.grad(y.float().sum(), xl)
+        out.append((y, layer.norm.running_mean, layer.norm.running_var, gx))
+    (y0, rm0, rv0, _), (y1, rm1, rv1, gx1) = out
+    assert y1.dtype == dtype and (y1 != y0).float().mean() < 0.01
+    assert_close(rm1, rm0, rtol=1e-4, atol=1e-5, what="running mean")
+    assert_close(rv1, rv0, rtol=1e-4, atol=1e-5, what="running var")
+    assert torch.isfinite(gx1).all() and gx1.abs().sum() > 0

@@ -47,6 +47,7 @@ class KernelSpec:
     learnable: tuple[bool, ...]  # per parameter: its gradient is computed
     inits: tuple[float | str, ...]  # per state: its initial value, a number or a parameter's name
     fp64: bool  # compute in fp64 (fp64 input), else fp32
+    affine: bool = False  # the input is x * a[c] + b[c] (a batch norm folded in front of the neuron)
 
 
 def _fmt(v: float) -> str:
@@ -167,7 +168,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
     bwd_r = _renamed(bwd, dict(zip(["x", *spec.states, *spec.params], step_args)))
     out += _emit_function("_step_bwd", bwd_r, step_args + g_args, ct)
     out.append("")
-    any_channel = any(spec.per_channel)
+    any_channel = any(spec.per_channel) or spec.affine
+    aff = spec.affine
 
     def param_loads(indent: str) -> list[str]:
         lines = []
@@ -178,6 +180,9 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
                 lines.append(f"{indent}p{j} = tl.load(p{j}_ptr + ch, mask=mask, other=1.0).to({ct})")
             else:
                 lines.append(f"{indent}p{j} = tl.zeros([BLOCK], {ct}) + tl.load(p{j}_ptr).to({ct})")
+        if aff:
+            lines.append(f"{indent}aa = tl.load(a_ptr + ch, mask=mask, other=1.0).to({ct})")
+            lines.append(f"{indent}ab = tl.load(b_ptr + ch, mask=mask, other=0.0).to({ct})")
         return lines
 
     def init_states(indent: str) -> list[str]:
@@ -201,6 +206,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
         *[f"    {p},  # parameter {spec.params[j]!r}: {'[C]' if spec.per_channel[j] else '[1]'}"
           for j, p in enumerate(p_ptrs)],
+        *(["    a_ptr,  # [C] scale and shift of the input (x * a + b: a batch norm folded in)", "    b_ptr,"]
+          if aff else []),
         "    y_ptr,  # [T, N] contiguous outputs, dtype of x",
         "    final_ptr,  # [K, N] states after the last step, written when STORE_FINAL",
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N]: row c-1 = the states before chunk c, when STORE_CKPT",
@@ -233,6 +240,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "            valid = t < T",
         "            m = offs < tl.where(valid, N, 0)",
         f"            x = xs[j].to({ct})",
+        *(["            x = mul_rn(x, aa, NO_FMA_) + ab"] if aff else []),
         f"            y, {', '.join(f'n{i}' for i in range(K))}{',' if K == 1 else ''} = _step({', '.join(step_args)})",
         "            tl.store(y_ptr + tl.cast(t, tl.int64) * N + offs, y.to(out_dtype), mask=m)",
         *[f"            s{i} = tl.where(valid, n{i}, s{i})" for i in range(K)],
@@ -249,6 +257,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N] checkpoints written by the forward",
         *[f"    {p}," for p in p_ptrs],
+        *(["    a_ptr, b_ptr,  # [C] the input's scale and shift", "    mean_ptr, rstd_ptr,  # [C] the norm's statistics"]
+          if aff else []),
         "    gy_ptr,  # [T, N] dL/dy at t*stride_gt + n*stride_gn (strides may be 0), read when HAS_GY",
         "    gfinal_ptr,  # [K, N] dL/d(final states), read when HAS_GFINAL",
         "    gx_ptr,  # [T, N] contiguous dL/dx out, dtype of x",
@@ -256,6 +266,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         *[f"    {p},  # dL/d{spec.params[j]!r}: "
           f"{'[N] per neuron (summed over T)' if spec.per_channel[j] else '[num_programs] per-program sums'}"
           for p, j in zip(gp_ptrs, L)],
+        *(["    sg_ptr,  # [N] sum over T of dL/dy (y = x * a + b, the neuron's input)",
+           "    sgx_ptr,  # [N] sum over T of dL/dy * (x - mean) * rstd"] if aff else []),
         "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
         "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
         "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
@@ -272,6 +284,9 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    else:",
         *[f"        gs{i} = tl.zeros([BLOCK], {ct})" for i in range(K)],
         *[f"    acc{j} = tl.zeros([BLOCK], {ct})" for j in L],
+        *([f"    am = tl.load(mean_ptr + ch, mask=mask, other=0.0).to({ct})",
+           f"    ar = tl.load(rstd_ptr + ch, mask=mask, other=0.0).to({ct})",
+           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if aff else []),
         "    x_base = x_ptr + offs * stride_xn",
         "    gy_base = gy_ptr + offs * stride_gn",
         "    out_dtype = gx_ptr.dtype.element_ty",
@@ -284,12 +299,14 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         *[f"        s{i} = tl.where(c > 0, tl.load(ckpt_ptr + row + {i} * N64 + offs, mask=m_ck, other=0.0), i{i})"
           for i in range(K)],
         "        xs = ()",
+        "        xhs = ()",
         "        gys = ()",
         *[f"        ss{i} = ()" for i in range(K)],
         "        for j in tl.static_range(CHUNK):",
         "            t64 = tl.cast(t0 + j, tl.int64)",
         "            m = offs < tl.where(t0 + j < T, N, 0)",
         f"            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to({ct})",
+        *(["            xhs = xhs + ((x - am) * ar,)", "            x = mul_rn(x, aa, NO_FMA_) + ab"] if aff else []),
         "            xs = xs + (x,)",
         "            if HAS_GY:",
         f"                gys = gys + (tl.load(gy_base + t64 * stride_gt, mask=m, other=0.0).to({ct}),)",
@@ -306,6 +323,9 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "            tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, r[0].to(out_dtype), mask=m)",
         *[f"            gs{i} = tl.where(valid, r[{1 + i}], gs{i})" for i in range(K)],
         *[f"            acc{j} += tl.where(m, r[{1 + K + q}], 0.0)" for q, j in enumerate(L)],
+        *(["            sg += tl.where(m, r[0], 0.0)", "            sgx += tl.where(m, r[0] * xhs[j], 0.0)"]
+          if aff else []),
+        *(["    tl.store(sg_ptr + offs, sg, mask=mask)", "    tl.store(sgx_ptr + offs, sgx, mask=mask)"] if aff else []),
         "    if STORE_GINIT:",
         *[f"        tl.store(ginit_ptr + {i} * N64 + offs, gs{i}, mask=mask)" for i in range(K)],
         *[(f"    tl.store(gp{j}_ptr + offs, acc{j}, mask=mask)" if spec.per_channel[j]

@@ -33,7 +33,7 @@ from .neuron_jit import lookup
 from .neuron_step import chunk_steps
 from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE", "F_SAVE_CKPT", "F_GRAD_INIT"]
+__all__ = ["bn_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE", "F_SAVE_CKPT", "F_GRAD_INIT"]
 
 F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
 
@@ -52,7 +52,9 @@ def _channels(x: Tensor, per_channel: tuple[bool, ...], order: tuple[int, ...]) 
 
 
 def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int, launch: bool,
-              wrap=direct) -> tuple[Tensor, Tensor, Tensor]:
+              wrap=direct, affine: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Outputs, final states and checkpoints; ``affine`` = ``(a, b)`` ([C] fp32) for a neuron whose kernels
+    take ``x * a + b`` (spec ``affine``: a batch norm folded in front)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -70,12 +72,12 @@ def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, fl
     n_ckpt = max(cdiv(T, chunk) - 1, 0) if flags & F_SAVE_CKPT else 0
     ckpt = torch.empty((n_ckpt, K, N), dtype=ct, device=dev)
     if launch and N > 0 and T > 0:
-        C, S = _channels(x, spec.per_channel, order)
+        C, S = _channels(x, (*spec.per_channel, spec.affine), order)
         xk, stride_xt, stride_xn = _time_major(x, order)
         if init is not None:
             init = _permuted(init, order, 1).contiguous()
         wrap(compiled.module.fwd_kernel)[(cdiv(N, FWD_BLOCK),)](
-            xk, init, *params, y, final, ckpt, T, N, C, S, stride_xt, stride_xn,
+            xk, init, *params, *(affine or ()), y, final, ckpt, T, N, C, S, stride_xt, stride_xn,
             HAS_INIT=init is not None, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0,
             CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
         )
@@ -84,7 +86,11 @@ def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, fl
 
 def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor], grad_y: Tensor | None,
               grad_final: Tensor | None, key: str, flags: int, launch: bool,
-              wrap=direct) -> tuple[Tensor, Tensor, list[Tensor]]:
+              wrap=direct, affine: tuple[Tensor, ...] | None = None, sums: list | None = None,
+              ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(a, b, mean, rstd)`` ([C] fp32, spec
+    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b``, and ``sums`` receives the per-channel
+    sums of it and of it times ``(x - mean) * rstd`` (what a batch norm's backward needs)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -109,14 +115,15 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         for j in learn:
             grads[j].zero_()
         return grad_x, grad_init, grads
-    C, S = _channels(x, spec.per_channel, order)
+    C, S = _channels(x, (*spec.per_channel, spec.affine), order)
     xk, stride_xt, stride_xn = _time_major(x, order)
     if init is not None:
         init = _permuted(init, order, 1).contiguous()
+    norm_sums = [torch.empty((N,), dtype=ct, device=dev) for _ in range(2)] if spec.affine else []
     gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y, order)
     gfinal = None if grad_final is None else _permuted(grad_final, order, 1).to(ct).contiguous()
     wrap(compiled.module.bwd_kernel)[(grid,)](
-        xk, init, ckpt, *params, gy, gfinal, grad_x, grad_init, *bufs,
+        xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *bufs, *norm_sums,
         T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
         HAS_INIT=init is not None, HAS_GY=gy is not None, HAS_GFINAL=gfinal is not None, STORE_GINIT=store_ginit,
         CHUNK=chunk_steps(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
@@ -128,6 +135,8 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         else:
             g = buf.sum()
         grads[j] = g.reshape(p.shape).to(p.dtype)
+    if sums is not None:
+        sums[:] = [buf.view(-1, C, S).sum(dim=(0, 2)) for buf in norm_sums]
     return grad_x, grad_init, grads
 
 
@@ -212,6 +221,53 @@ class _EagerStepNeuron(torch.autograd.Function):
 
         grad_x, grad_init, grads = _grads(ctx, grad_y, grad_final, bwd)
         return (grad_x, grad_init, None, None, *grads)
+
+
+class _EagerBNStepNeuron(torch.autograd.Function):
+    """A batch norm folded into a generated neuron (spec ``affine``): the neuron's input is ``x * a + b`` with
+    ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels; the backward kernel
+    gives dL/dy of that input and its per-channel sums, from which one elementwise pass makes dL/dx (through
+    the batch statistics in training)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, rstd, key, flags, batch_stats, *params):
+        a = rstd * weight.to(rstd.dtype)
+        b = bias.to(rstd.dtype) - mean * a
+        with profiled("snntrain::step_neuron_fwd"):
+            y, _final, ckpt = _fwd_host(x, None, list(params), key, flags, launch=True, affine=(a, b))
+        ctx.save_for_backward(x, ckpt, a, b, mean, rstd, *params)
+        ctx.key, ctx.flags, ctx.batch_stats = key, flags, batch_stats
+        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, ckpt, a, b, mean, rstd, *params = ctx.saved_tensors
+        sums: list = []
+        with profiled("snntrain::step_neuron_bwd"):
+            grad_in, _gi, grads = _bwd_host(x, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
+                                            affine=(a, b, mean, rstd), sums=sums)
+        s_g, s_gx = sums  # per channel: sum of dL/dy, sum of dL/dy * xhat
+        view = (1, 1, -1) + (1,) * (x.dim() - 3)
+        if ctx.batch_stats:  # dL/dx through the batch's mean and variance
+            m = x.numel() // x.shape[2]
+            xhat = (x.to(a.dtype) - mean.view(view)) * rstd.view(view)
+            grad_x = (grad_in.to(a.dtype) - (s_g / m).view(view) - xhat * (s_gx / m).view(view)) * a.view(view)
+        else:
+            grad_x = grad_in.to(a.dtype) * a.view(view)
+        spec = lookup(ctx.key).spec
+        grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
+        return (grad_x.to(x.dtype), s_gx.to(ctx.w_dtype), s_g.to(ctx.b_dtype), None, None, None, None, None, *grads)
+
+
+def bn_step_neuron(x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor, batch_stats: bool,
+                   params: list[Tensor], key: str) -> Tensor:
+    """The generated neuron ``key`` (spec ``affine``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
+    ``x`` ``[T, B, C, ...]``, fused: outputs in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32) are the batch's
+    (``batch_stats``: the gradient also flows through them, as the batch norm's in training) or the running
+    statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable parameters (eager calls)."""
+    flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
+    return _EagerBNStepNeuron.apply(x, weight, bias, mean, rstd, key, flags, batch_stats, *params)
 
 
 def step_neuron(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, return_state: bool

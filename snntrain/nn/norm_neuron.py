@@ -25,6 +25,7 @@ from torch import nn
 from ..backend import check_backend, use_triton
 from .neurons import BaseNeuron, is_neuron
 from .norm import LayerNorm2d
+from .step_neuron import StepNeuron
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -53,9 +54,11 @@ class NormNeuron(nn.Module):
     A :class:`torch.nn.SyncBatchNorm` (``trainer.sync_batchnorm=true`` converts the batch norm in
     place) runs unfused too: its statistics come from every process, which the fused kernels do not
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
-    (a plain attribute: the norm's and the neuron's own kernels, one after the other). Neurons other than
-    IF, LIF and PLIF (a :class:`~snntrain.nn.StepNeuron`, the families, PSN) run unfused: the norm, then
-    the neuron's own kernels.
+    (a plain attribute: the norm's and the neuron's own kernels, one after the other). A
+    :class:`~snntrain.nn.StepNeuron` (the families among them) after a batch norm runs fused in its own
+    generated kernels (eager calls; the norm's statistics first, then the kernels normalise as they read);
+    after a layer norm, under ``torch.compile`` and for other neuron types (PSN) the norm runs first, then
+    the neuron.
     """
 
     #: While an :class:`snntrain.efficiency.ActivityCounter` is attached: the counter's sink for this layer's
@@ -100,6 +103,9 @@ class NormNeuron(nn.Module):
             if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
                     and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
                 spikes, counted = self._fused(x, steps, norm, neuron, sink)
+            elif (self.fused and isinstance(neuron, StepNeuron) and isinstance(norm, nn.BatchNorm2d)
+                  and not isinstance(norm, nn.SyncBatchNorm) and use_triton(self.backend, x) and neuron.fusable(x)):
+                spikes = self._fused_step(x, steps, norm, neuron)
             elif steps is not None:
                 y = norm(x)
                 spikes = neuron(y.unsqueeze(0).expand(steps, *y.shape))
@@ -108,6 +114,40 @@ class NormNeuron(nn.Module):
         if sink is not None:
             sink(spikes, counted)
         return spikes
+
+    @staticmethod
+    def _fused_step(x: torch.Tensor, steps: int | None, norm: nn.BatchNorm2d, neuron: StepNeuron) -> torch.Tensor:
+        """A batch norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the statistics (one
+        read of ``x``, as the norm sees it: once per element with ``steps``), the running statistics updated as
+        :class:`torch.nn.BatchNorm2d` does, then the neuron's kernels normalise as they read."""
+        seen = x if steps is not None else x.flatten(0, 1)  # [N, C, H, W]
+        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        buffers = norm._buffers
+        running = norm.track_running_stats and buffers["running_mean"] is not None
+        batch_stats = norm.training or not running
+        if batch_stats:
+            with torch.no_grad():
+                if seen.is_cuda and ct == torch.float32:
+                    mean, rstd = torch.batch_norm_stats(seen, norm.eps)  # fp32 sums of any input dtype
+                    var = rstd.pow(-2) - norm.eps
+                else:
+                    var, mean = torch.var_mean(seen.to(ct), dim=(0, 2, 3), correction=0)
+                    rstd = torch.rsqrt(var + norm.eps)
+                if norm.training and running:
+                    count = buffers["num_batches_tracked"]
+                    count.add_(1)
+                    factor = (1.0 / count) if norm.momentum is None else norm.momentum
+                    n = seen.numel() // seen.shape[1]
+                    buffers["running_mean"].mul_(1 - factor).add_(mean * factor)
+                    buffers["running_var"].mul_(1 - factor).add_(var * (n / max(n - 1, 1)) * factor)
+        else:
+            mean = buffers["running_mean"].to(ct)
+            rstd = torch.rsqrt(buffers["running_var"].to(ct) + norm.eps)
+        params = norm._parameters
+        weight = params["weight"] if params.get("weight") is not None else torch.ones_like(mean)
+        bias = params["bias"] if params.get("bias") is not None else torch.zeros_like(mean)
+        y = x.unsqueeze(0).expand(steps, *x.shape) if steps is not None else x
+        return neuron.bn_forward(y, weight, bias, mean.to(ct), rstd.to(ct), batch_stats)
 
     @staticmethod
     def _fused(x: torch.Tensor, steps: int | None, norm: nn.Module, neuron: BaseNeuron,

@@ -271,7 +271,7 @@ class StepNeuron(nn.Module):
         finals = [torch.broadcast_to(torch.as_tensor(s, dtype=ct, device=x.device), step_shape) for s in states]
         return torch.stack(outs), finals
 
-    def _spec(self, params, fp64: bool):
+    def _spec(self, params, fp64: bool, affine: bool = False):
         from ..kernels.neuron_codegen import KernelSpec
 
         return KernelSpec(
@@ -280,12 +280,31 @@ class StepNeuron(nn.Module):
             learnable=tuple(p.requires_grad for p in params),
             inits=tuple(self.states[n] if isinstance(self.states[n], str)
                         else float(self.states[n]) for n in self.state_names),
-            fp64=fp64,
+            fp64=fp64, affine=affine,
         )
 
     def kernel_key(self, x_dtype: torch.dtype = torch.float32) -> str:
         """The key of this neuron's generated kernels for input of ``x_dtype`` (generating them if needed)."""
         return _kernel_key(self, x_dtype == torch.float64)
+
+    def fusable(self, x: torch.Tensor) -> bool:
+        """Whether a norm in front of this neuron can be folded into its kernels for input ``x`` (the generated
+        kernels run it: see :class:`~snntrain.nn.NormNeuron`)."""
+        return (use_triton(self.backend, x) and not self._fallback and not self.store_v_seq
+                and x.dtype in _KERNEL_DTYPES and not torch.compiler.is_compiling()
+                and not torch.compiler.is_exporting())
+
+    def bn_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
+                   rstd: torch.Tensor, batch_stats: bool) -> torch.Tensor:
+        """The outputs for the batch norm ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]``, computed
+        inside this neuron's generated kernels (``mean``, ``rstd``: [C] fp32; ``batch_stats``: they are the batch's,
+        and the gradient flows through them)."""
+        from ..kernels.step_neuron import bn_step_neuron
+
+        params = self._param_tensors()
+        self._check_params(params, tuple(x.shape[1:]))
+        key = _kernel_key(self, x.dtype == torch.float64, True)
+        return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron
@@ -327,11 +346,11 @@ class StepNeuron(nn.Module):
 
 
 @torch.compiler.assume_constant_result
-def _kernel_key(neuron: StepNeuron, fp64: bool) -> str:
+def _kernel_key(neuron: StepNeuron, fp64: bool, affine: bool = False) -> str:
     """The key of ``neuron``'s kernels for its current parameters (learnable or not, one value or per channel):
     generated and compiled on first use, then from the neuron's own table. A constant for ``torch.compile``,
     which calls it while tracing instead of tracing through it."""
-    spec = neuron._spec(neuron._param_tensors(), fp64)
+    spec = neuron._spec(neuron._param_tensors(), fp64, affine)
     key = neuron._compiled.get(spec)
     if key is None:
         from ..kernels.neuron_jit import compile_neuron
