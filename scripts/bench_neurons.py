@@ -10,7 +10,8 @@ the same neuron (its node, whose multi-step call picks its registered CUDA/Trito
 one, and ``FlexSN`` over the same step; the faster of the two is the peer), forward plus backward at
 T = 4 and 16 on ``[T, 64, 256, 256]`` (the tutorial's ``[T, 64, 65536]`` with 256 channels), fp32 and
 bf16, with the peak memory each allocates beyond its input; ``--api-lif`` the StepNeuron LIF against
-the hand-written LIF kernel at T = 4 and 32. ``--smoke`` runs the same code on the CPU on a tiny shape
+the hand-written LIF kernel at T = 4 and 32, alone and after a training-mode batch norm (``NormNeuron``:
+folded into the generated kernels, against today's fused batch-norm LIF op). ``--smoke`` runs the same code on the CPU on a tiny shape
 (Triton's interpreter, wall-clock timing, no memory): a check of the script, not a measurement.
 
 Cases: the SpikingJelly tutorial's ``[T, 64, 65536]`` for T in 4, 8, 16, 32, and the
@@ -390,6 +391,8 @@ GEN_DTYPES = ("fp32", "bf16")
 GEN_SHAPE = (64, 256, 256)  # one step: [B, C, H*W], as many neurons as the tutorial's [64, 65536]
 SMOKE_SHAPE = (2, 4, 8)
 SMOKE_T = (3, 9)  # one chunk of steps, and several (checkpoints)
+BN_SHAPE = (64, 64, 32, 32)  # one step [B, C, H, W] of the batch-norm + LIF case, as many neurons again
+SMOKE_BN_SHAPE = (2, 3, 4, 4)
 
 
 def _sj_flexsn_cores(sg):
@@ -555,8 +558,8 @@ def run_generated(args) -> None:
     gpu = "cpu (smoke: not a measurement)" if smoke else bu.gpu_name()
     rows: list[dict] = []
 
-    def record(bench, family, provider, dname, T, fn):
-        shape = (T, *step_shape)
+    def record(bench, family, provider, dname, T, fn, one_step=step_shape):
+        shape = (T, *one_step)
         try:
             module, reset = fn()
             ms, peak, count = _measure(module, shape, DTYPES[dname], dev, smoke, reset)
@@ -586,7 +589,8 @@ def run_generated(args) -> None:
         for family in families:
             for dname in GEN_DTYPES:
                 for T in SMOKE_T if smoke else FAMILY_T:
-                    record("families", family, "ours", dname, T, lambda: (_ours(family, "triton", channels), None))
+                    record("families", family, "ours", dname, T,
+                           lambda: (_ours(family, "triton", channels).to(dev), None))
                     if not have_sj:
                         continue
                     if SJ_NODES[family] is not None:
@@ -600,7 +604,9 @@ def run_generated(args) -> None:
                             return m, m.reset
                         record("families", family, "sj-flexsn", dname, T, flex)
     if args.api_lif:
-        from snntrain.nn import LIF, StepNeuron
+        from torch import nn
+
+        from snntrain.nn import LIF, NormNeuron, StepNeuron
 
         class ApiLIF(StepNeuron):
             states = {"v": "v_reset"}
@@ -611,10 +617,17 @@ def run_generated(args) -> None:
                 s = self.heaviside(h - v_threshold)
                 return s, h - h * s + v_reset * s
 
+        bn_step = SMOKE_BN_SHAPE if smoke else BN_SHAPE
+
+        def bn(neuron):  # a training-mode batch norm fused with the neuron
+            return NormNeuron(nn.BatchNorm2d(bn_step[1]), neuron, backend="triton").to(dev), None
+
         for dname in GEN_DTYPES:
             for T in SMOKE_T if smoke else API_LIF_T:
-                record("api_lif", "LIF", "api", dname, T, lambda: (ApiLIF(backend="triton"), None))
-                record("api_lif", "LIF", "hand-written", dname, T, lambda: (LIF(backend="triton"), None))
+                record("api_lif", "LIF", "api", dname, T, lambda: (ApiLIF(backend="triton").to(dev), None))
+                record("api_lif", "LIF", "hand-written", dname, T, lambda: (LIF(backend="triton").to(dev), None))
+                record("bn_api_lif", "BN+LIF", "api", dname, T, lambda: bn(ApiLIF(backend="triton")), bn_step)
+                record("bn_api_lif", "BN+LIF", "hand-written", dname, T, lambda: bn(LIF(backend="triton")), bn_step)
     print(f"\n{len(rows)} rows: {path}" + ("  (smoke: CPU interpreter timings, a check of the script only)"
                                               if smoke else ""))
     for line in generated_summary(rows):
@@ -643,11 +656,12 @@ def generated_summary(rows: list[dict]) -> list[str]:
             if r["output_sum"] != best["output_sum"]:
                 line += f"; output sums differ ({r['output_sum']} vs {best['output_sum']})"
             lines.append(line)
-        if bench == "api_lif" and provider == "api":
+        if bench in ("api_lif", "bn_api_lif") and provider == "api":
             hand = by.get((bench, family, "hand-written", dname, T))
             if hand:
                 ratio = r["ms"] / hand["ms"]
-                lines.append(f"StepNeuron LIF {dname} T={T}: {r['ms']:.3f} ms vs hand-written {hand['ms']:.3f} ms = "
+                what = "StepNeuron LIF" if bench == "api_lif" else "batch norm + StepNeuron LIF"
+                lines.append(f"{what} {dname} T={T}: {r['ms']:.3f} ms vs hand-written {hand['ms']:.3f} ms = "
                              f"{ratio:.2f}x (target <= 1.15x: {'PASS' if ratio <= 1.15 else 'MISS'})"
                              + ("" if r["output_sum"] == hand["output_sum"] else "; spike counts differ"))
     return lines
