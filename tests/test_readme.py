@@ -64,12 +64,16 @@ def test_readme_states_the_default_metric_once_as_a_range():
 
 def test_readme_is_short_and_states_no_history():
     """A reader's README: at most 300 lines, at most two carrying a date (the measurement history is in
-    docs/experiments.md), and every link into docs/ names a file that exists."""
+    docs/experiments.md), and every link into docs/ names a file and heading that exist."""
     text = README.read_text()
     assert len(text.splitlines()) <= 300
     assert len([ln for ln in text.splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", ln)]) <= 2
-    for target in re.findall(r"\]\((docs/[^)#]+)", text):
+    for target, anchor in re.findall(r"\]\((docs/[^)#]+)(?:#([^)]+))?\)", text):
         assert (ROOT / target).is_file(), target
+        headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(), re.M)
+        # GitHub's anchors (and the site's, mkdocs.yml): lower case, punctuation dropped, spaces as hyphens
+        slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+        assert not anchor or anchor in slugs, f"{target}#{anchor}"
 
 
 #: the user guide's pages whose ``python -m snntrain`` lines are today's commands (experiments.md's are of their
