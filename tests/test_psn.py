@@ -268,3 +268,56 @@ def test_nir_export_refuses_psn_with_the_reason():
     model.sn1.neuron = PSN(2, backend="torch")
     with pytest.raises(NIRError, match=r"PSN has no NIR equivalent: a parallel spiking neuron .*\(nodes: sn1\)"):
         to_nir(model.eval(), (2, 8, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [32, 64])
+def test_long_sequences_on_the_gpu(T, device):
+    """The longest unrolled kernels compile and agree with the fp64 product: spikes equal wherever H is not within
+    rounding of 0, gradients close."""
+    torch.manual_seed(T)
+    m = PSN(T, backend="triton").to(device)
+    with torch.no_grad():
+        m.bias.uniform_(-0.3, 0.3)
+    x = torch.randn(T, 4, 1031, device=device)
+    s, gx, gw, gb = _run(m, x, None)
+    ref = PSN(T, backend="torch").to(device).double()
+    ref.load_state_dict(m.state_dict())
+    s0, gx0, gw0, gb0 = _run(ref, x.double(), None)
+    h = torch.addmm(ref.bias, ref.weight, x.double().flatten(1)).view(x.shape)
+    decided = h.abs() > 1e-4
+    assert torch.equal(s.double()[decided], s0[decided])
+    assert_close(gx, gx0.float(), **SUMMED, what="dx")
+    assert_close(gw, gw0.float(), rtol=1e-3, atol=1e-3, what="dweight")  # sums over 4124 neurons in fp32
+    assert_close(gb, gb0.float(), rtol=1e-3, atol=1e-3, what="dbias")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", ["PSN", "MaskedPSN", "SlidingPSN"])
+def test_cuda_graph_capture(cls, device):
+    """Forward and backward capture in a CUDA graph (no host synchronisation) and replay on new data."""
+    from _testing import capture_cuda_graph
+
+    T = 4
+    torch.manual_seed(7)
+    m = {"PSN": lambda: PSN(T), "MaskedPSN": lambda: MaskedPSN(2, T, lambda_init=0.5),
+         "SlidingPSN": lambda: SlidingPSN(3)}[cls]().to(device)
+    x = torch.randn(T, 8, 33, device=device, requires_grad=True)
+    g = torch.randn(T, 8, 33, device=device)
+
+    def step():
+        x.grad = None
+        m.weight.grad = None
+        s = m(x)
+        (s * g).sum().backward()
+        return s, x.grad, m.weight.grad
+
+    graph, (s, gx, gw) = capture_cuda_graph(step)
+    new = torch.randn_like(x)
+    with torch.no_grad():
+        x.copy_(new)
+    graph.replay()
+    s0, gx0, gw0, _ = _run(m, new, g)
+    assert torch.equal(s, s0)
+    assert_close(gx, gx0, what="dx")
+    assert_close(gw, gw0, **SUMMED, what="dweight")
