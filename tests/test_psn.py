@@ -238,6 +238,29 @@ def test_registered_operators_and_tolerance_table():
     assert TOLERANCES[torch.float32][0] <= SUMMED["rtol"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_after_a_norm(backend, device):
+    """NormNeuron takes a parallel neuron after its norm (unfused): the same as the norm, then the neuron, also
+    for a static image repeated over T (an expanded time axis read in place)."""
+    from snntrain.nn import NormNeuron
+
+    T = 3
+    torch.manual_seed(8)
+    layer = NormNeuron(nn.BatchNorm2d(4), SlidingPSN(2, exp_init=False, backend=backend), backend=backend)
+    layer = layer.to(device).eval()
+    with torch.no_grad():
+        layer.norm.running_mean.uniform_(-0.5, 0.5)
+    x = torch.randn(T, 2, 4, 3, 5, device=device)
+    with torch.no_grad():
+        expected = layer.neuron(layer.norm(x.flatten(0, 1)).unflatten(0, (T, 2)))
+        assert torch.equal(layer(x), expected)
+        image = x[0]
+        repeated = layer.neuron(layer.norm(image).unsqueeze(0).expand(T, *image.shape).contiguous())
+        assert torch.equal(layer(image, steps=T), repeated)
+    with pytest.raises(TypeError, match="NormNeuron takes an IF, LIF, PLIF, PSN, MaskedPSN or SlidingPSN"):
+        NormNeuron(nn.BatchNorm2d(4), nn.ReLU())
+
+
 def test_efficiency_report_counts_psn_spikes():
     """A PSN layer is a spiking layer of the efficiency report: its spikes and neuron-steps are counted."""
     from snntrain import efficiency as E
