@@ -85,6 +85,30 @@ def test_triton_equals_torch_backend_over_t_with_expanded_gradient(T, device):
     assert_close(gb1, gb0, **SUMMED, what="dbias")
 
 
+@pytest.mark.parametrize("T", [9, 12])
+def test_tiled_backward_walks_many_blocks(T, device, monkeypatch):
+    """The backward for T >= DOT_MIN_T (tiles and products): two programs walk five blocks of 16 neurons each,
+    carrying their dL/dW and dL/db across blocks; a gradient of the spikes with its own layout."""
+    from snntrain.kernels import psn as K
+
+    assert T >= K.DOT_MIN_T
+    monkeypatch.setattr(K, "bwd_launch", lambda T, N, sms: (16, 2, 16))
+    torch.manual_seed(T)
+    ref = MaskedPSN(3, T, lambda_init=0.5, backend="torch").to(device)
+    with torch.no_grad():
+        ref.bias.uniform_(-0.5, 0.5)
+    ours = MaskedPSN(3, T, backend="triton").to(device)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(T, 5, 15, device=device)  # 75 neurons: five blocks, the last one partial
+    g = torch.randn(T, 15, 5, device=device).transpose(1, 2)
+    s0, gx0, gw0, gb0 = _run(ref, x, g)
+    s1, gx1, gw1, gb1 = _run(ours, x, g)
+    assert torch.equal(s1, s0)
+    assert_close(gx1, gx0, **SUMMED, what="dx")
+    assert_close(gw1, gw0, **SUMMED, what="dweight")
+    assert_close(gb1, gb0, **SUMMED, what="dbias")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("surrogate", ["atan", "piecewise_quadratic"])
 def test_16_bit_input_against_the_fp32_reference(dtype, surrogate, device):

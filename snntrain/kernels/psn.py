@@ -50,8 +50,19 @@ from torch import Tensor
 
 from .lif import _empty, _neuron_order, _time_major
 from .neuron_step import SURROGATES, surrogate_grad
-from .op_utils import FLOAT_DTYPES, INT32_MAX, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
-from .psn_tuning import MAX_T, WARPS, blocks
+from .op_utils import (
+    FLOAT_DTYPES,
+    INT32_MAX,
+    cdiv,
+    direct,
+    eager_function,
+    op_wrap,
+    profiled,
+    register_op,
+    sm_count,
+    traced,
+)
+from .psn_tuning import DOT_MIN_T, MAX_T, WARPS, blocks, bwd_launch
 
 __all__ = ["MAX_T", "SURROGATES", "psn_multistep", "psn_fwd", "psn_bwd"]
 
@@ -67,7 +78,7 @@ F_GRAD_X, F_GRAD_W, F_GRAD_B = 4, 8, 16
 
 @triton.jit
 def _load_column(x_ptr, offs, mask, stride_xt, stride_xn, T: tl.constexpr):
-    """The input column of the block's neurons, ``T`` fp32 vectors (X[0], ..., X[T-1])."""
+    """The input column of the block's neurons, ``T`` fp32 vectors (X[0], ..., X[T-1]); ``stride_xt`` int64."""
     xs = ()
     for j in tl.static_range(T):
         xs = xs + (tl.load(x_ptr + j * stride_xt + offs * stride_xn, mask=mask, other=0.0).to(tl.float32),)
@@ -98,11 +109,12 @@ def _psn_fwd_kernel(
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    xs = _load_column(x_ptr, offs, mask, stride_xt, stride_xn, T)
+    n64 = tl.cast(N, tl.int64)  # t * N and t * stride_xt may pass 2**31
+    xs = _load_column(x_ptr, offs, mask, tl.cast(stride_xt, tl.int64), stride_xn, T)
     out_dtype = s_ptr.dtype.element_ty
     for t in tl.static_range(T):
         h = _charge(xs, w_ptr, b_ptr, t, T)
-        tl.store(s_ptr + t * N + offs, tl.where(h >= 0.0, 1.0, 0.0).to(out_dtype), mask=mask)
+        tl.store(s_ptr + t * n64 + offs, tl.where(h >= 0.0, 1.0, 0.0).to(out_dtype), mask=mask)
 
 
 @triton.jit
@@ -127,11 +139,15 @@ def _psn_bwd_kernel(
     T: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """Short sequences (T < DOT_MIN_T): one block of neurons per program, the input column and dL/dH as
+    ``T`` vectors each; dL/dW and dL/db reduced per program (``T * T + T`` block sums)."""
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     alpha = tl.cast(alpha, tl.float32)
-    xs = _load_column(x_ptr, offs, mask, stride_xt, stride_xn, T)
+    n64 = tl.cast(N, tl.int64)
+    stride_gt = tl.cast(stride_gt, tl.int64)
+    xs = _load_column(x_ptr, offs, mask, tl.cast(stride_xt, tl.int64), stride_xn, T)
     # dL/dH[t] = dL/dS[t] * surrogate'(H[t]); zero for the padding neurons (their dL/dS loads as 0)
     ghs = ()
     for t in tl.static_range(T):
@@ -144,7 +160,7 @@ def _psn_bwd_kernel(
             gx = tl.load(w_ptr + j) * ghs[0]
             for t in tl.static_range(1, T):
                 gx += tl.load(w_ptr + t * T + j) * ghs[t]
-            tl.store(gx_ptr + j * N + offs, gx.to(out_dtype), mask=mask)
+            tl.store(gx_ptr + j * n64 + offs, gx.to(out_dtype), mask=mask)
     row = tl.cast(pid, tl.int64)
     if STORE_GB:
         for t in tl.static_range(T):
@@ -153,6 +169,71 @@ def _psn_bwd_kernel(
         for t in tl.static_range(T):
             for j in tl.static_range(T):
                 tl.store(gw_part_ptr + row * (T * T) + t * T + j, tl.sum(ghs[t] * xs[j], axis=0))
+
+
+@triton.jit
+def _psn_bwd_dot_kernel(
+    x_ptr,  # [T, N] forward input; x[t, n] at t*stride_xt + n*stride_xn
+    w_ptr,  # [T, T] contiguous fp32 weight
+    b_ptr,  # [T] fp32 bias
+    gs_ptr,  # [T, N] dL/dS at t*stride_gt + n*stride_gn (stride_gn 0: one value per step)
+    gx_ptr,  # [T, N] contiguous dL/dX out, dtype of x, written when STORE_GX
+    gw_part_ptr,  # [num_programs, T, T] fp32 per-program partial dL/dW, written when STORE_GW
+    gb_part_ptr,  # [num_programs, T] fp32 per-program partial dL/db, written when STORE_GB
+    N,
+    n_blocks,
+    stride_xt,
+    stride_xn,
+    stride_gt,
+    stride_gn,
+    alpha,
+    SURROGATE: tl.constexpr,
+    STORE_GX: tl.constexpr,
+    STORE_GW: tl.constexpr,
+    STORE_GB: tl.constexpr,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Longer sequences: ``[TP, BLOCK]`` tiles (TP = T rounded up to a power of two, at least 16) and three
+    fp32 products (``tl.dot``, IEEE precision): H = W X, dL/dX = W^T dL/dH and dL/dW += dL/dH X^T. Each program
+    walks the blocks ``pid, pid + num_programs, ...`` and keeps its partial dL/dW in a ``[TP, TP]`` accumulator,
+    so the ``T * T`` sums over neurons leave the program once, not once per block."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    alpha = tl.cast(alpha, tl.float32)
+    n64 = tl.cast(N, tl.int64)
+    rows = tl.arange(0, TP)
+    rmask = rows < T
+    rows64 = tl.cast(rows, tl.int64)
+    wmask = rmask[:, None] & rmask[None, :]
+    w = tl.load(w_ptr + rows[:, None] * T + rows[None, :], mask=wmask, other=0.0)  # w[t, j] = W[t, j]
+    wt = tl.load(w_ptr + rows[None, :] * T + rows[:, None], mask=wmask, other=0.0)  # wt[j, t] = W[t, j]
+    b = tl.load(b_ptr + rows, mask=rmask, other=0.0)
+    gw = tl.zeros([TP, TP], dtype=tl.float32)
+    gb = tl.zeros([TP], dtype=tl.float32)
+    x_rows = x_ptr + rows64[:, None] * stride_xt
+    gs_rows = gs_ptr + rows64[:, None] * stride_gt
+    out_dtype = gx_ptr.dtype.element_ty
+    for blk in range(pid, n_blocks, nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        m2 = rmask[:, None] & (offs < N)[None, :]
+        x = tl.load(x_rows + offs[None, :] * stride_xn, mask=m2, other=0.0).to(tl.float32)
+        h = tl.dot(w, x, input_precision="ieee") + b[:, None]
+        gs = tl.load(gs_rows + offs[None, :] * stride_gn, mask=m2, other=0.0).to(tl.float32)
+        gh = gs * surrogate_grad(h, alpha, SURROGATE)  # zero outside the sequence and past the last neuron
+        if STORE_GX:
+            gx = tl.dot(wt, gh, input_precision="ieee")
+            tl.store(gx_ptr + rows64[:, None] * n64 + offs[None, :], gx.to(out_dtype), mask=m2)
+        if STORE_GW:
+            gw = tl.dot(gh, tl.trans(x), gw, input_precision="ieee")
+        if STORE_GB:
+            gb += tl.sum(gh, axis=1)
+    row = tl.cast(pid, tl.int64)
+    if STORE_GW:
+        tl.store(gw_part_ptr + row * (T * T) + rows[:, None] * T + rows[None, :], gw, mask=wmask)
+    if STORE_GB:
+        tl.store(gb_part_ptr + row * T + rows, gb, mask=rmask)
 
 
 # ----------------------------------------------------------------------------
@@ -190,19 +271,23 @@ def _bwd_host(x: Tensor, weight: Tensor, bias: Tensor, grad_spikes: Tensor, para
     order = _neuron_order(x, None)
     # the kernel takes its output dtype from grad_x: always pass a tensor
     grad_x = _empty(x.shape if need_x else (0,), order, 1, x.dtype, dev)
-    _, block = blocks(T)
-    grid = cdiv(N, block)
+    dot = T >= DOT_MIN_T
+    block, grid, tp = bwd_launch(T, N, sm_count(dev)) if dot else (blocks(T)[1], cdiv(N, blocks(T)[1]), T)
     gw_part = torch.empty((grid if need_w else 0, T, T), dtype=torch.float32, device=dev)
     gb_part = torch.empty((grid if need_b else 0, T), dtype=torch.float32, device=dev)
     if launch and N > 0:
         xk, stride_xt, stride_xn = _time_major(x, order)
         gs, stride_gt, stride_gn = _time_major(grad_spikes, order)
-        wrap(_psn_bwd_kernel)[(grid,)](
-            xk, weight, bias, gs, grad_x, gw_part, gb_part,
-            N, stride_xt, stride_xn, stride_gt, stride_gn, float(params[0]),
-            SURROGATE=flags & F_SURROGATE_MASK, STORE_GX=need_x, STORE_GW=need_w, STORE_GB=need_b,
-            T=T, BLOCK=block, num_warps=WARPS,
-        )
+        options = dict(SURROGATE=flags & F_SURROGATE_MASK, STORE_GX=need_x, STORE_GW=need_w, STORE_GB=need_b, T=T,
+                       BLOCK=block, num_warps=WARPS)
+        if dot:
+            wrap(_psn_bwd_dot_kernel)[(grid,)](
+                xk, weight, bias, gs, grad_x, gw_part, gb_part,
+                N, cdiv(N, block), stride_xt, stride_xn, stride_gt, stride_gn, float(params[0]), TP=tp, **options)
+        else:
+            wrap(_psn_bwd_kernel)[(grid,)](
+                xk, weight, bias, gs, grad_x, gw_part, gb_part,
+                N, stride_xt, stride_xn, stride_gt, stride_gn, float(params[0]), **options)
     # the sums over programs, in a fixed order; zeros where there were no neurons
     grad_w = gw_part.sum(0) if need_w else torch.empty((0,), dtype=torch.float32, device=dev)
     grad_b = gb_part.sum(0) if need_b else torch.empty((0,), dtype=torch.float32, device=dev)
