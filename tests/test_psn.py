@@ -232,6 +232,20 @@ def test_torch_compile_fullgraph(backend, device):
     assert_close(w1, w0, **SUMMED, what="compiled PSN dweight")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_export(backend, device):
+    """``torch.export`` traces the three modules (the Triton backend as the registered ``psn_fwd`` operator) and
+    the exported program computes the same spikes."""
+    torch.manual_seed(9)
+    net = nn.Sequential(PSN(4, backend=backend), MaskedPSN(2, 4, lambda_init=0.5, backend=backend),
+                        SlidingPSN(2, backend=backend)).to(device).eval()
+    x = torch.randn(4, 3, 5, device=device)
+    program = torch.export.export(net, (x,))
+    ops = [str(n.target) for n in program.graph.nodes if n.op == "call_function" and "snntrain" in str(n.target)]
+    assert ops == (["snntrain.psn_fwd.default"] * 3 if backend == "triton" else [])
+    assert torch.equal(program.module()(x), net(x))
+
+
 def test_state_dict_round_trip(tmp_path):
     """Saved and loaded (weights only) the module computes the same; SpikingJelly's keys and buffers load both
     ways; set_backend reaches the parallel neurons and leaves the state dict alone."""

@@ -11,22 +11,25 @@ Design
 The neuron's charge is a matrix product over time, ``H[t, n] = sum_j W[t, j] X[j, n] + b[t]``, with a
 tiny inner dimension (T, usually 4 to 32) and a huge outer one (every neuron of every sample). Done
 as a cuBLAS product it writes H (the size of X) and reads it again to fire; the backward then writes
-and reads dL/dH several times (dL/dX = W^T dL/dH, dL/dW = dL/dH X^T, dL/db). Instead each program
-owns ``BLOCK`` neurons and holds their whole input column ``X[:, n]`` in registers (``T`` fp32 values
-per neuron, loops over T unrolled: ``T`` is a compile-time constant):
+and reads dL/dH several times (dL/dX = W^T dL/dH, dL/dW = dL/dH X^T, dL/db). Here each direction is
+one kernel that reads every input once:
 
-* forward: read X once, form each H[t] in fp32, write the spikes. Nothing is saved for the backward
-  beyond X itself (which the caller holds anyway): no H, no spikes;
-* backward: read X and dL/dS once, recompute H in registers, form dL/dH with the surrogate, write
-  dL/dX = W^T dL/dH, and reduce per program the partial sums of dL/dW (``T * T`` block sums of
-  dL/dH[t] X[j]) and dL/db (``T``) into small fp32 buffers, summed afterwards over programs in a
-  fixed order (deterministic, no atomics).
+* forward: each program owns ``BLOCK`` neurons and holds their whole input column ``X[:, n]`` in
+  registers (``T`` fp32 vectors; the loops over T are unrolled, ``T`` is a compile-time constant),
+  forms each H[t] in fp32 and writes the spikes. Nothing is saved for the backward beyond X itself
+  (which the caller holds anyway): no H, no spikes;
+* backward: read X and dL/dS once, recompute H, form dL/dH with the surrogate, write
+  dL/dX = W^T dL/dH, and reduce the partial sums of dL/dW and dL/db per program into small fp32
+  buffers, summed afterwards over programs in a fixed order (deterministic, no atomics). Short
+  sequences (``T < DOT_MIN_T``) do this on ``T`` vectors per block, with ``T * T`` block sums for
+  dL/dW; longer ones on ``[TP, BLOCK]`` tiles with three fp32 products (``tl.dot``, IEEE precision),
+  each program walking several blocks with dL/dW in a ``[TP, TP]`` accumulator, so that the sums
+  over neurons stay inside the product instead of costing a block reduction each.
 
 Per element-step that is two tensors of X's size moved in each direction (plus an expanded dL/dS read
 as one value per step), against about eleven for the cuBLAS form (H written and read, dL/dH written
-and read three times). The arithmetic is ``T`` multiply-adds per element-step and direction, and
-``T * T`` block reductions per program in the backward, so the kernels are limited to
-``T <= MAX_T`` (:mod:`snntrain.kernels.psn_tuning`).
+and read three times). The forward's code grows as ``T * T``, so the kernels take ``T <= MAX_T``
+(:mod:`snntrain.kernels.psn_tuning`, which also holds the launch sizes).
 
 H is accumulated as ``sum_j W[t, j] X[j]`` in order and the bias added last; a cuBLAS or CPU product
 may round differently, so a spike whose H is within rounding of 0 may differ from the torch backend
