@@ -92,7 +92,8 @@ def test_tiled_backward_walks_many_blocks(T, device, monkeypatch):
     from snntrain.kernels import psn as K
 
     assert T >= K.DOT_MIN_T
-    monkeypatch.setattr(K, "bwd_launch", lambda T, N, sms: (16, 2, 16))
+    monkeypatch.setattr(K, "dot_tiles", lambda T: (16, 16))
+    monkeypatch.setattr(K, "dot_programs", lambda N, block, sms: 2)
     torch.manual_seed(T)
     ref = MaskedPSN(3, T, lambda_init=0.5, backend="torch").to(device)
     with torch.no_grad():

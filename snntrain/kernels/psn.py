@@ -15,21 +15,22 @@ and reads dL/dH several times (dL/dX = W^T dL/dH, dL/dW = dL/dH X^T, dL/db). Her
 one kernel that reads every input once:
 
 * forward: each program owns ``BLOCK`` neurons and holds their whole input column ``X[:, n]`` in
-  registers (``T`` fp32 vectors; the loops over T are unrolled, ``T`` is a compile-time constant),
-  forms each H[t] in fp32 and writes the spikes. Nothing is saved for the backward beyond X itself
-  (which the caller holds anyway): no H, no spikes;
+  registers, forms each H[t] in fp32 and writes the spikes. Short sequences (``T < DOT_MIN_T``) as
+  ``T`` fp32 vectors with the loops over T unrolled (``T`` is a compile-time constant), longer ones as
+  a ``[TP, BLOCK]`` tile and one fp32 product (``tl.dot``, IEEE precision). Nothing is saved for the
+  backward beyond X itself (which the caller holds anyway): no H, no spikes;
 * backward: read X and dL/dS once, recompute H, form dL/dH with the surrogate, write
   dL/dX = W^T dL/dH, and reduce the partial sums of dL/dW and dL/db per program into small fp32
   buffers, summed afterwards over programs in a fixed order (deterministic, no atomics). Short
   sequences (``T < DOT_MIN_T``) do this on ``T`` vectors per block, with ``T * T`` block sums for
-  dL/dW; longer ones on ``[TP, BLOCK]`` tiles with three fp32 products (``tl.dot``, IEEE precision),
+  dL/dW; longer ones on ``[TP, BLOCK]`` tiles with three fp32 products,
   each program walking several blocks with dL/dW in a ``[TP, TP]`` accumulator, so that the sums
   over neurons stay inside the product instead of costing a block reduction each.
 
 Per element-step that is two tensors of X's size moved in each direction (plus an expanded dL/dS read
 as one value per step), against about eleven for the cuBLAS form (H written and read, dL/dH written
-and read three times). The forward's code grows as ``T * T``, so the kernels take ``T <= MAX_T``
-(:mod:`snntrain.kernels.psn_tuning`, which also holds the launch sizes).
+and read three times). A tile holds ``W`` (``[TP, TP]``) in registers, so the kernels take
+``T <= MAX_T`` (:mod:`snntrain.kernels.psn_tuning`, which also holds the launch sizes).
 
 H is accumulated as ``sum_j W[t, j] X[j]`` in order and the bias added last; a cuBLAS or CPU product
 may round differently, so a spike whose H is within rounding of 0 may differ from the torch backend
@@ -65,7 +66,7 @@ from .op_utils import (
     sm_count,
     traced,
 )
-from .psn_tuning import DOT_MIN_T, MAX_T, WARPS, blocks, bwd_launch
+from .psn_tuning import DOT_MIN_T, MAX_T, WARPS, blocks, dot_programs, dot_tiles
 
 __all__ = ["MAX_T", "SURROGATES", "psn_multistep", "psn_fwd", "psn_bwd"]
 
@@ -118,6 +119,35 @@ def _psn_fwd_kernel(
     for t in tl.static_range(T):
         h = _charge(xs, w_ptr, b_ptr, t, T)
         tl.store(s_ptr + t * n64 + offs, tl.where(h >= 0.0, 1.0, 0.0).to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _psn_fwd_dot_kernel(
+    x_ptr,  # [T, N] input (fp32/fp16/bf16); x[t, n] at t*stride_xt + n*stride_xn
+    w_ptr,  # [T, T] contiguous fp32 weight
+    b_ptr,  # [T] fp32 bias
+    s_ptr,  # [T, N] contiguous spikes out, dtype of x
+    N,
+    stride_xt,
+    stride_xn,
+    T: tl.constexpr,
+    TP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Longer sequences: H = W X on a ``[TP, BLOCK]`` tile as one fp32 product (``tl.dot``, IEEE precision)."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, TP)
+    rmask = rows < T
+    rows64 = tl.cast(rows, tl.int64)
+    w = tl.load(w_ptr + rows[:, None] * T + rows[None, :], mask=rmask[:, None] & rmask[None, :], other=0.0)
+    b = tl.load(b_ptr + rows, mask=rmask, other=0.0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m2 = rmask[:, None] & (offs < N)[None, :]
+    x = tl.load(x_ptr + rows64[:, None] * stride_xt + offs[None, :] * stride_xn, mask=m2, other=0.0)
+    h = tl.dot(w, x.to(tl.float32), input_precision="ieee") + b[:, None]
+    out_dtype = s_ptr.dtype.element_ty
+    tl.store(s_ptr + rows64[:, None] * tl.cast(N, tl.int64) + offs[None, :], tl.where(h >= 0.0, 1.0, 0.0).to(out_dtype),
+             mask=m2)
 
 
 @triton.jit
@@ -259,9 +289,14 @@ def _fwd_host(x: Tensor, weight: Tensor, bias: Tensor, params: list[float], flag
     spikes = _empty(x.shape, order, 1, x.dtype, x.device)
     if launch and N > 0:
         xk, stride_xt, stride_xn = _time_major(x, order)
-        block, _ = blocks(T)
-        wrap(_psn_fwd_kernel)[(cdiv(N, block),)](
-            xk, weight, bias, spikes, N, stride_xt, stride_xn, T=T, BLOCK=block, num_warps=WARPS)
+        if T >= DOT_MIN_T:
+            block, tp = dot_tiles(T)
+            wrap(_psn_fwd_dot_kernel)[(cdiv(N, block),)](
+                xk, weight, bias, spikes, N, stride_xt, stride_xn, T=T, TP=tp, BLOCK=block, num_warps=WARPS)
+        else:
+            block, _ = blocks(T)
+            wrap(_psn_fwd_kernel)[(cdiv(N, block),)](
+                xk, weight, bias, spikes, N, stride_xt, stride_xn, T=T, BLOCK=block, num_warps=WARPS)
     return spikes
 
 
@@ -275,7 +310,12 @@ def _bwd_host(x: Tensor, weight: Tensor, bias: Tensor, grad_spikes: Tensor, para
     # the kernel takes its output dtype from grad_x: always pass a tensor
     grad_x = _empty(x.shape if need_x else (0,), order, 1, x.dtype, dev)
     dot = T >= DOT_MIN_T
-    block, grid, tp = bwd_launch(T, N, sm_count(dev)) if dot else (blocks(T)[1], cdiv(N, blocks(T)[1]), T)
+    if dot:
+        block, tp = dot_tiles(T)
+        grid = dot_programs(N, block, sm_count(dev))
+    else:
+        block, tp = blocks(T)[1], T
+        grid = cdiv(N, block)
     gw_part = torch.empty((grid if need_w else 0, T, T), dtype=torch.float32, device=dev)
     gb_part = torch.empty((grid if need_b else 0, T), dtype=torch.float32, device=dev)
     if launch and N > 0:
