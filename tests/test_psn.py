@@ -234,6 +234,23 @@ def test_torch_compile_fullgraph(backend, device):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_compile_dynamic_shapes(backend, device):
+    """``dynamic=True``: SlidingPSN takes sequences and batches of several sizes through one compiled function
+    (the kernels specialise on T)."""
+    compile_backend = "inductor" if device.type == "cuda" else "aot_eager"
+    torch._dynamo.reset()
+    m = SlidingPSN(2, exp_init=False, backend=backend).to(device)
+    compiled = torch.compile(m, dynamic=True, fullgraph=True, backend=compile_backend)
+    for T, n in ((3, 5), (6, 7), (4, 11)):
+        x = torch.randn(T, 2, n, device=device)
+        s0, gx0, gw0, _ = _run(m, x, None)
+        s1, gx1, gw1, _ = _run(compiled, x, None)
+        assert torch.equal(s1, s0)
+        assert_close(gx1, gx0, what="compiled dx")
+        assert_close(gw1, gw0, **SUMMED, what="compiled dweight")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_export(backend, device):
     """``torch.export`` traces the three modules (the Triton backend as the registered ``psn_fwd`` operator) and
     the exported program computes the same spikes."""

@@ -274,6 +274,12 @@ def _psn_bwd_dot_kernel(
 # ----------------------------------------------------------------------------
 
 
+def _steps(x: Tensor) -> int:
+    """T as a Python int: the kernels are compiled for each T (a symbolic size under ``torch.compile(dynamic=True)``
+    is specialised here)."""
+    return int(x.shape[0])
+
+
 def _check_n(x: Tensor) -> int:
     N = math.prod(x.shape[1:])
     if N > INT32_MAX:
@@ -283,7 +289,7 @@ def _check_n(x: Tensor) -> int:
 
 def _fwd_host(x: Tensor, weight: Tensor, bias: Tensor, params: list[float], flags: int, launch: bool,
               wrap=direct) -> Tensor:
-    T = x.shape[0]
+    T = _steps(x)
     N = _check_n(x)
     order = _neuron_order(x, None)
     spikes = _empty(x.shape, order, 1, x.dtype, x.device)
@@ -302,7 +308,7 @@ def _fwd_host(x: Tensor, weight: Tensor, bias: Tensor, params: list[float], flag
 
 def _bwd_host(x: Tensor, weight: Tensor, bias: Tensor, grad_spikes: Tensor, params: list[float], flags: int,
               launch: bool, wrap=direct) -> tuple[Tensor, Tensor, Tensor]:
-    T = x.shape[0]
+    T = _steps(x)
     N = _check_n(x)
     dev = x.device
     need_x, need_w, need_b = bool(flags & F_GRAD_X), bool(flags & F_GRAD_W), bool(flags & F_GRAD_B)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..backend import check_backend, use_triton
 from ..validation import flag, number, positive_int
-from .surrogate import check_surrogate, spike
+from .surrogate import SpikeFunction, check_surrogate
 
 __all__ = ["ParallelNeuron", "PSN", "MaskedPSN", "SlidingPSN"]
 
@@ -89,7 +89,7 @@ class ParallelNeuron(nn.Module):
                                              self.alpha)
         dt = torch.promote_types(x_seq.dtype, weight.dtype)
         h = torch.addmm(bias.to(dt), weight.to(dt), x_seq.flatten(1).to(dt))
-        return spike(h, self.surrogate, self.alpha).to(x_seq.dtype).view(x_seq.shape)
+        return SpikeFunction.apply(h, self.surrogate, self.alpha).to(x_seq.dtype).view(x_seq.shape)
 
     def extra_repr(self) -> str:
         return f"surrogate={self.surrogate}(alpha={self.alpha}), backend={self.backend}"
