@@ -320,7 +320,7 @@ def _bwd_host(x: Tensor, weight: Tensor, bias: Tensor, grad_spikes: Tensor, para
         block, tp = dot_tiles(T)
         grid = dot_programs(N, block, sm_count(dev))
     else:
-        block, tp = blocks(T)[1], T
+        block = blocks(T)[1]
         grid = cdiv(N, block)
     gw_part = torch.empty((grid if need_w else 0, T, T), dtype=torch.float32, device=dev)
     gb_part = torch.empty((grid if need_b else 0, T), dtype=torch.float32, device=dev)
