@@ -400,3 +400,40 @@ def test_cuda_graph_capture(cls, device):
     assert torch.equal(s, s0)
     assert_close(gx, gx0, what="dx")
     assert_close(gw, gw0, **SUMMED, what="dweight")
+
+
+def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
+    """``scripts/bench_neurons.py --suite psn`` end to end on tiny CPU shapes (the CUDA calls of its timing and
+    memory measurement stubbed): one JSON line per neuron, T, dtype and provider, and the target checks."""
+    import importlib.util
+    import json
+    import sys
+    import time as _time
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))
+    spec = importlib.util.spec_from_file_location("bench_neurons_psn_test", scripts / "bench_neurons.py")
+    bn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bn)
+    bu = sys.modules["bench_utils"]
+    monkeypatch.setattr(bn, "PSN_SHAPE", (2, 8))
+    monkeypatch.setattr(bn, "PSN_T", (3, 9))  # the vector and the tiled kernels
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(nn.Module, "cuda", lambda self, *a, **k: self)
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 2**20)
+    monkeypatch.setattr(bn, "make_input", lambda shape, dtype, expanded, seed=0: (lambda t: (t, t))(
+        (torch.randn(shape) + 0.5).to(dtype).requires_grad_()))
+    monkeypatch.setattr(bu, "bench_ms", lambda fn, quick=False, grad_to_none=None: (fn(), 1.0)[1])
+    monkeypatch.setattr(bu, "copy_bandwidth", lambda: 1.0)
+    monkeypatch.setattr(bu, "gpu_name", lambda: "cpu")
+    monkeypatch.setattr(bu, "plot", lambda *a, **k: None)
+    bn.psn_suite(tmp_path, quick=False, deadline=_time.time() + 600)
+    lines = [json.loads(line) for line in (tmp_path / "bench_neurons_psn.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 * 2 * 2 * 3  # neurons x T x dtypes x providers
+    assert {(d["neuron"], d["provider"]) for d in lines} >= {("SlidingPSN", "sj"), ("PSN", "ours-triton")}
+    assert all(d["peak_mib"] == 1.0 and d["ms"] == 1.0 for d in lines)
+    assert (tmp_path / "bench_neurons_psn.md").read_text().count("faster than SpikingJelly") == 12
