@@ -55,12 +55,16 @@ from .backend import use_triton
 from .nn.attention import QKVNeuron
 from .nn.neurons import BaseNeuron
 from .nn.norm_neuron import NormNeuron
+from .nn.psn import ParallelNeuron
 
 #: Layers whose inputs are counted as synaptic operations (NeuroBench's stateless connection layers).
 CONNECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 #: Spiking layers that hand their spikes to an attached counter themselves (``activity``), their neuron inside them
 #: bypassed when fused: the norm-neuron and the fused attention product-neuron.
 SELF_COUNTING = (NormNeuron, QKVNeuron)
+#: Neurons counted by a forward hook on their output spikes: the scan neurons and the parallel spiking neurons
+#: (PSN, MaskedPSN, SlidingPSN, whose product over time is counted as the neuron's update, not as synapses).
+NEURONS = (BaseNeuron, ParallelNeuron)
 #: Version of the report's layout (``report["format"]``).
 FORMAT = "snntrain-efficiency-1"
 #: Calls buffered per layer before they are folded into its totals.
@@ -477,8 +481,8 @@ def spiking_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     fused) and each neuron that is not inside one."""
     fused = [name for name, m in model.named_modules() if isinstance(m, SELF_COUNTING)]
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, SELF_COUNTING) or (isinstance(m, BaseNeuron) and not any(name.startswith(f + ".")
-                                                                                    for f in fused))]
+            if isinstance(m, SELF_COUNTING) or (isinstance(m, NEURONS) and not any(name.startswith(f + ".")
+                                                                                 for f in fused))]
 
 
 class NotSpiking(ValueError):
@@ -491,8 +495,8 @@ def check_spiking(model: nn.Module) -> None:
     drive, so for any other network it would report zero spikes and activity that it never saw."""
     if not spiking_layers(model):
         raise NotSpiking(
-            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF or "
-            f"NormNeuron), and {type(model).__name__} has none: it counts the spikes those layers fire and the "
+            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF, "
+            f"NormNeuron, PSN, MaskedPSN or SlidingPSN), and {type(model).__name__} has none: it counts the spikes those layers fire and the "
             "synaptic operations they drive, so for this network it would report zero spikes, which would be "
             "wrong, not a measurement. Build the network's neurons with snntrain.nn (build_neuron, NormNeuron) to "
             "get the report")

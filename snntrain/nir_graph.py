@@ -327,6 +327,10 @@ class _GraphBuilder:
                         else self.nir.Linear(weight=w))
                 src, shape = self.add(name, node, src), (m.out_features,)
                 spikes = False
+            elif getattr(m, "nir_refusal", None):  # a layer that says why it has no NIR form
+                self.problem(name, f"{type(m).__name__} has no NIR equivalent: {m.nir_refusal}")
+                shape = _output_shape(m, shape)
+                spikes = True
             else:
                 self.problem(name, f"{type(m).__name__} has no NIR equivalent (NIR has convolutions, affine "
                                             "maps, sum/average pooling, flatten, scaling and IF/LIF neurons; layer "

@@ -25,6 +25,7 @@ from torch import nn
 from ..backend import check_backend, use_triton
 from .neurons import BaseNeuron
 from .norm import LayerNorm2d
+from .psn import ParallelNeuron
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -50,6 +51,7 @@ class NormNeuron(nn.Module):
     repeated over ``T`` steps (direct encoding of a static image): the norm sees each
     element once, as when the stem's output is normalised before it is repeated.
     Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
+    A parallel spiking neuron (:mod:`snntrain.nn.psn`) follows the norm unfused, each with its own kernels.
     A :class:`torch.nn.SyncBatchNorm` (``trainer.sync_batchnorm=true`` converts the batch norm in
     place) runs unfused too: its statistics come from every process, which the fused kernels do not
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
@@ -66,8 +68,9 @@ class NormNeuron(nn.Module):
         if not isinstance(norm, (nn.BatchNorm2d, nn.SyncBatchNorm, LayerNorm2d, nn.Identity)):
             raise TypeError(f"norm is a {type(norm).__name__}; NormNeuron takes torch.nn.BatchNorm2d, SyncBatchNorm "
                             "or LayerNorm2d (or nn.Identity for a batch norm already folded into the convolution)")
-        if not isinstance(neuron, BaseNeuron):
-            raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF or PLIF module")
+        if not isinstance(neuron, (BaseNeuron, ParallelNeuron)):
+            raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes an IF, LIF, PLIF, PSN, MaskedPSN "
+                            "or SlidingPSN module")
         self.norm = norm
         self.neuron = neuron
         self.backend = check_backend(backend)
@@ -94,8 +97,8 @@ class NormNeuron(nn.Module):
             if x.shape[-3] != channels:
                 raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
                                  f"was built for {channels}")
-            if (self.fused and use_triton(self.backend, x) and x.dtype in _FUSED_DTYPES
-                    and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
+            if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
+                    and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
                 spikes, counted = self._fused(x, steps, norm, neuron, sink)
             elif steps is not None:
                 y = norm(x)
