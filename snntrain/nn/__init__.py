@@ -5,9 +5,10 @@ from .layers import MultiStep, TemporalDropout
 from .neurons import IF, LIF, PLIF, BaseNeuron, build_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
 from .norm_neuron import NormNeuron
+from .pool import SpikeMaxPool2d
 from .surrogate import SURROGATES, spike
 
 __all__ = [
     "IF", "LIF", "NORMS", "PLIF", "BaseNeuron", "LayerNorm", "LayerNorm2d", "MultiStep", "NormNeuron", "SURROGATES",
-    "TemporalDropout", "build_neuron", "build_norm2d", "functional", "set_backend", "spike",
+    "SpikeMaxPool2d", "TemporalDropout", "build_neuron", "build_norm2d", "functional", "set_backend", "spike",
 ]
