@@ -52,8 +52,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import spike_pool_tuning as tuning
 from .op_utils import FLOAT_DTYPES, INT32_MAX, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
-from .spike_pool_tuning import WARPS, pool_tiles
 
 __all__ = ["MAX_WINDOW", "max_pool2d", "unsupported", "pool_params", "output_size", "max_pool_fwd", "max_pool_bwd"]
 
@@ -157,8 +157,9 @@ def _max_pool_bwd_kernel(
             ow = wn // SW
             m = (h_ok & (wn >= 0) & (wn % SW == 0) & (ow < Wo))[:, None] & c_ok[None, :]
             chosen = tl.load(pos_ptr + (p_n + oh * sp_h + ow * sp_w)[:, None] + p_c, mask=m, other=255)
-            hit = m & (chosen.to(tl.int32) == kh * KW + kw)
-            acc += tl.load(g_ptr + (g_n + oh * sg_h + ow * sg_w)[:, None] + g_c, mask=hit, other=0.0).to(tl.float32)
+            # loaded whatever the position, so that the gradient's loads do not wait for the positions'
+            g = tl.load(g_ptr + (g_n + oh * sg_h + ow * sg_w)[:, None] + g_c, mask=m, other=0.0).to(tl.float32)
+            acc += tl.where(chosen.to(tl.int32) == kh * KW + kw, g, 0.0)
     m = q_ok[:, None] & c_ok[None, :]
     tl.store(dx_ptr + (n * sd_n + ih * sd_h + iw * sd_w)[:, None] + c[None, :] * sd_c,
              acc.to(dx_ptr.dtype.element_ty), mask=m)
@@ -244,12 +245,13 @@ def _fwd_host(x: Tensor, params: list[int], save_pos: bool, launch: bool = True,
                       memory_format=fmt if save_pos else torch.contiguous_format)
     P = N * Ho * Wo
     if launch and P > 0 and C > 0:
-        block_p, block_c = pool_tiles(C, x.stride(1) == 1)
+        block_p, block_c = tuning.pool_tiles(C, x.stride(1) == 1)
         wrap(_max_pool_fwd_kernel)[(cdiv(P, block_p), cdiv(C, block_c))](
             x, y, pos if save_pos else None, P, C, H, W, Ho, Wo,
             *x.stride(), *y.stride(),
             KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw,
-            STORE_POS=save_pos, WIDE=_wide(x, y) or P >= INT32_MAX, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=WARPS,
+            STORE_POS=save_pos, WIDE=_wide(x, y) or P >= INT32_MAX, BLOCK_P=block_p, BLOCK_C=block_c,
+            num_warps=tuning.WARPS,
         )
     return y, pos
 
@@ -261,12 +263,13 @@ def _bwd_host(grad_y: Tensor, pos: Tensor, params: list[int], launch: bool = Tru
     dx = torch.empty((N, C, H, W), dtype=grad_y.dtype, device=grad_y.device, memory_format=_format(bool(channels_last)))
     Q = N * H * W
     if launch and Q > 0 and C > 0:
-        block_p, block_c = pool_tiles(C, dx.stride(1) == 1)
+        block_p, block_c = tuning.pool_tiles(C, dx.stride(1) == 1)
         wrap(_max_pool_bwd_kernel)[(cdiv(Q, block_p), cdiv(C, block_c))](
             grad_y, pos, dx, Q, C, H, W, Ho, Wo,
             *grad_y.stride(), *pos.stride(), *dx.stride(),
             KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw,
-            WIDE=_wide(grad_y, pos, dx) or Q >= INT32_MAX, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=WARPS,
+            WIDE=_wide(grad_y, pos, dx) or Q >= INT32_MAX, BLOCK_P=block_p, BLOCK_C=block_c,
+            num_warps=tuning.WARPS,
         )
     return dx
 
