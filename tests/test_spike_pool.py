@@ -279,12 +279,24 @@ def test_cuda_graph_and_stem_shape_on_the_gpu():
 # ------------------------------------------------------------------------------------------------------------
 
 
+#: The transformers' stems at test size: Spikformer pools its last two stages' spikes, the Spike-driven
+#: Transformer its third stage's spikes (and PyTorch pools its fourth, a norm's output).
+TRANSFORMERS = {
+    "spikformer": dict(name="spikformer", variant="spikformer_cifar10", embed_dim=16, depth=1, heads=2, patch_size=4),
+    "spike_driven_transformer": dict(name="spike_driven_transformer", variant="sdt_2_512", embed_dim=16, depth=1,
+                                     pooling="0011"),
+}
+
+
 def _model(family: str):
+    from snntrain.models import build_model
     from snntrain.models.sew_resnet import SEWResNet
     from snntrain.models.spiking_resnet import SpikingResNet
     from snntrain.models.spiking_vgg import SpikingVGG
 
     torch.manual_seed(0)
+    if family in TRANSFORMERS:
+        return build_model({**TRANSFORMERS[family], "num_classes": 3, "in_channels": 3, "T": 2}, backend="torch")
     if family == "sew_resnet":
         return SEWResNet(depth=18, num_classes=3, T=2, stem="imagenet", width=4, backend="torch")
     if family == "spiking_resnet":
@@ -292,14 +304,15 @@ def _model(family: str):
     return SpikingVGG("spiking_vgg11_bn", num_classes=3, T=2, width=4, classifier="linear", backend="torch")
 
 
-@pytest.mark.parametrize("family", ["sew_resnet", "spiking_resnet", "spiking_vgg"])
+@pytest.mark.parametrize("family", ["sew_resnet", "spiking_resnet", "spiking_vgg", *TRANSFORMERS])
 def test_models_pool_spikes_with_it(family):
-    """Each model's max-pools are SpikeMaxPool2d following the model's backend; with the Triton kernels in the
-    pools (the rest on PyTorch, fp32, channels-last) logits and every gradient equal PyTorch's pooling bit for
+    """The models' max-pools of spikes are SpikeMaxPool2d following the model's backend; with the Triton kernels
+    in them (the rest on PyTorch, fp32, channels-last) logits and every gradient equal PyTorch's pooling bit for
     bit."""
     model = _model(family).to(DEVICE).to(memory_format=torch.channels_last)
-    pools = [m for m in model.modules() if isinstance(m, nn.MaxPool2d)]
-    assert pools and all(isinstance(m, SpikeMaxPool2d) and m.backend == "torch" for m in pools)
+    pools = [m for m in model.modules() if isinstance(m, SpikeMaxPool2d)]
+    expected = {"spikformer": 2, "spike_driven_transformer": 1, "spiking_vgg": 5}.get(family, 1)
+    assert len(pools) == expected and all(m.backend == "torch" for m in pools)
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     results = []
     for backend in ("torch", "triton"):
