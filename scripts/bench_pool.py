@@ -25,7 +25,8 @@ forward reads the spikes and writes the pooled spikes and a one-byte window posi
 pool ``fwd`` = E_in + E_out, ``fwd+bwd`` = 2 E_in + 2 E_out. ``roofline`` = (bytes / copy bandwidth) / time,
 with the copy bandwidth (clone of 1 GiB) measured in the same run.
 
-Writes ``DIR/bench_pool.csv`` and ``.png``. ``--sweep`` times the launch sizes of
+The ``note`` column gives the MB the forward keeps for the backward (autograd's saved tensors, the input
+included where it is saved). Writes ``DIR/bench_pool.csv`` and ``.png``. ``--sweep`` times the launch sizes of
 :mod:`snntrain.kernels.spike_pool_tuning` instead (tile elements, channels per channels-last tile, warps) on
 the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_sweep.csv``.
 """
@@ -126,6 +127,20 @@ def time_fn(run, x, gy, quick, graph_only=False):
     return out
 
 
+def saved_mb(run, x) -> float:
+    """MB the forward keeps for the backward (the tensors autograd saves, each storage counted once; the input
+    counts when it is saved, since the backward then keeps it alive)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run(x)
+    return sum(storages.values()) / 1e6
+
+
 def providers(op):
     from snntrain.nn import SpikeMaxPool2d
 
@@ -150,10 +165,11 @@ def run(quick, deadline, formats, dtypes, skipped):
                 traceback.print_exc()
                 skipped.append(f"{provider} {bench} {dname} {fmt}: {type(err).__name__}: {err}"[:300])
                 continue
+            note = f"saved for backward {saved_mb(fn, x):.1f} MB"
             for mode, ms in times.items():
                 rows.append(bu.Row(benchmark=bench, op=f"{op}-{label}-{fmt}", mode=mode, provider=provider,
                                    dtype=dname, shape="[" + ",".join(map(str, shape)) + "]", ms=ms,
-                                   bytes=case_bytes(op, shape, DTYPES[dname].itemsize, mode.split()[0])))
+                                   bytes=case_bytes(op, shape, DTYPES[dname].itemsize, mode.split()[0]), note=note))
         del x, gy
         torch.cuda.empty_cache()
     return rows
