@@ -305,10 +305,12 @@ def _model(family: str):
 
 
 @pytest.mark.parametrize("family", ["sew_resnet", "spiking_resnet", "spiking_vgg", *TRANSFORMERS])
-def test_models_pool_spikes_with_it(family):
+def test_models_pool_spikes_with_it(family, monkeypatch):
     """The models' max-pools of spikes are SpikeMaxPool2d following the model's backend; with the Triton kernels
     in them (the rest on PyTorch, fp32, channels-last) logits and every gradient equal PyTorch's pooling bit for
-    bit."""
+    bit. (cuDNN's deterministic algorithms on a GPU: the two runs differ only in the pools.)"""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     model = _model(family).to(DEVICE).to(memory_format=torch.channels_last)
     pools = [m for m in model.modules() if isinstance(m, SpikeMaxPool2d)]
     expected = {"spikformer": 2, "spike_driven_transformer": 1, "spiking_vgg": 5}.get(family, 1)
