@@ -226,8 +226,13 @@ def _format(channels_last: bool) -> torch.memory_format:
 
 
 def _wide(*tensors: Tensor) -> bool:
-    """Whether an offset into one of ``tensors`` may pass 32 bits."""
-    return any(sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) >= INT32_MAX for t in tensors if t.numel())
+    """Whether an offset into one of the 4-D ``tensors`` may pass 32 bits (their largest offset: each dimension's
+    last index times its stride; strides are never negative)."""
+    for t in tensors:
+        (n, c, h, w), (sn, sc, sh, sw) = t.shape, t.stride()
+        if (n - 1) * sn + (c - 1) * sc + (h - 1) * sh + (w - 1) * sw >= INT32_MAX:
+            return True
+    return False
 
 
 def _fwd_host(x: Tensor, params: list[int], save_pos: bool, launch: bool = True, wrap=direct) -> tuple[Tensor, Tensor]:
