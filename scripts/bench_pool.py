@@ -1,6 +1,7 @@
 """Benchmark the pooling of spike maps: our Triton max-pool against torch.nn.functional.max_pool2d.
 
     python scripts/bench_pool.py --out DIR [--quick] [--formats cl nchw] [--dtypes bf16 fp32] [--sweep]
+    python scripts/bench_pool.py --out DIR --dry-run    # no GPU: tiny shapes in Triton's interpreter, fake times
 
 Cases: the max-pool of the SEW-ResNet-18 stem's spikes (3x3, stride 2, padding 1) at 224x224, batch 32,
 T = 4 (``[128, 64, 112, 112]``), in the event network (128x128, batch 16, T = 16: ``[256, 64, 64, 64]``)
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import os
 import sys
 import time
 import traceback
@@ -44,6 +46,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+DRY = "--dry-run" in sys.argv  # checks the script's code paths without a GPU
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
+DEVICE = "cpu" if DRY else "cuda"
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -78,9 +84,11 @@ def case_bytes(op, shape, itemsize, mode):
 
 
 def make_input(op, shape, dtype, fmt, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = (torch.rand(shape, device="cuda", generator=g) < 0.2).to(dtype)
-    gy = torch.randn(out_shape(op, shape), device="cuda", generator=g).to(dtype)
+    if DRY:
+        shape = (2, min(shape[1], 8), min(shape[2], 9), min(shape[3], 9))
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = (torch.rand(shape, device=DEVICE, generator=g) < 0.2).to(dtype)
+    gy = torch.randn(out_shape(op, shape), device=DEVICE, generator=g).to(dtype)
     if fmt == "cl":
         x = x.contiguous(memory_format=torch.channels_last)
         gy = gy.contiguous(memory_format=torch.channels_last)
@@ -112,6 +120,9 @@ def time_fn(run, x, gy, quick, graph_only=False):
 
     fwd()
     fwd_bwd()
+    if DRY:
+        return {mode: 1.0 for mode in (("fwd+bwd graph",) if graph_only else
+                                       ("fwd", "fwd+bwd", "fwd graph", "fwd+bwd graph"))}
     out = {}
     if not graph_only:
         out = {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
@@ -171,7 +182,8 @@ def run(quick, deadline, formats, dtypes, skipped):
                                    dtype=dname, shape="[" + ",".join(map(str, shape)) + "]", ms=ms,
                                    bytes=case_bytes(op, shape, DTYPES[dname].itemsize, mode.split()[0]), note=note))
         del x, gy
-        torch.cuda.empty_cache()
+        if not DRY:
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -199,7 +211,8 @@ def sweep(quick, deadline, formats, dtypes, copy_gbps):
                 print(f"{bench} {dname} {fmt} tile={tile} channels={channels} warps={warps}: {ms:.4f} ms "
                       f"({rows[-1]['roofline']:.2f} of the copy rate)", flush=True)
             del x, gy
-            torch.cuda.empty_cache()
+            if not DRY:
+                torch.cuda.empty_cache()
     finally:
         tuning.TILE, tuning.CL_CHANNELS, tuning.WARPS = saved
         tuning.pool_tiles.cache_clear()
@@ -212,11 +225,13 @@ def main() -> None:
         p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
         p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
         p.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run")
+        p.add_argument("--dry-run", action="store_true", help="no GPU: tiny shapes in Triton's interpreter, fake times")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
-    bu.device()
+    if not DRY:
+        bu.device()
     deadline = time.time() + args.budget
-    copy_gbps = bu.copy_bandwidth()
+    copy_gbps = 1000.0 if DRY else bu.copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
     if args.sweep:
         rows = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes), copy_gbps)
