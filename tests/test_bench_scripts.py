@@ -1,5 +1,6 @@
 """The benchmark scripts' rounds: scripts/bench_train.py's providers timed in rounds that take turns and their
-ratios to the ResNet-18 floor; scripts/bench_ddp.py's speed-ups per round and their medians."""
+ratios to the ResNet-18 floor; scripts/bench_ddp.py's speed-ups per round and their medians; scripts/bench_pool.py's
+dry run."""
 
 from __future__ import annotations
 
