@@ -247,6 +247,17 @@ def test_torch_compile_fullgraph():
     assert torch.equal(a.grad, b.grad)
 
 
+@pytest.mark.slow  # an export
+def test_torch_export_calls_the_operator():
+    """An exported program of the pool calls ``snntrain::max_pool_fwd`` and gives the module's output."""
+    pool = MultiStep(SpikeMaxPool2d(3, 2, 1, backend="triton"))
+    x = _spikes((2, 2, 3, 9, 9), torch.float32, 17)
+    program = torch.export.export(pool, (x,))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "snntrain.max_pool_fwd.default" in targets, targets
+    assert torch.equal(program.module()(x), pool(x))
+
+
 @pytest.mark.gpu
 def test_cuda_graph_and_stem_shape_on_the_gpu():
     """The SEW-ResNet stem's pooling at batch 8 (bf16, channels-last) equals F.max_pool2d bit for bit, and a
