@@ -12,7 +12,9 @@ The forward scans each window row by row (``kh`` outer, ``kw`` inner) over its p
 (padding is never a candidate) and keeps a value when it is greater than the best so far, or NaN, or the
 window's first position inside the input: on ties the FIRST position in scan order wins (of spikes, the
 first 1, or the first position when all are 0), and a NaN wins over everything after it. The comparison is
-in fp32, which is exact for every input dtype. The backward routes each output's gradient to that position:
+in fp32, which is exact for every input dtype. (One corner differs: a window whose values are all -inf gets
+its first position here, as in PyTorch's CPU and NCHW CUDA kernels, while its channels-last CUDA kernel
+records the map's position (0, 0) for it.) The backward routes each output's gradient to that position:
 each input element sums, in fp32, the gradients of the outputs whose chosen position it is, in ascending
 output order (row by row), and rounds the sum once to the input's dtype. That is what PyTorch's CUDA kernel
 does; PyTorch's CPU kernel adds 16-bit gradients in their own dtype instead (rounding after every addition),
