@@ -7,7 +7,7 @@ The models pool spikes with it (:class:`snntrain.nn.SpikeMaxPool2d`), but nothin
 the result is ``torch.nn.functional.max_pool2d``'s for any floating input.
 
 Semantics (those of PyTorch's CUDA kernels, checked by the tests)
---------------------------------------------------------------------
+-----------------------------------------------------------------
 The forward scans each window row by row (``kh`` outer, ``kw`` inner) over its positions inside the input
 (padding is never a candidate) and keeps a value when it is greater than the best so far, or NaN, or the
 window's first position inside the input: on ties the FIRST position in scan order wins (of spikes, the
@@ -25,8 +25,9 @@ What the forward saves
 PyTorch's ``max_pool2d`` keeps the input and writes an int64 index per output element (8 B) for its
 backward. Here the forward writes, per output element, the window position of its maximum,
 ``kh * KW + kw``, as one uint8 byte (windows of up to :data:`MAX_WINDOW` elements), and nothing else: the
-backward needs neither the input nor its values. On the SEW-ResNet stem (``[T*B, 64, 112, 112]`` pooled
-3x3/2 to 56x56) that is 1/8 of an index tensor and 1/8 of a bf16 input kept for the backward.
+backward needs neither the input nor its values. On the SEW-ResNet stem (``[T*B, 64, 112, 112]`` bf16 spikes
+pooled 3x3/2 to 56x56: four input elements per output) PyTorch keeps 16 B per output element (8 B of index,
+8 B of input), this 1 B.
 Bytes moved: the forward reads the input and writes the output and the positions, the backward reads the
 output gradient and the positions and writes the input gradient; ``2 E_in + 2 E_out + 2 P`` in all, with
 ``E`` a tensor's bytes and ``P`` the positions' (one byte per output element).
