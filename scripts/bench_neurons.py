@@ -1,18 +1,20 @@
 """Benchmark the multi-step LIF neuron: ours (Triton and PyTorch backends) against SpikingJelly 2.0.0.
 
-    python scripts/bench_neurons.py --out DIR [--quick] [--budget SECONDS] [--sweep]
-    python scripts/bench_neurons.py --out DIR --families [--api-lif] [--smoke]
+    python scripts/bench_neurons.py --out DIR [--quick] [--budget SECONDS] [--sweep] [--suite lif|psn]
+    python scripts/bench_neurons.py --out DIR --suite families|api-lif [--family NAME] [--smoke]
 
-``--families`` and ``--api-lif`` measure the neurons generated from a step function instead
-(:func:`run_generated`, results as JSON lines in ``DIR/bench_neuron_families.jsonl``): each family of
+``--suite families`` and ``--suite api-lif`` measure the neurons generated from a step function
+(:func:`run_generated`, results as JSON lines in ``DIR/bench_neuron_families.jsonl`` and
+``DIR/bench_neuron_api_lif.jsonl``): each family of
 ``snntrain.nn.families`` (our generated kernels) against SpikingJelly's fastest implementation of
 the same neuron (its node, whose multi-step call picks its registered CUDA/Triton kernel where it has
 one, and ``FlexSN`` over the same step; the faster of the two is the peer), forward plus backward at
 T = 4 and 16 on ``[T, 64, 256, 256]`` (the tutorial's ``[T, 64, 65536]`` with 256 channels), fp32 and
-bf16, with the peak memory each allocates beyond its input; ``--api-lif`` the StepNeuron LIF against
+bf16, with the peak memory each allocates beyond its input; ``api-lif`` the StepNeuron LIF against
 the hand-written LIF kernel at T = 4 and 32, alone and after a training-mode batch norm (``NormNeuron``:
-folded into the generated kernels, against today's fused batch-norm LIF op). ``--smoke`` runs the same code on the CPU on a tiny shape
-(Triton's interpreter, wall-clock timing, no memory): a check of the script, not a measurement.
+folded into the generated kernels, against today's fused batch-norm LIF op). ``--smoke`` runs them on
+the CPU on a tiny shape (Triton's interpreter, wall-clock timing, no memory): a check of the script,
+not a measurement.
 
 Cases: the SpikingJelly tutorial's ``[T, 64, 65536]`` for T in 4, 8, 16, 32, and the
 neuron inputs of SEW-ResNet-18 on 224x224 ImageNet at batch 32 and T=4 (the stem's
@@ -45,6 +47,10 @@ bounds the whole run (child processes get what is left).
 
 Writes ``DIR/bench_neurons.csv``, ``.png`` (via scripts/bench_utils.py) and
 ``DIR/bench_neurons.md`` (the compact table and the target checks, for docs/benchmarks.md).
+
+``--suite psn`` measures the parallel spiking neurons instead (:func:`psn_suite`): PSN, MaskedPSN and
+SlidingPSN forward+backward on ``[T, 64, 65536]``, T in 4 and 16, fp32 and bf16, time and peak memory,
+ours against SpikingJelly's module of the same name, into ``DIR/bench_neurons_psn.jsonl``.
 """
 
 from __future__ import annotations
@@ -381,10 +387,11 @@ def sweep(quick: bool) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Generated neurons (--families, --api-lif)
+# Generated neurons (--suite families, --suite api-lif)
 # ----------------------------------------------------------------------------
 
 GEN_NAME = "bench_neuron_families"
+API_LIF_NAME = "bench_neuron_api_lif"
 FAMILY_T = (4, 16)
 API_LIF_T = (4, 32)
 GEN_DTYPES = ("fp32", "bf16")
@@ -547,12 +554,13 @@ def _sj_node(entry, dev):
 
 
 def run_generated(args) -> None:
-    """``--families`` / ``--api-lif``: rows as JSON lines in ``<out>/bench_neuron_families.jsonl`` and a summary."""
+    """``--suite families`` / ``api-lif``: rows as JSON lines in ``<out>/bench_neuron_families.jsonl`` /
+    ``bench_neuron_api_lif.jsonl`` and a summary."""
     smoke = args.smoke
     dev = torch.device("cpu") if smoke else bu.device()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{GEN_NAME}.jsonl"
+    path = out / f"{GEN_NAME if args.suite == 'families' else API_LIF_NAME}.jsonl"
     step_shape = SMOKE_SHAPE if smoke else GEN_SHAPE
     channels = step_shape[1]
     gpu = "cpu (smoke: not a measurement)" if smoke else bu.gpu_name()
@@ -578,7 +586,7 @@ def run_generated(args) -> None:
 
     path.write_text("")
     families = args.family or list(SJ_NODES)
-    if args.families:
+    if args.suite == "families":
         try:
             import spikingjelly  # noqa: F401
             have_sj = True
@@ -603,7 +611,7 @@ def run_generated(args) -> None:
                             m = _flexsn(family, dev, DTYPES[dname])
                             return m, m.reset
                         record("families", family, "sj-flexsn", dname, T, flex)
-    if args.api_lif:
+    if args.suite == "api-lif":
         from torch import nn
 
         from snntrain.nn import LIF, NormNeuron, StepNeuron
@@ -673,13 +681,15 @@ def main() -> None:
         p.add_argument("--sweep", action="store_true", help="only time our kernels over launch configurations")
         p.add_argument("--worker", choices=[w for w, _ in SJ_WORKERS], help=argparse.SUPPRESS)
         p.add_argument("--worker-out", help=argparse.SUPPRESS)
-        p.add_argument("--families", action="store_true", help="the generated neuron families against SpikingJelly")
-        p.add_argument("--api-lif", action="store_true", help="the StepNeuron LIF against the hand-written LIF kernel")
-        p.add_argument("--family", action="append", help="only this family (repeatable; with --families)")
-        p.add_argument("--smoke", action="store_true", help="with --families/--api-lif: a tiny CPU run (a check)")
+        p.add_argument("--suite", choices=("lif", "psn", "families", "api-lif"), default="lif",
+                       help="lif: the LIF cases above; psn: PSN, MaskedPSN, SlidingPSN against SpikingJelly; families: "
+                            "the generated neuron families against SpikingJelly; api-lif: the StepNeuron LIF against "
+                            "the hand-written LIF kernel")
+        p.add_argument("--family", action="append", help="only this family (repeatable; with --suite families)")
+        p.add_argument("--smoke", action="store_true", help="with --suite families/api-lif: a tiny CPU run (a check)")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
-    if args.families or args.api_lif:
+    if args.suite in ("families", "api-lif"):
         run_generated(args)
         return
     bu.device()
@@ -688,6 +698,9 @@ def main() -> None:
         return
     if args.sweep:
         sweep(args.quick)
+        return
+    if args.suite == "psn":
+        psn_suite(Path(args.out), args.quick, time.time() + args.budget)
         return
     start = time.time()
     deadline = start + args.budget
@@ -734,6 +747,130 @@ def main() -> None:
         md += ["", "Skipped:", *[f"- {s}" for s in skipped]]
     (out / f"{NAME}.md").write_text("\n".join(md) + "\n")
     print(f"markdown: {out / f'{NAME}.md'}")
+
+
+# ----------------------------------------------------------------------------
+# The parallel spiking neurons (--suite psn)
+# ----------------------------------------------------------------------------
+
+PSN_T = (4, 16)
+PSN_DTYPES = ("fp32", "bf16")
+PSN_SHAPE = (64, 65536)  # [T, 64, 65536], the tutorial's neurons
+PSN_K = 2  # the order of MaskedPSN and SlidingPSN
+PSN_NAME = "bench_neurons_psn"
+
+
+def _psn_pair(neuron: str, T: int):
+    """(ours with backend="triton", SpikingJelly's module) holding the same parameters, on the GPU."""
+    from spikingjelly.activation_based import neuron as sjn
+
+    from snntrain.nn import PSN, MaskedPSN, SlidingPSN
+
+    if neuron == "PSN":
+        sj, ours = sjn.PSN(T), PSN(T)
+    elif neuron == "MaskedPSN":
+        sj, ours = sjn.MaskedPSN(PSN_K, T, lambda_init=0.5, step_mode="m"), MaskedPSN(PSN_K, T, lambda_init=0.5)
+    else:
+        sj, ours = sjn.SlidingPSN(PSN_K, step_mode="m"), SlidingPSN(PSN_K)
+    ours.load_state_dict(sj.state_dict())
+    return ours.cuda(), sj.cuda()
+
+
+def _psn_measure(module, shape, dtype, quick) -> tuple[float, float, int]:
+    """(fwd+bwd ms, peak MiB above what was allocated before the step, spikes) of ``module(x).sum().backward()``,
+    gradients for the input and the module's parameters."""
+    leaf, x = make_input(shape, dtype, False)
+
+    def step():
+        module(x).sum().backward()
+
+    with torch.no_grad():
+        count = int(module(x).float().sum().item())
+    step()  # compile and warm up
+    leaf.grad = None
+    module.zero_grad(set_to_none=False)  # parameter gradients stay allocated, as in training
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = bu.bench_ms(step, quick, grad_to_none=[leaf])
+    leaf = x = None  # (not del: step() refers to them)
+    torch.cuda.empty_cache()
+    return ms, peak, count
+
+
+def psn_suite(out: Path, quick: bool, deadline: float) -> None:
+    """PSN, MaskedPSN, SlidingPSN forward+backward: ours (the Triton kernels, and the torch backend) against
+    SpikingJelly 2.0.0's module of the same name, whose one implementation (``torch.addmm`` and its surrogate
+    function) is its fastest; 16-bit rows run SpikingJelly's module converted to that dtype (it multiplies in
+    the input's dtype), ours with fp32 parameters. Writes ``<out>/bench_neurons_psn.jsonl`` (one JSON object per
+    measurement), the CSV and plot of :func:`bench_utils.finish`, and prints the target checks (ours at least
+    2x faster, at most 0.5x the peak memory)."""
+    import json
+
+    copy_gbps = bu.copy_bandwidth()
+    print(f"GPU {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, torch {torch.__version__}; PSN suite, "
+          f"k={PSN_K}, atan surrogate", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{PSN_NAME}.jsonl").write_text("")
+    lines: list[dict] = []
+    rows: list[bu.Row] = []
+    checks: list[str] = []
+    skipped: list[str] = []
+    for neuron in ("PSN", "MaskedPSN", "SlidingPSN"):
+        for T in PSN_T[:1] if quick else PSN_T:
+            shape = (T, *PSN_SHAPE)
+            for dname in PSN_DTYPES:
+                if time.time() > deadline:
+                    skipped.append(f"{neuron} T{T} {dname}: out of time budget")
+                    continue
+                dtype = DTYPES[dname]
+                ours, sj = _psn_pair(neuron, T)
+                if dtype != torch.float32:
+                    sj = sj.to(dtype)
+                got = {}
+                for provider, module in (("ours-triton", ours), ("ours-torch", ours), ("sj", sj)):
+                    if provider.startswith("ours-"):
+                        module.backend = provider.split("-", 1)[1]
+                    try:
+                        got[provider] = _psn_measure(module, shape, dtype, quick)
+                    except Exception as err:  # noqa: BLE001 - record and go on with the next provider
+                        torch.cuda.empty_cache()
+                        skipped.append(f"{neuron} T{T} {dname} {provider}: {type(err).__name__}: "
+                                       f"{str(err).strip()[:160]}")
+                        continue
+                    ms, peak, count = got[provider]
+                    line = {"suite": "psn", "neuron": neuron, "provider": provider, "T": T, "dtype": dname,
+                            "shape": list(shape), "mode": "fwd+bwd", "ms": ms, "peak_mib": peak, "spikes": count,
+                            "gpu": bu.gpu_name()}
+                    lines.append(line)
+                    with open(out / f"{PSN_NAME}.jsonl", "a") as f:
+                        f.write(json.dumps(line) + "\n")
+                    rows.append(bu.Row("neurons/psn", neuron.lower(), "fwd+bwd", provider, dname,
+                                       shape_text(shape, False), ms, min_bytes(shape, dtype.itemsize, "fwd+bwd", False),
+                                       note=f"T{T} peak={peak:.0f}MiB spikes={count}"))
+                    print(f"{neuron:10s} T={T:2d} {dname} {provider:11s} {ms:8.3f} ms  peak {peak:8.0f} MiB", flush=True)
+                if "ours-triton" in got and "sj" in got:
+                    (ms0, mem0, _), (ms1, mem1, _) = got["ours-triton"], got["sj"]
+                    speed, mem = ms1 / ms0, mem0 / mem1 if mem1 > 0 else float("inf")
+                    checks.append(f"{neuron} T={T} {dname}: {speed:.2f}x faster than SpikingJelly (target >= 2) "
+                                  f"{'PASS' if speed >= 2 else 'FAIL'}; {mem:.2f}x its peak memory (target <= 0.5) "
+                                  f"{'PASS' if mem <= 0.5 else 'FAIL'}")
+                ours = sj = None
+                torch.cuda.empty_cache()
+    if rows:
+        bu.finish(rows, copy_gbps, out, PSN_NAME, "Parallel spiking neurons, forward+backward")
+    print("\n== targets ==")
+    for c in checks:
+        print(c)
+    for s in skipped:
+        print("skipped: " + s)
+    md = [f"GPU: {bu.gpu_name()}; torch {torch.__version__}; PSN suite, k={PSN_K}, atan surrogate; ms = median of "
+          "triton.testing.do_bench; peak = max allocated above the step's start.", "", *[f"- {c}" for c in checks]]
+    md += [f"- skipped: {s}" for s in skipped]
+    (out / f"{PSN_NAME}.md").write_text("\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -345,9 +345,10 @@ class _NormReLU(torch.nn.Module):
 
 
 def relu_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every spiking neuron replaced by a ReLU and every norm-neuron by its norm and a ReLU, in
-    place: the same network, not spiking (the floor; run it with T = 1 on a batch of T x B images)."""
-    from snntrain.nn import BaseNeuron, NormNeuron
+    """``model`` with every spiking neuron replaced by a ReLU, every norm-neuron by its norm and a ReLU and every
+    max-pool of spikes by PyTorch's max-pool, in place: the same network, not spiking (the floor; run it with T = 1
+    on a batch of T x B images)."""
+    from snntrain.nn import BaseNeuron, NormNeuron, SpikeMaxPool2d
 
     replaced: list[str] = []
     for name, m in list(model.named_modules()):
@@ -357,6 +358,8 @@ def relu_twin(model: torch.nn.Module) -> torch.nn.Module:
             twin = _NormReLU(m.norm)
         elif isinstance(m, BaseNeuron):
             twin = _ReLU()
+        elif isinstance(m, SpikeMaxPool2d):
+            twin = torch.nn.MaxPool2d(m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode)
         else:
             continue
         parent, _, child = name.rpartition(".")

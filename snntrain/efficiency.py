@@ -61,6 +61,9 @@ CONNECTIONS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 #: Spiking layers that hand their spikes to an attached counter themselves (``activity``), their neuron inside them
 #: bypassed when fused: the norm-neuron and the fused attention product-neuron.
 SELF_COUNTING = (NormNeuron, QKVNeuron)
+#: Neurons (:func:`snntrain.nn.neurons.is_neuron`: the scan neurons, the step neurons and the parallel spiking neurons
+#: PSN, MaskedPSN, SlidingPSN, whose product over time is counted as the neuron's update, not as synapses) are
+#: counted by a forward hook on their output spikes.
 #: Version of the report's layout (``report["format"]``).
 FORMAT = "snntrain-efficiency-1"
 #: Calls buffered per layer before they are folded into its totals.
@@ -491,9 +494,10 @@ def check_spiking(model: nn.Module) -> None:
     drive, so for any other network it would report zero spikes and activity that it never saw."""
     if not spiking_layers(model):
         raise NotSpiking(
-            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF, a "
-            "StepNeuron, any type of snntrain.nn.NEURONS or NormNeuron), and "
-            f"{type(model).__name__} has none: it counts the spikes those layers fire and the synaptic operations they drive, so for this network it would report zero spikes, which would be "
+            "the efficiency report covers networks with snntrain spiking layers (snntrain.nn IF, LIF, PLIF, PSN, "
+            "MaskedPSN, SlidingPSN, a StepNeuron, any type of snntrain.nn.NEURONS or NormNeuron), and "
+            f"{type(model).__name__} has none: it counts the spikes those layers fire and the synaptic operations "
+            "they drive, so for this network it would report zero spikes, which would be "
             "wrong, not a measurement. Build the network's neurons with snntrain.nn (build_neuron, NormNeuron) to "
             "get the report")
 

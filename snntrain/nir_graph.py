@@ -245,6 +245,8 @@ def _neuron_node(m: nn.Module, shape: tuple[int, ...], dt: float, target: str) -
 
     if not isinstance(m, BaseNeuron) and hasattr(m, "nir_form"):
         return _step_neuron_node(m, shape, dt)
+    if not isinstance(m, BaseNeuron) and getattr(m, "nir_refusal", None):  # a neuron that says why it has none
+        raise NIRError(f"{type(m).__name__} has no NIR equivalent: {m.nir_refusal}")
     p = m.params
     if p.v_reset is None:
         raise NIRError("soft reset (v_reset=None, subtract the threshold) has no NIR form: NIR's neurons reset to "
@@ -363,6 +365,10 @@ class _GraphBuilder:
                         else self.nir.Linear(weight=w))
                 src, shape = self.add(name, node, src), (m.out_features,)
                 spikes = False
+            elif getattr(m, "nir_refusal", None):  # a layer that says why it has no NIR form
+                self.problem(name, f"{type(m).__name__} has no NIR equivalent: {m.nir_refusal}")
+                shape = _output_shape(m, shape)
+                spikes = True
             else:
                 self.problem(name, f"{type(m).__name__} has no NIR equivalent (NIR has convolutions, affine "
                                             "maps, sum/average pooling, flatten, scaling and IF/LIF neurons; layer "

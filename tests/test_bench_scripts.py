@@ -1,5 +1,6 @@
 """The benchmark scripts' rounds: scripts/bench_train.py's providers timed in rounds that take turns and their
-ratios to the ResNet-18 floor; scripts/bench_ddp.py's speed-ups per round and their medians."""
+ratios to the ResNet-18 floor; scripts/bench_ddp.py's speed-ups per round and their medians; scripts/bench_pool.py's
+dry run."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_model_zoo_cases_compare_equal_networks_and_their_relu_twins(bench):
     """Each model-zoo case builds the network that SpikingJelly's constructor of the same name builds (equal
     parameter counts; on the meta device, no memory), and its ReLU twin is the same network without a neuron."""
     from snntrain.models import build_model
-    from snntrain.nn import BaseNeuron, NormNeuron
+    from snntrain.nn import BaseNeuron, NormNeuron, SpikeMaxPool2d
 
     module, _ = bench
     zoo = [case for case, c in module.CASES.items() if "model" in c and case not in module.TRANSFORMER_CASES]
@@ -132,8 +133,29 @@ def test_model_zoo_cases_compare_equal_networks_and_their_relu_twins(bench):
                           backend="torch")
         keys = {k for k in net.state_dict() if ".neuron." not in k}
         twin = module.relu_twin(net)
-        assert not any(isinstance(m, (BaseNeuron, NormNeuron)) for m in twin.modules())
+        assert not any(isinstance(m, (BaseNeuron, NormNeuron, SpikeMaxPool2d)) for m in twin.modules())
         assert set(twin.state_dict()) == keys  # the same weights, only the neurons gone
         out = twin(torch.randn(4, 1, 8, 8))
         out.sum().backward()
         assert out.shape == (4, 3) and all(p.grad is not None for p in twin.parameters())
+
+
+@pytest.mark.slow  # a fresh interpreter running the script's code paths in Triton's interpreter
+def test_bench_pool_dry_run(tmp_path):
+    """scripts/bench_pool.py --dry-run (tiny shapes, fake times, no GPU) writes a row per case, mode and provider."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
+    res = subprocess.run([sys.executable, str(SCRIPTS / "bench_pool.py"), "--dry-run", "--quick", "--dtypes", "bf16",
+                          "--formats", "cl", "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(tmp_path / "bench_pool.csv") as f:
+        rows = list(csv.DictReader(f))
+    # --quick: the 224 stem's max-pool (ours and torch) and the head's average pool (torch), four modes each
+    assert len(rows) == 3 * 4
+    assert {r["provider"] for r in rows} == {"ours-triton", "torch"}
+    assert all(r["note"].startswith("saved for backward") for r in rows)

@@ -477,7 +477,7 @@ def test_ddp_settings_reach_the_strategy():
 
 @pytest.mark.slow
 def test_two_nodes_of_one_process_each_through_the_command_line(tmp_path):
-    """Several nodes as the README documents them: the same command on every node with
+    """Several nodes as docs/multinode.md documents them: the same command on every node with
     ``trainer.num_nodes``, ``NODE_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` and one shared run directory;
     here two "nodes" of one CPU process each on this machine, talking over gloo on the loopback."""
     import socket

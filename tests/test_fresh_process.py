@@ -62,7 +62,7 @@ def test_importing_kernels_registers_every_op():
     assert res.returncode == 0, res.stderr
     ops = set(res.stdout.strip().split(","))
     assert {"neuron_fwd", "neuron_bwd", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd",
-            "layer_norm_fwd", "layer_norm_bwd", "giou_loss", "giou_loss_backward"} <= ops
+            "layer_norm_fwd", "layer_norm_bwd", "giou_loss", "giou_loss_backward", "max_pool_fwd", "max_pool_bwd"} <= ops
 
 
 @pytest.mark.slow

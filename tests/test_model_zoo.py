@@ -186,12 +186,13 @@ def test_direct_encoding_equals_the_repeated_image(make):
 
 
 @pytest.mark.slow
-def test_triton_and_torch_backends_agree():
+def test_triton_and_torch_backends_agree(device):
     """An MS-ResNet-18 of width 2 (plain neurons, fused norm-neurons, a static image over T) gives the same logits
-    and gradients with the Triton kernels (interpreted on a CPU) as with the PyTorch reference."""
+    and gradients with the Triton kernels (on the GPU, or interpreted on a CPU) as with the PyTorch reference."""
     torch.manual_seed(0)
     model = MSResNet("ms_resnet18", stem="cifar", num_classes=3, in_channels=1, T=2, width=2, backend="torch")
-    x = torch.randn(2, 1, 8, 8)
+    model = model.to(device)
+    x = torch.randn(2, 1, 8, 8, device=device)
     grads = {}
     for backend in ("torch", "triton"):
         set_backend(model, backend)

@@ -238,7 +238,7 @@ def test_compiled_and_graph_steps_match_eager_on_gpu(precision):
     tol = {"fp32": (1e-4, 1e-5, 3e-3), "bf16": (2e-2, 2e-3, 5e-2), "fp16": (5e-3, 5e-4, 2e-2)}[precision]
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(3)
-    # 64x64: the last stage's maps stay 2x2 (see README "Speed" on 1x1 maps under compile)
+    # 64x64: the last stage's maps stay 2x2 (see docs/speed.md on 1x1 maps under compile)
     x = torch.randn(4, 3, 64, 64, generator=g).cuda()
     y = torch.tensor([0, 1, 2, 3]).cuda()
     base = to_channels_last(tiny("triton", width=8).cuda())

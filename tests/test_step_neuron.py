@@ -275,12 +275,18 @@ def test_registry_passes_T_and_channels_where_a_type_names_them():
         NEURONS.pop("TestTakesT")
 
 
-def test_psn_family_is_built_lazily_with_T():
-    psn = pytest.importorskip("snntrain.nn.psn")
-    for name in ("PSN", "MaskedPSN", "SlidingPSN"):
-        try:
-            m = build_neuron(name, T=4)
-        except ValueError as err:  # a required parameter of the family (e.g. the masked/sliding window) is named
-            assert "valid parameters" in str(err)
-            continue
-        assert isinstance(m, getattr(psn, name))
+def test_psn_family_is_built_with_T_and_a_type_can_be_registered_by_import_path():
+    from snntrain.nn import ALIF, PSN
+
+    m = build_neuron("PSN", T=4, backend="torch")
+    assert isinstance(m, PSN)
+    register_neuron("TestLazyALIF", "snntrain.nn.families:ALIF", replace=True)
+    register_neuron("TestMissing", "snntrain.nn.no_such_module:Neuron", replace=True)
+    try:
+        assert isinstance(build_neuron("TestLazyALIF", tau_a=5.0), ALIF)
+        assert NEURONS["TestLazyALIF"] is ALIF  # imported once, then the class itself
+        with pytest.raises(ValueError, match="needs snntrain.nn.no_such_module:Neuron, which is not available"):
+            build_neuron("TestMissing")
+    finally:
+        NEURONS.pop("TestLazyALIF")
+        NEURONS.pop("TestMissing")

@@ -168,7 +168,7 @@ def test_model_config_builds_every_family(compose_run):
 
 
 def test_benchmark_script_smoke(tmp_path):
-    """scripts/bench_neurons.py --families --api-lif --smoke: every provider runs and writes its JSON line."""
+    """scripts/bench_neurons.py --suite families / api-lif --smoke: every provider runs and writes its JSON line."""
     import json
     import os
     import subprocess
@@ -178,10 +178,11 @@ def test_benchmark_script_smoke(tmp_path):
     pytest.importorskip("spikingjelly")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    subprocess.run([sys.executable, str(root / "scripts" / "bench_neurons.py"), "--out", str(tmp_path), "--families",
-                    "--api-lif", "--smoke", "--family", "CUBALIF"], check=True, env=env, capture_output=True,
-                   timeout=600)
-    rows = [json.loads(line) for line in (tmp_path / "bench_neuron_families.jsonl").read_text().splitlines()]
+    for suite in (["families", "--family", "CUBALIF"], ["api-lif"]):
+        subprocess.run([sys.executable, str(root / "scripts" / "bench_neurons.py"), "--out", str(tmp_path), "--suite",
+                        *suite, "--smoke"], check=True, env=env, capture_output=True, timeout=600)
+    rows = [json.loads(line) for name in ("bench_neuron_families", "bench_neuron_api_lif")
+            for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     got = {(r["bench"], r["provider"], r["dtype"], r["T"]) for r in rows if "ms" in r}
     for provider in ("ours", "sj-node", "sj-flexsn"):
         assert ("families", provider, "fp32", 9) in got, provider

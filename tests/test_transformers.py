@@ -164,12 +164,12 @@ def test_efficiency_counter_counts_the_attention_neuron_and_token_projections(ba
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(TINY))
-def test_triton_backend_equals_torch_on_a_tiny_model(family):
-    """The fused kernels (norm-neuron on token maps, the attention's product-neuron) in Triton's interpreter against
-    the PyTorch backend: the same spikes, so the same logits, and gradients to rounding."""
+def test_triton_backend_equals_torch_on_a_tiny_model(family, device):
+    """The fused kernels (norm-neuron on token maps, the attention's product-neuron), on the GPU or in Triton's
+    interpreter, against the PyTorch backend: the same spikes, so the same logits, and gradients to rounding."""
     torch.manual_seed(0)
-    model = tiny(family)
-    x = torch.randn(2, 2, 16, 16)
+    model = tiny(family).to(device)
+    x = torch.randn(2, 2, 16, 16, device=device)
     out = model(x)
     out.square().sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -11,7 +11,8 @@ architecture with ``variant``, named as SpikingJelly names its constructors (``s
 
 * :class:`LayerFactory` makes the layers with the network-wide settings: convolutions over the folded
   ``[T * B, ...]`` batch, a norm and the neuron after it as one :class:`~snntrain.nn.NormNeuron` (fused
-  under Triton), a norm alone where a residual sum comes between the norm and the neuron.
+  under Triton), a norm alone where a residual sum comes between the norm and the neuron, max pooling of
+  spike maps (:class:`~snntrain.nn.SpikeMaxPool2d`, Triton kernels under Triton).
 * :func:`over_time` and :func:`encode` are the input convention: a static image ``[B, C, H, W]`` is
   encoded directly (the first convolution runs once and its output is the input current of every step,
   a stride-0 view over T that the neuron kernels read without copying); ``[T, B, C, H, W]`` input (event
@@ -33,6 +34,7 @@ from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron
 from ..nn.norm import build_norm2d
 from ..nn.norm_neuron import NormNeuron
+from ..nn.pool import SpikeMaxPool2d
 from ..validation import one_of, positive_int
 
 #: The neuron of a network built without a ``neuron`` setting (and of ``conf/model/sew_resnet.yaml``).
@@ -78,6 +80,12 @@ class LayerFactory:
     def norm_neuron(self, channels: int) -> NormNeuron:
         """The norm and neuron after a convolution (fused under the Triton backend)."""
         return NormNeuron(build_norm2d(self.norm_name, channels, self.backend), self.neuron(channels), self.backend)
+
+    def max_pool(self, kernel_size: int, stride: int | None = None, padding: int = 0,
+                 ceil_mode: bool = False) -> MultiStep:
+        """Max pooling of spike maps ``[T, B, C, H, W]`` over the folded batch (PyTorch's results; one Triton
+        kernel each way under the Triton backend)."""
+        return MultiStep(SpikeMaxPool2d(kernel_size, stride, padding, ceil_mode=ceil_mode, backend=self.backend))
 
     def norm(self, channels: int) -> nn.Module:
         """A norm over ``[N, C, H, W]`` maps alone (wrapped in ``MultiStep`` for ``[T, B, ...]``), where its output

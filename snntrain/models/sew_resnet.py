@@ -180,7 +180,7 @@ class SEWResNet(nn.Module):
             self.pool = nn.Identity()
         else:
             self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False))
-            self.pool = MultiStep(nn.MaxPool2d(3, stride=2, padding=1))
+            self.pool = f.max_pool(3, stride=2, padding=1)
         self.sn1 = f.norm_neuron(width)
 
         cin = width

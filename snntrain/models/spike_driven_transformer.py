@@ -28,6 +28,7 @@ from ..nn.attention import (
     tokens_from_map,
 )
 from ..nn.layers import MultiStep
+from ..nn.pool import SpikeMaxPool2d
 from ..validation import flag, number, positive_int
 from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
 
@@ -40,8 +41,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _pool(on: str) -> nn.Module:
-    return MultiStep(nn.MaxPool2d(3, stride=2, padding=1)) if on == "1" else nn.Identity()
+def _pool(on: str, spikes_backend: str | None = None) -> nn.Module:
+    """A 3x3 stride-2 max-pool where ``on`` is "1": of spikes with ``spikes_backend`` (:class:`SpikeMaxPool2d`), of
+    other maps (``spikes_backend`` None) PyTorch's."""
+    if on != "1":
+        return nn.Identity()
+    if spikes_backend is None:
+        return MultiStep(nn.MaxPool2d(3, stride=2, padding=1))
+    return MultiStep(SpikeMaxPool2d(3, stride=2, padding=1, backend=spikes_backend))
 
 
 class PatchStem(nn.Module):
@@ -59,7 +66,7 @@ class PatchStem(nn.Module):
         for w, on in zip(widths, pooling):
             self.convs.append(MultiStep(parts.conv(cin, w, bias=True)))
             self.sns.append(parts.norm_neuron(w))
-            self.pools.append(_pool(on))
+            self.pools.append(_pool(on, parts.backend))
             cin = w
         self.final = MultiStep(parts.conv(cin, dim, bias=True), parts.norm2d(dim))
         self.final_pool = _pool(pooling[3])

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..nn.attention import SpikingMLP, SpikingParts, SpikingSelfAttention, checkpointed, tokens_from_map
 from ..nn.layers import MultiStep
+from ..nn.pool import SpikeMaxPool2d
 from ..validation import flag, number, positive_int
 from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
 
@@ -62,7 +63,8 @@ class PatchStem(nn.Module):
             self.convs.append(MultiStep(parts.conv(cin, w)))
             self.sns.append(parts.norm_neuron(w))
             pooled = i >= len(widths) - pools
-            self.pools.append(MultiStep(nn.MaxPool2d(3, stride=2, padding=1)) if pooled else nn.Identity())
+            self.pools.append(MultiStep(SpikeMaxPool2d(3, stride=2, padding=1, backend=parts.backend)) if pooled
+                              else nn.Identity())
             cin = w
         self.rpe_conv = MultiStep(parts.conv(dim, dim))
         self.rpe_sn = parts.norm_neuron(dim)

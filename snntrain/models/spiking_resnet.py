@@ -121,7 +121,7 @@ class SpikingResNet(nn.Module):
 
         if stem == "imagenet":
             self.conv1 = f.conv(in_channels, width, 7, stride=2)
-            self.maxpool = MultiStep(nn.MaxPool2d(3, stride=2, padding=1))
+            self.maxpool = f.max_pool(3, stride=2, padding=1)
         else:
             self.conv1 = f.conv(in_channels, width, 3)
             self.maxpool = nn.Identity()

@@ -84,7 +84,7 @@ class SpikingVGG(nn.Module):
         cin = in_channels
         for v in LAYERS[depth]:
             if v == "M":
-                layers.append(MultiStep(nn.MaxPool2d(2, stride=2, ceil_mode=True)))
+                layers.append(f.max_pool(2, stride=2, ceil_mode=True))
                 continue
             cout = v * width // 64
             layers.append(f.conv(cin, cout, 3, bias=True))

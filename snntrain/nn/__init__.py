@@ -18,12 +18,15 @@ from .layers import MultiStep, TemporalDropout
 from .neurons import IF, LIF, NEURONS, PLIF, BaseNeuron, build_neuron, register_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
 from .norm_neuron import NormNeuron
+from .pool import SpikeMaxPool2d
+from .psn import PSN, MaskedPSN, ParallelNeuron, SlidingPSN
 from .step_neuron import StepNeuron, UnsupportedOp
 from .surrogate import SURROGATES, spike
 
 __all__ = [
-    "ALIF", "CLIF", "CUBALIF", "EIF", "IF", "ILIF", "KLIF", "LIF", "NEURONS", "NORMS", "PLIF", "QIF", "RAF",
-    "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MultiStep",
-    "NormNeuron", "SURROGATES", "StepNeuron", "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d",
-    "functional", "register_neuron", "set_backend", "spike",
+    "ALIF", "CLIF", "CUBALIF", "EIF", "IF", "ILIF", "KLIF", "LIF", "NEURONS", "NORMS", "PLIF", "PSN", "QIF", "RAF",
+    "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MaskedPSN",
+    "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeMaxPool2d", "StepNeuron",
+    "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional", "register_neuron",
+    "set_backend", "spike",
 ]

@@ -182,7 +182,8 @@ def register_neuron(name: str, cls: type[nn.Module] | str, *, replace: bool = Fa
 def is_neuron(module: object) -> bool:
     """Whether ``module`` is a spiking neuron: an IF/LIF/PLIF, a :class:`~snntrain.nn.StepNeuron` or an instance of
     any registered type (:data:`NEURONS`, those imported so far)."""
-    return isinstance(module, tuple(c for c in NEURONS.values() if isinstance(c, type)) + (BaseNeuron, _StepNeuron))
+    return isinstance(module, tuple(c for c in NEURONS.values() if isinstance(c, type))
+                      + (BaseNeuron, _StepNeuron, _ParallelNeuron))
 
 
 def neuron_class(type: str) -> type[nn.Module]:
@@ -252,11 +253,11 @@ def set_backend(module: nn.Module, backend: str) -> nn.Module:
     return module
 
 
-for _name in ("PSN", "MaskedPSN", "SlidingPSN"):  # the parallel spiking neurons, imported when first built
-    register_neuron(_name, f"snntrain.nn.psn:{_name}")
-
-from .families import FAMILIES  # noqa: E402 (the families are StepNeurons, defined after the registry)
+# the families (StepNeurons) and the parallel spiking neurons (which take T) are defined in modules of their own
+from .families import FAMILIES  # noqa: E402
+from .psn import PSN, MaskedPSN, SlidingPSN  # noqa: E402
+from .psn import ParallelNeuron as _ParallelNeuron  # noqa: E402
 from .step_neuron import StepNeuron as _StepNeuron  # noqa: E402
 
-for _name, _cls in FAMILIES.items():
+for _name, _cls in {**FAMILIES, "PSN": PSN, "MaskedPSN": MaskedPSN, "SlidingPSN": SlidingPSN}.items():
     register_neuron(_name, _cls)

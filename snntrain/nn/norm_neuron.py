@@ -51,6 +51,7 @@ class NormNeuron(nn.Module):
     repeated over ``T`` steps (direct encoding of a static image): the norm sees each
     element once, as when the stem's output is normalised before it is repeated.
     Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
+    A parallel spiking neuron (:mod:`snntrain.nn.psn`) follows the norm unfused, each with its own kernels.
     A :class:`torch.nn.SyncBatchNorm` (``trainer.sync_batchnorm=true`` converts the batch norm in
     place) runs unfused too: its statistics come from every process, which the fused kernels do not
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
@@ -73,7 +74,7 @@ class NormNeuron(nn.Module):
                             "or LayerNorm2d (or nn.Identity for a batch norm already folded into the convolution)")
         if not is_neuron(neuron):
             raise TypeError(f"neuron is a {type(neuron).__name__}; NormNeuron takes a spiking neuron of snntrain.nn "
-                            "(IF, LIF, PLIF, a StepNeuron or any registered type)")
+                            "(IF, LIF, PLIF, PSN, MaskedPSN, SlidingPSN, a StepNeuron or any registered type)")
         self.norm = norm
         self.neuron = neuron
         self.backend = check_backend(backend)
