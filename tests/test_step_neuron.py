@@ -290,3 +290,17 @@ def test_psn_family_is_built_with_T_and_a_type_can_be_registered_by_import_path(
     finally:
         NEURONS.pop("TestLazyALIF")
         NEURONS.pop("TestMissing")
+
+
+def test_gradient_of_the_final_states_alone():
+    """A loss of the final states only (no gradient reaches the outputs): the backward reads no dL/dy."""
+    neuron = AdaptiveLIF(learnable=("beta",)).to(DEVICE)
+    x = (torch.randn(10, 3, 4, dtype=torch.float64, device=DEVICE) + 0.8)
+    grads = []
+    for backend in ("torch", "triton"):
+        neuron.backend = backend
+        xl = x.clone().requires_grad_()
+        _y, finals = neuron(xl, return_state=True)
+        grads.append(torch.autograd.grad(finals["v"].sum() + 2.0 * finals["a"].sum(), [xl, neuron.beta]))
+    for a, b in zip(grads[1], grads[0]):
+        assert_close(a, b)

@@ -34,7 +34,7 @@ from .neuron_graph import Graph
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 2
+CODEGEN_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
            f"    ar = tl.load(rstd_ptr + ch, mask=mask, other=0.0).to({ct})",
            f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if aff else []),
         "    x_base = x_ptr + offs * stride_xn",
-        "    gy_base = gy_ptr + offs * stride_gn",
+        "    if HAS_GY:",
+        "        gy_base = gy_ptr + offs * stride_gn",
         "    out_dtype = gx_ptr.dtype.element_ty",
         "    n_chunks = tl.cdiv(T, CHUNK)",
         "    for cc in range(n_chunks):",
