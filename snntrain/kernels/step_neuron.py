@@ -226,8 +226,8 @@ class _EagerStepNeuron(torch.autograd.Function):
 class _EagerBNStepNeuron(torch.autograd.Function):
     """A batch norm folded into a generated neuron (spec ``affine``): the neuron's input is ``x * a + b`` with
     ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels; the backward kernel
-    gives dL/dy of that input and its per-channel sums, from which one elementwise pass makes dL/dx (through
-    the batch statistics in training)."""
+    gives dL/dy of that input and its per-channel sums, from which a few elementwise operations make dL/dx
+    (through the batch statistics in training)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mean, rstd, key, flags, batch_stats, *params):
