@@ -350,10 +350,12 @@ def _kernel_key(neuron: StepNeuron, fp64: bool, affine: bool = False) -> str:
     """The key of ``neuron``'s kernels for its current parameters (learnable or not, one value or per channel):
     generated and compiled on first use, then from the neuron's own table. A constant for ``torch.compile``,
     which calls it while tracing instead of tracing through it."""
-    spec = neuron._spec(neuron._param_tensors(), fp64, affine)
-    key = neuron._compiled.get(spec)
+    params = neuron._param_tensors()
+    # what the spec depends on per call (the rest is fixed when the module is built): a cheaper lookup than the spec
+    kinds = (fp64, affine, *((p.dim(), p.requires_grad) for p in params))
+    key = neuron._compiled.get(kinds)
     if key is None:
         from ..kernels.neuron_jit import compile_neuron
 
-        key = neuron._compiled[spec] = compile_neuron(neuron._graph, spec).key
+        key = neuron._compiled[kinds] = compile_neuron(neuron._graph, neuron._spec(params, fp64, affine)).key
     return key
