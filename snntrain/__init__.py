@@ -5,7 +5,7 @@ classifier or detector without Hydra or Lightning (see :mod:`snntrain.export`);
 ``snntrain.load_nir(path)`` runs a NIR graph with snntrain layers (see :mod:`snntrain.nir_graph`).
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["__version__", "load_checkpoint", "load_exported", "load_nir"]
 

@@ -37,13 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
 from .backend import check_backend, resolve_backend
 from .checkpoint import CheckpointError, checkpoint_config, read_checkpoint
 from .errors import UnavailableError
 from .fileio import atomic_path
 from .models import SpikingFCOS, build_model
 from .nn.neurons import set_backend
+from .version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -509,7 +509,7 @@ def to_nir(model: nn.Module, input_shape: tuple[int, int, int], dt: float | None
         src, shape, _ = g.sequence("", [("avgpool", net.avgpool), ("fc", net.fc)], src, shape, spikes)
         g.add("output", nir.Output(output_type={"output": np.array(shape)}), src)
         metadata["readout"] = READOUT_MEAN
-    from . import __version__
+    from .version import __version__
 
     metadata["snntrain_version"] = __version__
     graph = nir.NIRGraph(nodes=g.nodes, edges=g.edges, metadata=metadata, type_check=False)
