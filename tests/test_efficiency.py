@@ -14,6 +14,7 @@ from torch import nn
 
 from _testing import DEVICE
 from snntrain import efficiency as E
+from snntrain.efficiency import counter as counting
 from snntrain.kernels.synops import count_synops
 from snntrain.models import SpikingFCOS, sew_resnet18
 from snntrain.models.common import DEFAULT_NEURON, LayerFactory
@@ -377,7 +378,7 @@ def test_one_counter_over_many_validations_counts_each_from_zero(rows, monkeypat
     """A counter keeps its device buffers over attaches (as the monitor does over validations): each validation
     is counted from zero, also after one that ended without its totals, and also when the per-call rows fill up
     and are folded mid-validation (``rows=2``)."""
-    monkeypatch.setattr(E, "ROWS", rows)
+    monkeypatch.setattr(counting, "ROWS", rows)  # the counter module's buffer length
     net = sew("ADD")
     a = [torch.randn(3, 1, 12, 12, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     b = [torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(10 + i)) for i in range(2)]
@@ -408,7 +409,7 @@ def test_a_layer_called_with_many_input_shapes_counts_them_all(backend, device, 
                for b, size in [(2, 12), (3, 12), (2, 16), (1, 8), (2, 12)]]
     full = counted(net, batches)
     assert counted(net, batches, backend) == full
-    monkeypatch.setattr(E._Connection, "MAX_CALLS", 2)
+    monkeypatch.setattr(counting._Connection, "MAX_CALLS", 2)
     assert counted(net, batches, backend) == full
     assert full["samples"] == 10 and full["layers"][0]["calls_per_pass"] == 1
 
