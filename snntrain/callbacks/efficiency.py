@@ -76,6 +76,7 @@ class FiringRateMonitor(L.Callback):
         # every process ran the same layers in the same order: one collective adds all counts, so every
         # process has the values of the whole validation set
         totals = counter.unpack(trainer.strategy.reduce(flat, reduce_op="sum"))
+        totals["processes"] = trainer.world_size
         tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
         draw = tb is not None and trainer.is_global_zero
         metrics: dict[str, float] = {}

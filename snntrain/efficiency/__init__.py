@@ -46,11 +46,11 @@ Modules: :mod:`~snntrain.efficiency.geometry` (fan-out maps, the reference count
 from .chart import CHART_PALETTE, chart_indices, chart_png, layer_chart
 from .counter import ROWS, SELF_COUNTING, ActivityCounter, NotSpiking, check_spiking, spiking_layers
 from .geometry import CONNECTIONS, connection_layers, count_reference, fanout_block, fanout_map, geometry, weight_fanin
-from .report import ENERGY_MODELS, FORMAT, HOROWITZ, EnergyModel, build_report, markdown, static_metrics
+from .report import BASIS, ENERGY_MODELS, FORMAT, HOROWITZ, UNITS, EnergyModel, build_report, markdown, static_metrics
 
 __all__ = [
-    "CHART_PALETTE", "CONNECTIONS", "ENERGY_MODELS", "FORMAT", "HOROWITZ", "ROWS", "SELF_COUNTING", "ActivityCounter",
-    "EnergyModel", "NotSpiking", "build_report", "chart_indices", "chart_png", "check_spiking", "connection_layers",
-    "count_reference", "fanout_block", "fanout_map", "geometry", "layer_chart", "markdown", "spiking_layers",
-    "static_metrics", "weight_fanin",
+    "BASIS", "CHART_PALETTE", "CONNECTIONS", "ENERGY_MODELS", "FORMAT", "HOROWITZ", "ROWS", "SELF_COUNTING", "UNITS",
+    "ActivityCounter", "EnergyModel", "NotSpiking", "build_report", "chart_indices", "chart_png", "check_spiking",
+    "connection_layers", "count_reference", "fanout_block", "fanout_map", "geometry", "layer_chart", "markdown",
+    "spiking_layers", "static_metrics", "weight_fanin",
 ]

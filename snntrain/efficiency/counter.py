@@ -332,6 +332,7 @@ class ActivityCounter:
                             if connections else {})
         self._stores: dict[torch.device, _Store] = {}  # the connection layers' device counts, per device
         self.samples = self.passes = 0
+        self.batch_size = 0  # the largest batch of one forward pass (this process's)
         self.order: list[str] = []  # layer names in the order of their first call
         self._seen: set[str] = set()
         self._batch: int | None = None
@@ -345,6 +346,7 @@ class ActivityCounter:
             self._batch = int(x.shape[1] if x.dim() == 5 else x.shape[0])
             self.samples += self._batch
             self.passes += 1
+            self.batch_size = max(self.batch_size, self._batch)
 
     def _model_post(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._batch = None
@@ -421,7 +423,7 @@ class ActivityCounter:
             self.connections[name] = fresh
         for store in self._stores.values():
             store.reset()
-        self.samples = self.passes = 0
+        self.samples = self.passes = self.batch_size = 0
         self.order.clear()
         self._seen.clear()
         self._batch = None
@@ -466,7 +468,8 @@ class ActivityCounter:
 
     def unpack(self, flat: torch.Tensor) -> dict[str, Any]:
         """Reduced totals (from :meth:`totals`, on any device) as plain values: ``spiking`` and ``connections``
-        per layer name, ``samples``, ``passes`` and ``order`` (the layers in the order they ran)."""
+        per layer name, ``samples``, ``passes``, ``order`` (the layers in the order they ran) and ``batch_size``
+        (the largest batch of one forward pass on this process: the same on every process of one loader)."""
         spiking, conns = self._called()
         sizes = [s.acc.numel() for s in spiking] + [4] * len(conns)
         values = flat.detach().cpu()
@@ -489,6 +492,7 @@ class ActivityCounter:
                                           "ann_inputs": ann_inputs, "calls": int(calls),
                                           "nonbinary_calls": int(nonbinary_calls), "frames": frames}
         out["samples"], out["passes"] = int(host[i]), int(host[i + 1])
+        out["batch_size"] = self.batch_size
         return out
 
 

@@ -13,7 +13,54 @@ from torch import nn
 from .geometry import connection_layers
 
 #: Version of the report's layout (``report["format"]``).
-FORMAT = "snntrain-efficiency-1"
+FORMAT = "snntrain-efficiency-2"
+
+#: What the report's values are per: the ``basis`` section of every report (its counts with them).
+BASIS = {
+    "per_sample": "one forward pass of one input (an image, or an event sequence) over all T time steps, summed "
+                  "over the steps as NeuroBench does; a detector's flip test passes each image twice, each pass "
+                  "a sample",
+    "per_time_step": "per sample divided by T",
+}
+
+#: The unit of every value of a report, by its path (``layers[].x``: every layer's ``x``; ``energy[].x``: every
+#: energy model's ``x``; a section's ``.*``: every value in it): the report's ``units`` section.
+UNITS = {
+    "T": "time steps per sample",
+    "samples": "samples counted (forward passes of one input)",
+    "basis.batch_size": "inputs per forward pass (the largest batch counted, per process)",
+    "basis.forward_passes": "batched forward passes counted, all processes",
+    "basis.processes": "processes that counted (DDP), their counts added",
+    "static.ParameterCount": "parameters",
+    "static.Footprint": "bytes (parameters and buffers)",
+    "static.ConnectionSparsity": "fraction of the connection layers' weights that are zero (0 to 1)",
+    "workload.SynapticOperations.*": "operations per sample (Effective_ACs: accumulates, Effective_MACs: "
+                                     "multiply-accumulates, Dense: every input-weight pair)",
+    "workload.SynapticOperations_per_time_step.*": "operations per sample per time step",
+    "workload.ActivationSparsity": "fraction of neuron outputs (neuron-steps) that are zero, all spiking layers "
+                                   "(0 to 1)",
+    "workload.firing_rate": "spikes per neuron-step, all spiking layers (0 to 1)",
+    "workload.spikes": "spikes per sample",
+    "workload.neuron_updates": "neuron-steps per sample",
+    "workload.nonzero_inputs": "nonzero input elements of the connection layers per sample",
+    "ann.MACs": "multiply-accumulates per sample of the same network as a ReLU ANN (one step, dense)",
+    "ann.inputs": "input elements of the connection layers per sample, ANN",
+    "ann.activations": "neuron outputs per sample, ANN",
+    "energy[].snn_uJ": "microjoules per sample",
+    "energy[].ann_uJ": "microjoules per sample, the same network as a ReLU ANN",
+    "energy[].ann_over_snn": "ratio (ANN energy / SNN energy)",
+    "layers[].Effective_ACs": "accumulates per sample",
+    "layers[].Effective_MACs": "multiply-accumulates per sample",
+    "layers[].Dense": "operations per sample, every input-weight pair",
+    "layers[].ann_MACs": "multiply-accumulates per sample, ANN",
+    "layers[].input_sparsity": "fraction of the layer's input elements that are zero (0 to 1)",
+    "layers[].binary_input_calls": "fraction of the layer's calls whose input is all in {-1, 0, 1} (0 to 1)",
+    "layers[].calls_per_pass": "calls of the layer per forward pass",
+    "layers[].firing_rate": "spikes per neuron-step (0 to 1)",
+    "layers[].ActivationSparsity": "fraction of the layer's neuron-steps without a spike (0 to 1)",
+    "layers[].neurons": "neurons of the layer per time step of one sample",
+    "layers[].spikes": "spikes per sample",
+}
 
 
 # ----------------------------------------------------------------------------- static metrics
@@ -94,7 +141,9 @@ ENERGY_MODELS = (
 def build_report(totals: dict[str, Any], static: dict[str, Any] | None = None,
                  energy_models: Sequence[EnergyModel] = ENERGY_MODELS) -> dict[str, Any]:
     """The efficiency report (plain values, JSON-ready) from :meth:`ActivityCounter.unpack` output and
-    :func:`static_metrics`. Workload values are per sample (one forward pass of one image) and per time step."""
+    :func:`static_metrics`. Workload values are per sample (one forward pass of one input over all T steps) and
+    per time step; the report says so itself: ``basis`` (what a sample is, T, the samples, batch size and forward
+    passes counted) and ``units`` (:data:`UNITS`, the unit of every value)."""
     samples = max(1, totals["samples"])
     spiking, conns = totals["spiking"], totals["connections"]
     steps = max([s["steps"] for s in spiking.values()] or [1])
@@ -140,8 +189,10 @@ def build_report(totals: dict[str, Any], static: dict[str, Any] | None = None,
             layers.append({"name": name, "type": s["type"], "kind": "spiking", "firing_rate": rate,
                            "ActivationSparsity": 1.0 - rate, "neurons": s["ann_activations"] / samples,
                            "spikes": s["spikes"] / samples})
-    return {"format": FORMAT, "T": steps, "samples": totals["samples"], "static": dict(static or {}),
-            "workload": workload, "ann": ann, "energy": energy, "layers": layers}
+    basis = {**BASIS, "T": steps, "samples": totals["samples"], "batch_size": totals.get("batch_size"),
+             "forward_passes": totals["passes"], "processes": totals.get("processes", 1)}
+    return {"format": FORMAT, "T": steps, "samples": totals["samples"], "basis": basis, "units": dict(UNITS),
+            "static": dict(static or {}), "workload": workload, "ann": ann, "energy": energy, "layers": layers}
 
 
 # ----------------------------------------------------------------------------- presentation
@@ -162,7 +213,9 @@ def markdown(report: dict[str, Any], title: str = "Efficiency report", layers: b
     """The report as markdown tables: totals, energy estimates beside the ANN, and (``layers``) per layer."""
     w, syn, steps = report["workload"], report["workload"]["SynapticOperations"], report["T"]
     st = report.get("static") or {}
-    intro = (f"{report['samples']} samples (forward passes of one input) of the validation data, T = {steps}; "
+    batch = (report.get("basis") or {}).get("batch_size")
+    intro = (f"{report['samples']} samples (forward passes of one input) of the validation data"
+             + (f" in batches of {batch}" if batch else "") + f", T = {steps}; "
              "values per sample (one forward pass over all T steps) and per time step. Synaptic operations "
              "follow NeuroBench's rules: inputs all in {-1, 0, 1}: accumulates (ACs), otherwise "
              "multiply-accumulates (MACs); zero inputs and zero weights skipped; bias, norms, pooling, "
