@@ -91,3 +91,15 @@ def test_no_module_outside_the_kernels_exceeds_700_lines():
             if p.relative_to(PACKAGE).parts[0] not in LONG_ALLOWED
             for n in [len(p.read_text().splitlines())] if n > MAX_LINES}
     assert not long, f"split these by concern (at most {MAX_LINES} lines a module): {long}"
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    # pyproject.toml lists the packages the wheel holds: a sub-package missing there imports from a checkout and
+    # fails from an installed wheel
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+    assert config["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "snntrain.version.__version__"}
