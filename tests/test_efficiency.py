@@ -658,6 +658,9 @@ def test_validation_logs_report_and_task_report_and_card(tmp_path, compose_run):
     assert saved["samples"] == again["samples"] == len(dm.val_dataloader().dataset)
     assert saved["basis"]["batch_size"] == dm.val_dataloader().batch_size and saved["basis"]["processes"] == 1
     assert saved["basis"]["samples"] == saved["samples"] and saved["units"] == E.UNITS
+    for path in _unit_paths({k: v for k, v in saved.items() if k != "units"}):
+        path = path.removeprefix("basis.") if path in ("basis.T", "basis.samples") else path
+        assert path in E.UNITS or path.rsplit(".", 1)[0] + ".*" in E.UNITS, f"{path} of report.json has no unit"
     assert saved["workload"] == again["workload"] and saved["layers"] == again["layers"]
 
     # the model card carries the checkpoint's report

@@ -27,6 +27,9 @@ BASIS = {
 #: energy model's ``x``; a section's ``.*``: every value in it): the report's ``units`` section.
 UNITS = {
     "T": "time steps per sample",
+    "global_step": "optimizer steps trained when the report was counted",
+    "metrics.*": "the task's validation metrics, as logged (task=report)",
+    "model.*": "the checkpoint's model settings (task=report)",
     "samples": "samples counted (forward passes of one input)",
     "basis.batch_size": "inputs per forward pass (the largest batch counted, per process)",
     "basis.forward_passes": "batched forward passes counted, all processes",
