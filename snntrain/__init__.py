@@ -2,10 +2,10 @@
 
 ``snntrain.load_checkpoint(path)`` and ``snntrain.load_exported(folder)`` return a ready
 classifier or detector without Hydra or Lightning (see :mod:`snntrain.export`);
-``snntrain.load_nir(path)`` runs a NIR graph with snntrain layers (see :mod:`snntrain.nir_graph`).
+``snntrain.load_nir(path)`` runs a NIR graph with snntrain layers (see :mod:`snntrain.nir`).
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["__version__", "load_checkpoint", "load_exported", "load_nir"]
 
@@ -17,7 +17,7 @@ def __getattr__(name: str):
 
         return getattr(export, name)
     if name == "load_nir":
-        from .nir_graph import load_nir
+        from .nir import load_nir
 
         return load_nir
     raise AttributeError(f"module 'snntrain' has no attribute {name!r}")

@@ -285,8 +285,8 @@ def predict(cfg: DictConfig) -> list[dict[str, Any]]:
 
 def report(cfg: DictConfig) -> dict[str, Any]:
     """The efficiency report of ``ckpt_path`` on its validation data (the data section of its config, with
-    ``report.data`` replacing keys): ``report.json`` and ``report.md`` in ``report.dir`` (default
-    ``<run dir>/report``). See :mod:`snntrain.efficiency`."""
+    ``report.data`` replacing keys): ``report.json``, ``report.md`` and the per-layer chart ``report.png`` in
+    ``report.dir`` (default ``<run dir>/report``). See :mod:`snntrain.efficiency`."""
     import json
 
     import torch
@@ -296,7 +296,7 @@ def report(cfg: DictConfig) -> dict[str, Any]:
     from .checkpoint import checkpoint_config, read_checkpoint
     from .data import build_datamodule
     from .distributed import uses_cuda
-    from .efficiency import check_spiking, markdown
+    from .efficiency import chart_png, check_spiking, markdown
     from .fileio import atomic_path
     from .tasks import TASKS
     from .validation import positive_int
@@ -333,16 +333,19 @@ def report(cfg: DictConfig) -> dict[str, Any]:
     model["neuron"] = dict(config["model"].get("neuron") or {}).get("type")
     model["detector_head"] = config["model"].get("head") is not None
     result = {"checkpoint": str(cfg.ckpt_path), "task": task_name, "data": data["name"], "backend": backend,
-              "model": model, "metrics": metrics, **monitor.report}
+              "model": model, "metrics": metrics, "chart": "report.png", **monitor.report}
     out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "report.png") as tmp:
+        tmp.write_bytes(chart_png(result, width=760)[0])
     with atomic_path(out / "report.json") as tmp:
         tmp.write_text(json.dumps(result, indent=2))
     text = markdown(result, title=f"Efficiency report: {task_name}, {Path(str(cfg.ckpt_path)).name}")
+    text += "\nPer layer: [report.png](report.png) (synaptic operations and firing rates).\n"
     if metrics:
         text += "\nValidation metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + "\n"
     with atomic_path(out / "report.md") as tmp:
         tmp.write_text(text)
-    _announce(f"snntrain: efficiency report in {(out / 'report.json').resolve()} and report.md")
+    _announce(f"snntrain: efficiency report in {(out / 'report.json').resolve()}, report.md and report.png")
     return result
 
 

@@ -37,13 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
 from .backend import check_backend, resolve_backend
 from .checkpoint import CheckpointError, checkpoint_config, read_checkpoint
 from .errors import UnavailableError
 from .fileio import atomic_path
 from .models import SpikingFCOS, build_model
 from .nn.neurons import set_backend
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -490,11 +490,11 @@ def export_checkpoint(
 
     ``backend`` is used for the torch.export program (``auto``: Triton on a GPU, PyTorch
     otherwise); ONNX and NIR always go through the PyTorch backend. ``nir_target`` is the
-    reader the NIR graph is written for (:data:`snntrain.nir_graph.NIR_TARGETS`); ``nir_dt`` its
+    reader the NIR graph is written for (:data:`snntrain.nir.NIR_TARGETS`); ``nir_dt`` its
     seconds per time step (None: the target's). A graph that the target cannot read is refused
     (naming every node and why) before anything is written.
     """
-    from .nir_graph import check_target
+    from .nir import check_target
     from .validation import flag
 
     formats = check_formats(formats)
@@ -517,7 +517,7 @@ def export_checkpoint(
     card["weights_sha256"] = digest
     nir_graph = None
     if "nir" in formats:  # checked first: a model the target cannot read stops the export before any writing
-        from .nir_graph import to_nir
+        from .nir import to_nir
 
         nir_graph = to_nir(set_backend(model, "torch"), tuple(shape[1:]), nir_dt, nir_target)
     with torch.no_grad():
@@ -616,7 +616,7 @@ def _export_nir(model: nn.Module, sample: torch.Tensor, graph, path: Path) -> di
     model on the PyTorch backend with BatchNorm folded into the convolutions (the network the graph describes:
     the same spikes, logits to float32 rounding), and with the model itself (folding changes the rounding of
     every convolution, so a membrane within rounding of the threshold can fire in one and not in the other)."""
-    from .nir_graph import NIR_TARGETS, NIRNetwork, fold_batchnorm, load_nir, save_nir
+    from .nir import NIR_TARGETS, NIRNetwork, fold_batchnorm, load_nir, save_nir
 
     target = NIR_TARGETS[graph.metadata["target"]]
     save_nir(graph, path)

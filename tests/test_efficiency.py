@@ -14,6 +14,7 @@ from torch import nn
 
 from _testing import DEVICE
 from snntrain import efficiency as E
+from snntrain.efficiency import counter as counting
 from snntrain.kernels.synops import count_synops
 from snntrain.models import SpikingFCOS, sew_resnet18
 from snntrain.models.common import DEFAULT_NEURON, LayerFactory
@@ -377,7 +378,7 @@ def test_one_counter_over_many_validations_counts_each_from_zero(rows, monkeypat
     """A counter keeps its device buffers over attaches (as the monitor does over validations): each validation
     is counted from zero, also after one that ended without its totals, and also when the per-call rows fill up
     and are folded mid-validation (``rows=2``)."""
-    monkeypatch.setattr(E, "ROWS", rows)
+    monkeypatch.setattr(counting, "ROWS", rows)  # the counter module's buffer length
     net = sew("ADD")
     a = [torch.randn(3, 1, 12, 12, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     b = [torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(10 + i)) for i in range(2)]
@@ -408,7 +409,7 @@ def test_a_layer_called_with_many_input_shapes_counts_them_all(backend, device, 
                for b, size in [(2, 12), (3, 12), (2, 16), (1, 8), (2, 12)]]
     full = counted(net, batches)
     assert counted(net, batches, backend) == full
-    monkeypatch.setattr(E._Connection, "MAX_CALLS", 2)
+    monkeypatch.setattr(counting._Connection, "MAX_CALLS", 2)
     assert counted(net, batches, backend) == full
     assert full["samples"] == 10 and full["layers"][0]["calls_per_pass"] == 1
 
@@ -430,8 +431,84 @@ def test_sew_resnet_report_structure():
     assert report["ann"]["MACs"] == pytest.approx((w["SynapticOperations"]["Dense"] - stem_dense) / 2 + stem_dense)
     assert 0 < w["firing_rate"] < 1 and w["ActivationSparsity"] == pytest.approx(1 - w["firing_rate"])
     md = E.markdown(report)
-    assert "Effective_ACs" in md and "layer1.0.sn1" in md and "compute+memory" in md
+    assert "Effective_ACs" in md and "layer1.0.sn1" in md and "compute+memory" in md and "in batches of 3" in md
     assert E.layer_chart(report).shape[2] == 3
+
+
+def _unit_paths(value, path=""):
+    """The path of every number in a report, as :data:`snntrain.efficiency.UNITS` names them."""
+    if isinstance(value, dict):
+        for key, v in value.items():
+            yield from _unit_paths(v, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _unit_paths(v, f"{path}[]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield path
+
+
+def test_report_says_its_units_and_basis():
+    # a reader of report.json learns what every number is per (sample, time step), and the batch size and samples
+    net = sew("ADD")
+    x = torch.randn(5, 1, 12, 12, generator=torch.Generator().manual_seed(0))
+    report = counted(net, [x[:3], x[3:]])
+    basis = report["basis"]
+    assert (basis["T"], basis["samples"], basis["batch_size"], basis["forward_passes"], basis["processes"]) == \
+        (2, 5, 3, 2, 1)
+    assert "per sample divided by T" in basis["per_time_step"] and "over all T time steps" in basis["per_sample"]
+    units = report["units"]
+    for path in _unit_paths({k: v for k, v in report.items() if k != "units"}):
+        if path in ("basis.T", "basis.samples"):
+            path = path.split(".")[1]
+        section = path.rsplit(".", 1)[0] + ".*"
+        assert path in units or section in units, f"{path} has no unit in the report"
+    assert units["energy[].snn_uJ"] == "microjoules per sample" and units["static.Footprint"].startswith("bytes")
+    assert "per time step" in units["workload.SynapticOperations_per_time_step.*"]
+    # the counts themselves are those the report had before it said its units
+    assert report["workload"]["SynapticOperations"]["Dense"] == pytest.approx(
+        sum(lay["Dense"] for lay in report["layers"] if lay["kind"] == "connection"))
+
+
+def test_chart_has_axes_and_values():
+    """The per-layer chart draws each bar on an axis whose end is a round number above the largest value, with
+    the tick values written under it, and each layer's value at the end of its row."""
+    import numpy as np
+
+    from snntrain.efficiency import chart
+
+    x = torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(0))
+    report = counted(sew("ADD"), [x])
+    img = E.chart_indices(report)
+    lay_out = chart._layout(img.shape[1], len(report["layers"]), {"connection", "spiking"})
+    start, span, top = lay_out["start"], lay_out["span"], lay_out["top"]
+    black = chart.CHART_PALETTE.index((0, 0, 0))
+
+    def written(x0: int, y: int, text: str, right: bool = False) -> bool:
+        ink = np.concatenate([chart._glyph(c) for c in text], axis=1)
+        x0 = x0 - ink.shape[1] if right else x0
+        return bool((img[y: y + ink.shape[0], x0: x0 + ink.shape[1]][ink] == black).all())
+
+    layers = report["layers"]
+    ops_end = chart._nice(max(lay["Dense"] for lay in layers if lay["kind"] == "connection"))
+    rate_end = chart._nice(max(lay["firing_rate"] for lay in layers if lay["kind"] == "spiking"))
+    assert ops_end >= max(lay["Dense"] for lay in layers if "Dense" in lay) and str(ops_end)[0] in "125"
+    dense = chart.CHART_PALETTE.index((215, 215, 215))
+    for i, lay in enumerate(layers):
+        y = top + i * chart._ROW
+        if lay["kind"] == "connection":
+            # the grey bar (dense operations) ends where its value lies on the axis; its value ends the row
+            covered = np.isin(img[y + 5, start:start + span + 1], [dense, 3, 4])
+            assert covered.sum() == round(span * lay["Dense"] / ops_end), lay["name"]
+            text = f"{E.report._si(lay['Effective_ACs'] + lay['Effective_MACs'])} / {E.report._si(lay['Dense'])}"
+        else:
+            text = f"{lay['firing_rate']:.3f}"
+        assert written(lay_out["value_x"], y, text, right=True), lay["name"]
+    for kind, end, name in (("connection", ops_end, chart.OPS_AXIS), ("spiking", rate_end, chart.RATE_AXIS)):
+        y = lay_out["axes"][kind]
+        assert (img[y, start:start + span] == black).all()  # the axis line
+        label = E.report._si(end) if kind == "connection" else f"{end:.3g}"
+        assert written(start + span + 1, y + 3, label, right=True) and written(start, y + 3, "0")
+        assert written(start, y + 4 + chart._ROW, name)
 
 
 def test_energy_arithmetic():
@@ -566,12 +643,24 @@ def test_validation_logs_report_and_task_report_and_card(tmp_path, compose_run):
     saved = json.loads((tmp_path / "rep" / "report" / "report.json").read_text())
     assert saved == json.loads(json.dumps(result)) and saved["task"] == "classify" and "val/acc" in saved["metrics"]
     assert "## Efficiency report: classify, last.ckpt" in (tmp_path / "rep" / "report" / "report.md").read_text()
+    # the per-layer chart beside them: the report's own, a PNG a viewer opens
+    import numpy as np
+    from PIL import Image
+
+    assert saved["chart"] == "report.png"
+    with Image.open(tmp_path / "rep" / "report" / "report.png") as png:
+        assert (np.asarray(png.convert("RGB")) == E.layer_chart(saved, 760)).all()
     config = ckpt["hyper_parameters"]["config"]
     dm = build_datamodule(config["data"], seed=config["seed"])
     dm.setup("validate")
     net = load_checkpoint(ckpt_path, backend="torch").model
     again = counted(net, [x for x, _ in dm.val_dataloader()])
     assert saved["samples"] == again["samples"] == len(dm.val_dataloader().dataset)
+    assert saved["basis"]["batch_size"] == dm.val_dataloader().batch_size and saved["basis"]["processes"] == 1
+    assert saved["basis"]["samples"] == saved["samples"] and saved["units"] == E.UNITS
+    for path in _unit_paths({k: v for k, v in saved.items() if k != "units"}):
+        path = path.removeprefix("basis.") if path in ("basis.T", "basis.samples") else path
+        assert path in E.UNITS or path.rsplit(".", 1)[0] + ".*" in E.UNITS, f"{path} of report.json has no unit"
     assert saved["workload"] == again["workload"] and saved["layers"] == again["layers"]
 
     # the model card carries the checkpoint's report

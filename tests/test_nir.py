@@ -13,7 +13,7 @@ nir = pytest.importorskip("nir")
 
 from snntrain import load_nir  # noqa: E402
 from snntrain.models import SEWResNet  # noqa: E402
-from snntrain.nir_graph import (  # noqa: E402
+from snntrain.nir import (  # noqa: E402
     NIR_TARGETS,
     NIRError,
     depth_first_order,
@@ -349,3 +349,16 @@ def test_load_nir_reads_other_libraries_conventions():
     norse_lif = nir.LIF(tau=three * 1e-5, r=three, v_leak=three * 0, v_threshold=three)
     with pytest.raises(NIRError, match=r"0.01 steps.*norse/norse#411.*its time constant is 0.01 s \(10 steps"):
         load_nir(_tiny_graph(norse_lif), dt=1e-3)
+
+
+def test_old_module_name_warns_and_names_the_package():
+    # snntrain.nir_graph became the package snntrain.nir: the old import still works, with a warning naming the new one
+    import importlib
+    import sys
+
+    import snntrain.nir as package
+
+    sys.modules.pop("snntrain.nir_graph", None)
+    with pytest.warns(DeprecationWarning, match=r"snntrain\.nir_graph is now snntrain\.nir"):
+        old = importlib.import_module("snntrain.nir_graph")
+    assert old.to_nir is package.to_nir and old.NIRError is package.NIRError and old.load_nir is package.load_nir

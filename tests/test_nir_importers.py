@@ -27,7 +27,7 @@ from snntrain import load_exported, load_nir  # noqa: E402
 from snntrain.cli import resolved_config  # noqa: E402
 from snntrain.export import export_checkpoint  # noqa: E402
 from snntrain.models import build_model  # noqa: E402
-from snntrain.nir_graph import NIRError  # noqa: E402
+from snntrain.nir import NIRError  # noqa: E402
 from test_nir import firing  # noqa: E402
 
 #: a logit further than this from load_exported's is a threshold-edge case (float32 rounding is ~1e-7 here)

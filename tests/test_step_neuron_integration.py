@@ -122,7 +122,7 @@ def test_efficiency_report_counts_step_neuron_spikes():
 
 def test_nir_maps_lif_like_families_and_refuses_the_others_with_the_reason():
     nir = pytest.importorskip("nir")
-    from snntrain.nir_graph import NIRError, neuron_to_nir
+    from snntrain.nir import NIRError, neuron_to_nir
 
     plif = ChannelwisePLIF(channels=3, init_tau=2.0)
     with torch.no_grad():

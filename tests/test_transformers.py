@@ -136,7 +136,7 @@ def test_bad_settings_name_the_value_and_what_is_valid(build, arg, message):
 
 
 def test_nir_export_is_refused_with_the_reason():
-    from snntrain.nir_graph import NIRError, to_nir
+    from snntrain.nir import NIRError, to_nir
 
     with pytest.raises(NIRError, match="Spikformer has no NIR graph: spiking self-attention multiplies spike"):
         to_nir(tiny("spikformer"), (2, 16, 16))
@@ -336,7 +336,7 @@ def test_trained_transformer_exports_and_nir_is_refused(family, compose_run, tmp
     program that reloads; NIR is refused with the reason before anything is written."""
     from snntrain.cli import run
     from snntrain.export import export_checkpoint, load_exported
-    from snntrain.nir_graph import NIRError
+    from snntrain.nir import NIRError
 
     run(compose_run(tmp_path / "run", f"model={family}", "debug=tiny"))
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"

@@ -108,7 +108,7 @@ class Spikformer(nn.Module):
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """
 
-    #: why :func:`snntrain.nir_graph.to_nir` refuses the model
+    #: why :func:`snntrain.nir.to_nir` refuses the model
     nir_refusal = ("spiking self-attention multiplies spike tensors with each other (Q K^T V); NIR graphs connect "
                    "neurons through fixed weights and have no node for a product of two activities")
 

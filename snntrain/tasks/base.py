@@ -11,9 +11,9 @@ from typing import Any
 import lightning as L
 import torch
 
-from .. import __version__
 from ..models import build_model
 from ..readback import HostCopy
+from ..version import __version__
 from . import speed
 from .optim import build_optimizer, build_scheduler
 from .speed import check_channels_last, check_compile, to_channels_last, use_channels_last
