@@ -90,7 +90,7 @@ def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mo
         if mode == "eval":
             layer.eval()
         xl = x.clone().requires_grad_()
-        y = layer(xl, steps=steps) if steps else layer(xl)
+        y = layer(xl, steps) if steps else layer(xl)  # (the repeat count positionally)
         leaves = [xl, layer.neuron.w] + ([norm.weight, norm.bias] if norm.affine else [])
         g = torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float64, device=DEVICE).view_as(y)
         results.append((y, norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked),
