@@ -1,18 +1,19 @@
 """Triton kernels, one file per op family, registered as ``torch.ops.snntrain.*``.
 
-The families (``lif``, ``norm_neuron``, ``layer_norm``, ``giou``, ``spike_attention``) share the host plumbing of
-:mod:`~snntrain.kernels.op_utils` and, for the neurons, the step of
-:mod:`~snntrain.kernels.neuron_step`; the launch sizes of ``giou``, ``layer_norm`` and
-``norm_neuron`` are in their ``*_tuning`` modules (``lif``'s are a few constants in ``lif.py``).
+The families (``lif``, ``bn_neuron``, ``ln_neuron``, ``layer_norm``, ``giou``, ``spike_attention``) share the
+host plumbing of :mod:`~snntrain.kernels.op_utils` and, for the neurons, the step and the scans of
+:mod:`~snntrain.kernels.neuron_step` (the two fused norm-neuron families also
+:mod:`~snntrain.kernels.norm_neuron_base`); the launch sizes of ``giou``, ``layer_norm`` and the
+norm-neuron families are in their ``*_tuning`` modules (``lif``'s are a few constants in ``lif.py``).
 Nothing here imports from :mod:`snntrain.nn` or above. Importing this package registers
 every operator any snntrain model or exported program can contain (``neuron_*``,
 ``bn_neuron_*``, ``ln_neuron_*``, ``layer_norm_*``, ``giou_loss*``, ``spike_kv``, ``ssa_neuron_*``), on any machine: a
 ``torch.export`` program that calls them loads only once they are registered.
 """
 
-from . import giou, layer_norm, lif, norm_neuron, spike_attention
+from . import bn_neuron, giou, layer_norm, lif, ln_neuron, spike_attention
 
-__all__ = ["giou", "layer_norm", "lif", "norm_neuron", "registered_ops", "spike_attention"]
+__all__ = ["bn_neuron", "giou", "layer_norm", "lif", "ln_neuron", "registered_ops", "spike_attention"]
 
 
 def registered_ops() -> list[str]:

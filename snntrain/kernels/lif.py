@@ -94,10 +94,9 @@ from .neuron_step import (
     NO_FMA,
     SUM_BLOCK,
     SURROGATES,
-    backward_step,
-    carry_grad,
+    backward_scan,
     chunk_steps,
-    grad_k_term,
+    forward_scan,
     neuron_flags,
     scalars,
     step,
@@ -264,49 +263,31 @@ def _neuron_bwd_kernel(
         # State before the chunk: a checkpoint, or the initial state for chunk 0.
         v_ck = tl.load(ckpt_ptr + tl.cast(c - 1, tl.int64) * N + offs, mask=offs < tl.where(c > 0, N, 0), other=0.0)
         v_start = tl.where(c > 0, v_ck, v0)
-        # Recompute the chunk's charged states H in registers, and load the chunk's
-        # incoming gradients before the first store of dX (loads cannot pass stores).
-        v = v_start
-        hs = ()
+        # Load the chunk's inputs and incoming gradients before the first store of dX (loads cannot pass
+        # stores), recompute its charged states H in registers, then run the reverse-time scan over it.
         xs = ()
         gss = ()
         gqs = ()
         for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            m = offs < tl.where(valid, N, 0)
-            t64 = tl.cast(t, tl.int64)
-            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32)
+            t64 = tl.cast(t0 + j, tl.int64)
+            m = offs < tl.where(t0 + j < T, N, 0)
+            xs = xs + (tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32),)
             if GS_MODE == 1:
                 gss = gss + (tl.load(gs_base + t64 * stride_gt, mask=m, other=0.0),)
             elif GS_MODE == 2:
-                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0),)
+                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=t0 + j < T, other=0.0),)
             if HAS_GVSEQ:
                 gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
-            h, _spike, v = step(x, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
-            hs = hs + (h,)
-            if STORE_GK:
-                xs = xs + (x,)
-        # Reverse-time scan over the chunk.
-        for j in tl.static_range(CHUNK - 1, -1, -1):
-            t = t0 + j
-            valid = t < T
-            m = offs < tl.where(valid, N, 0)
-            t64 = tl.cast(t, tl.int64)
-            if HAS_GVSEQ:
-                gv = gv + gqs[j].to(tl.float32)
-            if GS_MODE != 0:
-                gs = gss[j].to(tl.float32)
-            else:
-                gs = 0.0
-            gh, gx = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
-                                   DETACH_RESET, SURROGATE)
-            if STORE_GX:
-                tl.store(gx_ptr + t64 * N + offs, gx.to(out_dtype), mask=m)
-            if STORE_GK:
-                gk += tl.where(m, grad_k_term(gh, xs[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
-                                         DECAY_INPUT, HARD_RESET), 0.0)
-            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
+        hs = forward_scan(xs, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+        out = backward_scan(hs, xs, gss, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                            alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, GS_MODE != 0, HAS_GVSEQ,
+                            STORE_GK, CHUNK)
+        gv = out[CHUNK]
+        gk = out[CHUNK + 1]
+        if STORE_GX:
+            for j in tl.static_range(CHUNK):
+                m = offs < tl.where(t0 + j < T, N, 0)
+                tl.store(gx_ptr + tl.cast(t0 + j, tl.int64) * N + offs, out[j].to(out_dtype), mask=m)
     if STORE_GV_INIT:
         tl.store(gv_init_ptr + offs, gv, mask=mask)
     if STORE_GK:

@@ -7,7 +7,7 @@ a neuron (conv -> norm -> neuron). :class:`NormNeuron` holds that norm
 ``neuron``, so its state dict is theirs (``norm.weight``, ``norm.bias``,
 ``norm.running_mean``, ``norm.running_var``, ``norm.num_batches_tracked``, and PLIF's
 ``neuron.w``) under every backend. With ``backend`` ``triton`` (or ``auto`` on CUDA) it
-runs the fused kernels of :mod:`snntrain.kernels.norm_neuron`, which read the activation
+runs the fused kernels of :mod:`snntrain.kernels.bn_neuron` and :mod:`~snntrain.kernels.ln_neuron`, which read the activation
 once per pass instead of three times; with ``torch`` it runs the norm and then the neuron,
 the reference. Batch norm keeps the semantics of :class:`torch.nn.BatchNorm2d` in both:
 training-mode batch statistics, running statistics updated with ``momentum`` (or the
@@ -110,13 +110,13 @@ class NormNeuron(nn.Module):
     def _fused(x: torch.Tensor, steps: int | None, norm: nn.Module, neuron: BaseNeuron,
                sink=None) -> tuple[torch.Tensor, bool]:
         """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
-        from ..kernels import norm_neuron as K
+        from ..kernels import bn_neuron, ln_neuron
 
         options = _neuron_options(neuron.params)
         w = neuron._w()
         params = norm._parameters
         if isinstance(norm, LayerNorm2d):
-            return K.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, steps=steps, w=w, **options), False
+            return ln_neuron.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, steps=steps, w=w, **options), False
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
         buffers = norm._buffers
         momentum, training, count = norm.momentum, norm.training, buffers["num_batches_tracked"]
@@ -131,7 +131,7 @@ class NormNeuron(nn.Module):
         use_running = not training or norm.track_running_stats
         # in inference (validation, task=report) the kernel counts the spikes for an attached counter
         row = sink.row(x, steps) if sink is not None and not torch.is_grad_enabled() else None
-        spikes = K.bn_neuron(
+        spikes = bn_neuron.bn_neuron(
             x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
             buffers["running_var"] if use_running else None, training=training, momentum=factor, eps=norm.eps,
             steps=steps, count=row, num_batches_tracked=nbt, w=w, **options,

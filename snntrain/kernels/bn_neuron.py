@@ -1,25 +1,8 @@
-"""Fused channel norm -> multi-step IF/LIF/PLIF neuron in Triton, forward and hand-written backward.
+"""Fused batch norm -> multi-step IF/LIF/PLIF neuron in Triton, forward and hand-written backward.
 
-Two norms, each followed by the neuron scan over T of :mod:`snntrain.kernels.lif` (same
-step functions, every neuron option):
-
-* **batch norm** (``snntrain::bn_neuron_fwd`` / ``bn_neuron_bwd``): per-channel statistics
-  over ``T * B * H * W`` in training mode, the running statistics in eval mode;
-* **layer norm over channels** (``snntrain::ln_neuron_fwd`` / ``ln_neuron_bwd``, the
-  ``LayerNorm2d`` of :mod:`snntrain.nn.norm`): statistics per position over ``C``.
-
-Input is the convolution's output ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with a number
-of steps ``T`` (direct encoding: the same input current at every step, as a stride-0 time
-axis; batch statistics then count each element once, exactly like the unfused model,
-which normalises the stem output before repeating it). Every tensor is addressed as
-``[T, B, C, S]`` (``S = H * W`` folded into one strided run) through its strides, so
-contiguous NCHW and channels-last maps are read in place; other layouts are copied once.
-Spikes come back in the input's dtype and memory format; statistics, the membrane and
-all sums are fp32.
-
-A program owns a tile of ``BLOCK_S`` positions of one sample x ``BLOCK_C`` channels (all
-``C`` channels for layer norm) and scans T with the state in registers. Triton lays the
-tile along the unit-stride axis (positions for NCHW, channels for channels-last).
+Registered as ``snntrain::bn_neuron_fwd`` / ``bn_neuron_bwd``: per-channel statistics over
+``T * B * H * W`` in training mode, the running statistics in eval mode. The input layout, the
+tiles and the host plans are described in :mod:`snntrain.kernels.norm_neuron_base`.
 
 Bytes: what is saved and what is recomputed
 -------------------------------------------
@@ -48,11 +31,6 @@ fp32 state is checkpointed every 8 steps as in :mod:`snntrain.kernels.lif` (4 B 
 neuron per 8 steps written, read twice in the backward). A stride-0 input reads X once
 per element instead of T times (and writes dX once).
 
-Layer norm: forward reads X, writes S (2 E), statistics per position recomputed from the
-loaded tile; backward reads X and dS and writes dX in one pass (3 E): the reduction of
-layer norm's backward is over the channels of a position, which one program holds.
-dW and dB are per-program partial sums, summed in a fixed order by a second kernel.
-
 Per-channel sums (statistics, dL/dW, dL/dB, the BN backward's means) and PLIF's dL/dk
 are per-program partials finished in a fixed order: deterministic, no host synchronisation.
 The registered operator finishes them in small kernels. An eager call's batch-norm
@@ -64,19 +42,12 @@ caller folds them into the buffers with in-place tensor ops (``torch.compile`` f
 them); eager calls with a float momentum fold them in, and count ``num_batches_tracked``,
 where the statistics are finished (two launches fewer a layer).
 
-Host side. An eager call is host-bound at these sizes (a layer's kernels run for tens of
-microseconds), so its host function keeps one plan per layout (input shape and strides,
-flags, options): the allocations' shapes and each kernel's grid and scalar arguments, with the
-launches bound once (:class:`~snntrain.kernels.op_utils.Planned`); a call allocates its
-outputs (the forward's float32 ones as views of one allocation) and launches with its
-tensors. The eager autograd function returns the spikes alone and keeps the statistics and
-checkpoints on its context. Traced calls (``torch.compile``, ``torch.export``) build the same
-plan afresh, without the arrival counters, and launch through ``wrap_triton``.
+The eager autograd function returns the spikes alone and keeps the statistics and checkpoints on its
+context; traced calls build their plans without the arrival counters.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -84,71 +55,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .neuron_step import (
-    F_DECAY_INPUT,
-    F_DETACH_RESET,
-    F_GRAD_K,
-    F_GRAD_X,
-    F_HARD_RESET,
-    F_LEAK,
-    F_SAVE_CKPT,
-    F_SURROGATE_SHIFT,
-    NO_FMA,
-    SHORT_CHUNK,
-    SUM_BLOCK,
-    backward_step,
-    carry_grad,
-    charge,
-    chunk_steps,
-    fire,
-    grad_k_term,
-    neuron_flags,
-    reset,
-    scalars,
-    step,
-    sum_kernel,
-)
-from .norm_neuron_tuning import (
-    BWD_CL_CHANNELS,
-    BWD_CL_CHANNELS_LONG,
-    BWD_PROGRAMS_PER_SM,
-    BWD_TILE,
-    BWD_WARPS,
-    FINISH_C,
-    FINISH_R,
-    FWD_CL_CHANNELS,
-    FWD_TILE,
-    FWD_WARPS,
-    LN_BWD_TILE,
-    LN_FWD_TILE,
-    LN_WARPS,
-    STATS_PROGRAMS_PER_SM,
-    STATS_TILE,
-    STATS_WARPS,
-    bn_tiles,
-    finish_rows,
-    ln_tiles,
-    tile_groups,
-)
-from .op_utils import (
-    FLOAT_DTYPES,
-    INT32_MAX,
-    PlanCache,
-    Planned,
-    cdiv,
-    direct,
-    eager_function,
-    op_wrap,
-    profiled,
-    register_op,
-    traced,
-)
+from . import neuron_step as ns
+from . import norm_neuron_base as base
+from . import norm_neuron_tuning as tuning
+from .neuron_step import backward_scan, charge, fire, forward_scan, reset, scalars, sum_kernel
+from .op_utils import PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["bn_neuron", "ln_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "ln_neuron_fwd", "ln_neuron_bwd"]
+__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd"]
 
-#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`): batch statistics (training mode),
-#: gradients of the norm's weight and bias.
-F_BATCH_STATS, F_GRAD_WB = 1 << 13, 1 << 14
+#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`) and ``F_GRAD_WB``
+#: (:mod:`snntrain.kernels.norm_neuron_base`): batch statistics (training mode).
+F_BATCH_STATS = 1 << 13
 #: Eager calls only (never the registered operator, which mutates nothing): the statistics kernel also folds the
 #: batch statistics into the float32 running statistics with the momentum ``params[5]`` (and counts the batch).
 F_UPDATE_RUNNING = 1 << 15
@@ -157,18 +74,6 @@ F_UPDATE_RUNNING = 1 << 15
 # ----------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------
-
-
-@triton.jit
-def _tile(pid0, pid1, s_tiles, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Sample, position and channel offsets of program (pid0, pid1) and the tile's mask."""
-    b = (pid0 // s_tiles).to(tl.int64)
-    offs_s = (pid0 % s_tiles) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_c = offs_c < C
-    mask = (offs_s < S)[:, None] & mask_c[None, :]
-    return b, offs_s, offs_c, mask_c, mask
-
 
 @triton.jit
 def _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S: tl.constexpr):
@@ -180,12 +85,6 @@ def _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S: tl.constexp
     mask = (offs_s < S)[:, None] & mask_c[None, :]
     ns = tl.maximum(tl.minimum(S - s0, BLOCK_S), 0).to(tl.float32)
     return b, offs_s, mask, ns
-
-
-@triton.jit
-def _at(ptr, b, offs_s, offs_c, s_b, s_s, s_c):
-    """[BLOCK_S, BLOCK_C] pointers to element (b, c, s) of a strided [B, C, S] step."""
-    return ptr + b * s_b + offs_s.to(tl.int64)[:, None] * s_s + offs_c.to(tl.int64)[None, :] * s_c
 
 
 @triton.jit
@@ -210,28 +109,16 @@ def _bn_apply(x, scale, shift):
 
 
 @triton.jit
-def _ln_rows(x, mask, C, eps, w, bias):
-    """Layer norm of each row of a [BLOCK_S, BLOCK_C] tile over its C channels: (y, xhat, rstd)."""
-    mean = tl.sum(x, axis=1) / C
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / C + eps)
-    xhat = xc * rstd[:, None]
-    return xhat * w[None, :] + bias[None, :], xhat, rstd
-
-
-@triton.jit
-def _ln_dx(gy, xhat, rstd, w, mask, C):
-    """Layer norm's dL/dx per row from dL/dy."""
-    wg = tl.where(mask, gy * w[None, :], 0.0)
-    c1 = tl.sum(wg * xhat, axis=1) / C
-    c2 = tl.sum(wg, axis=1) / C
-    return rstd[:, None] * (wg - xhat * c1[:, None] - c2[:, None])
-
+def _last_to_arrive(sem_ptr):
+    """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
+    here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
+    counts, so the last one reads all the others' (the partials it then reads bypass L1: ``cache_modifier=".cg"``)."""
+    tl.debug_barrier()
+    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
 
 # ----------------------------------------------------------------------------
-# Batch norm kernels
+# Kernels
 # ----------------------------------------------------------------------------
-
 
 @triton.jit(do_not_specialize=["T", "TPP"])
 def _bn_stats_kernel(
@@ -259,14 +146,14 @@ def _bn_stats_kernel(
     # Sums of x - K per element, K the channel's mean over the program's first tile at the first step (so that
     # the sum of squares cancels little), reduced over the tile once at the end: the loop only loads and adds.
     b, offs_s, mask, ns = _group_tile(pid0, 0, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     shift = tl.sum(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), axis=0) / tl.maximum(ns, 1.0)
     s1 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     s2 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     n = tl.cast(0.0, tl.float32)
     for i in range(TPP):
         b, offs_s, mask, ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
-        x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+        x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
         for t in range(T):
             x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
             d = tl.where(mask, x - shift[None, :], 0.0)
@@ -286,15 +173,6 @@ def _bn_stats_kernel(
             _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c,
                              tl.num_programs(0), C, eps, momentum, pid1 == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
             tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
-
-
-@triton.jit
-def _last_to_arrive(sem_ptr):
-    """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
-    here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
-    counts, so the last one reads all the others' (the partials it then reads bypass L1: ``cache_modifier=".cg"``)."""
-    tl.debug_barrier()
-    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
 
 
 @triton.jit
@@ -388,13 +266,13 @@ def _bn_neuron_fwd_kernel(
     BLOCK_C: tl.constexpr,
 ):
     pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = base._tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    s_base = base._at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
+    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
     NCK = tl.cast(B, tl.int64) * C * S
     out_dtype = s_ptr.dtype.element_ty
     if EXPANDED:
@@ -512,7 +390,7 @@ def _bn_neuron_bwd_kernel(
             tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
         if FINISH:
             if _last_to_arrive(sem_ptr + pid1):
-                _pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
+                base._pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
                           BLOCK_C)
                 tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
 
@@ -528,10 +406,10 @@ def _bn_bwd_tile(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
-    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
+    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    gx_base = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
+    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
@@ -545,9 +423,7 @@ def _bn_bwd_tile(
         t0 = c * CHUNK
         v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
         v_start = tl.where(c > 0, v_ck, v0)
-        # Recompute the chunk's charged states; issue every load before the first store.
-        v = v_start
-        hs = ()
+        # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
         xs = ()
         ys = ()
         gss = ()
@@ -555,21 +431,22 @@ def _bn_bwd_tile(
             t64 = tl.cast(t0 + j, tl.int64)
             m = mask & (t0 + j < T)
             if EXPANDED:
-                y = y_e
+                ys = ys + (y_e,)
             else:
                 xj = tl.load(x_base + t64 * sx_t, mask=m, other=0.0).to(tl.float32)
                 xs = xs + (xj,)
-                y = _bn_apply(xj, scale, shift)
+                ys = ys + (_bn_apply(xj, scale, shift),)
             gss = gss + (tl.load(gs_base + t64 * sg_t, mask=m, other=0.0),)
-            h, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
-            hs = hs + (h,)
-            ys = ys + (y,)
-        for j in tl.static_range(CHUNK - 1, -1, -1):
+        hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+        # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
+        out = backward_scan(hs, ys, gss, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                            alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, True, False, STORE_GK, CHUNK)
+        gv = out[CHUNK]
+        gk = out[CHUNK + 1]
+        for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
             t = t0 + j
-            valid = t < T
-            m = mask & valid
-            gh, gy = backward_step(hs[j], gss[j].to(tl.float32), gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT,
-                                   HARD_RESET, DETACH_RESET, SURROGATE)
+            m = mask & (t < T)
+            gy = out[j]
             if EXPANDED:
                 g_sum += tl.where(m, gy, 0.0)
             else:
@@ -585,11 +462,6 @@ def _bn_bwd_tile(
                     else:
                         gx = scale * gy
                     tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
-            if PASS == 1:
-                if STORE_GK:
-                    gk += tl.where(m, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
-                                                  DECAY_INPUT, HARD_RESET), 0.0)
-            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
     if EXPANDED:
         xhat = (x_e - mean) * rstd
         if PASS == 1:
@@ -628,349 +500,25 @@ def _bn_dx_kernel(
     pid0 = tl.program_id(0)
     per_t = B * s_tiles
     t = (pid0 // per_t).to(tl.int64)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = base._tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     mean, rstd, scale, _shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, w_ptr, offs_c, mask_c, HAS_W, False)
-    gx_at = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
+    gx_at = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
     gy = tl.load(gx_at, mask=mask, other=0.0).to(tl.float32)
     if BATCH_STATS:
         inv_n = tl.cast(inv_n, tl.float32)
         m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
         m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
-        x = tl.load(_at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t, mask=mask, other=0.0).to(tl.float32)
+        x_at = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t
+        x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
         xhat = (x - mean[None, :]) * rstd[None, :]
         gx = scale * (gy - m_g - xhat * m_gx)
     else:
         gx = scale * gy
     tl.store(gx_at, gx.to(gx_ptr.dtype.element_ty), mask=mask)
 
-
-@triton.jit
-def _pair_sum_kernel(
-    part_ptr,  # [G0, 2, C] fp32 partial sums
-    out0_ptr,  # [C] fp32 out: sum over G0 of part[:, 0], in a fixed order
-    out1_ptr,  # [C] fp32 out: sum over G0 of part[:, 1]
-    G0, C,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    _pair_sum(part_ptr, out0_ptr, out1_ptr, offs_c, offs_c < C, G0, C, BLOCK_R, BLOCK_C)
-
-
-@triton.jit
-def _pair_sum(part_ptr, out0_ptr, out1_ptr, offs_c, mask_c, G0, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The channels ``offs_c`` of the two sums over the G0 partial rows of ``part_ptr``, in a fixed order."""
-    acc0 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for r0 in range(0, G0, BLOCK_R):
-        rows = r0 + tl.arange(0, BLOCK_R)
-        m = (rows < G0)[:, None] & mask_c[None, :]
-        base = part_ptr + rows.to(tl.int64)[:, None] * 2 * C + offs_c[None, :]
-        acc0 += tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
-        acc1 += tl.load(base + C, mask=m, other=0.0, cache_modifier=".cg")
-    tl.store(out0_ptr + offs_c, tl.sum(acc0, axis=0), mask=mask_c)
-    tl.store(out1_ptr + offs_c, tl.sum(acc1, axis=0), mask=mask_c)
-
-
-# ----------------------------------------------------------------------------
-# Layer norm (over channels) kernels
-# ----------------------------------------------------------------------------
-
-
-@triton.jit
-def _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr):
-    if HAS_W:
-        w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(mask_c, 1.0, 0.0)
-    if HAS_B:
-        bias = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_C], dtype=tl.float32)
-    return w, bias
-
-
-@triton.jit(do_not_specialize=["T"])
-def _ln_neuron_fwd_kernel(
-    x_ptr,  # [T, B, C, S] input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (sx_t = 0: one input for every step)
-    w_ptr,  # [C] norm weight, read when HAS_W
-    b_ptr,  # [C] norm bias, read when HAS_B
-    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
-    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + ...
-    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
-    T, B, C, S, s_tiles,
-    sx_t, sx_b, sx_c, sx_s,
-    so_t, so_b, so_c, so_s,
-    eps, k, v_threshold, v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    EXPANDED: tl.constexpr,
-    STORE_CKPT: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
-    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    eps = tl.cast(eps, tl.float32)
-    v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
-    out_dtype = s_ptr.dtype.element_ty
-    if EXPANDED:
-        y_e, _xh, _r = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for c_iter in range(n_chunks):
-        c = tl.cast(c_iter, tl.int32)
-        t0 = c * CHUNK
-        if STORE_CKPT:
-            tl.store(ck_base + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
-        xs = ()
-        if not EXPANDED:
-            for j in tl.static_range(CHUNK):
-                m = mask & (t0 + j < T)
-                xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32),)
-        for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            if EXPANDED:
-                y = y_e
-            else:
-                y, _xh, _r = _ln_rows(xs[j], mask, C, eps, w, bias)
-            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
-            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = fire(h, v_threshold)
-            tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
-                     mask=mask & valid)
-            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
-
-
-@triton.jit(do_not_specialize=["T"])
-def _ln_neuron_bwd_kernel(
-    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s
-    w_ptr,  # [C] norm weight, read when HAS_W
-    b_ptr,  # [C] norm bias, read when HAS_B
-    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
-    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
-    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + ...
-    gx_ptr,  # dL/dx out: [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
-    part_ptr,  # [G0, 2, C] fp32 out: per-program sums of dL/dy * xhat (dW) and dL/dy (dB)
-    gk_part_ptr,  # [G0] fp32 out: per-program partial dL/dk (STORE_GK)
-    T, B, C, S, s_tiles,
-    sx_t, sx_b, sx_c, sx_s,
-    sg_t, sg_b, sg_c, sg_s,
-    sd_t, sd_b, sd_c, sd_s,
-    eps, k, v_threshold, v_reset, alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
-    K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    EXPANDED: tl.constexpr,
-    STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = _tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
-    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    eps = tl.cast(eps, tl.float32)
-    alpha = tl.cast(alpha, tl.float32)
-    one_minus_k = 1.0 - k
-    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
-    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
-    out_dtype = gx_ptr.dtype.element_ty
-    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy (EXPANDED: per element, over T)
-    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy * xhat
-    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    if EXPANDED:
-        y_e, xhat_e, rstd_e = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for cc in range(n_chunks):
-        c = n_chunks - 1 - tl.cast(cc, tl.int32)
-        t0 = c * CHUNK
-        v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
-        v_start = tl.where(c > 0, v_ck, v0)
-        v = v_start
-        hs = ()
-        ys = ()
-        xhats = ()
-        rstds = ()
-        gss = ()
-        xs = ()
-        if not EXPANDED:
-            for j in tl.static_range(CHUNK):
-                m = mask & (t0 + j < T)
-                xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32),)
-        for j in tl.static_range(CHUNK):
-            m = mask & (t0 + j < T)
-            gss = gss + (tl.load(gs_base + tl.cast(t0 + j, tl.int64) * sg_t, mask=m, other=0.0),)
-        for j in tl.static_range(CHUNK):
-            if EXPANDED:
-                y = y_e
-            else:
-                y, xhat, rstd = _ln_rows(xs[j], mask, C, eps, w, bias)
-                xhats = xhats + (xhat,)
-                rstds = rstds + (rstd,)
-            h, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
-            hs = hs + (h,)
-            ys = ys + (y,)
-        for j in tl.static_range(CHUNK - 1, -1, -1):
-            t = t0 + j
-            valid = t < T
-            m = mask & valid
-            gh, gy = backward_step(hs[j], gss[j].to(tl.float32), gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT,
-                                   HARD_RESET, DETACH_RESET, SURROGATE)
-            gy = tl.where(m, gy, 0.0)
-            acc_g += gy
-            if not EXPANDED:
-                acc_gx += gy * xhats[j]
-                gx = _ln_dx(gy, xhats[j], rstds[j], w, mask, C)
-                tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
-            if STORE_GK:
-                gk += tl.where(m, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
-                                              DECAY_INPUT, HARD_RESET), 0.0)
-            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
-    if EXPANDED:
-        acc_gx = acc_g * xhat_e
-        tl.store(gx_base, _ln_dx(acc_g, xhat_e, rstd_e, w, mask, C).to(out_dtype), mask=mask)
-    row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
-    tl.store(row, tl.sum(acc_gx, axis=0), mask=mask_c)
-    tl.store(row + C, tl.sum(acc_g, axis=0), mask=mask_c)
-    if STORE_GK:
-        tl.store(gk_part_ptr + pid0, tl.sum(tl.sum(gk, axis=1), axis=0))
-
-
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
-
-def _map(x: Tensor, T: int | None) -> tuple[Tensor, int, int, int, int, tuple[int, int, int, int]]:
-    """``(x, B, C, H, W, (st, sb, sc, ss))``: ``x`` addressed as [T, B, C, S] (st = 0 for
-    [B, C, H, W] input repeated over T); copies only layouts whose H, W do not fold into one run."""
-    if T is None:
-        _, B, C, H, W = x.shape
-    else:
-        B, C, H, W = x.shape
-    for _ in range(2):
-        if T is None:
-            st, sb, sc, sh, sw = x.stride()
-        else:
-            st, (sb, sc, sh, sw) = 0, x.stride()
-        if H == 1:
-            ss = sw
-        elif W == 1 or sh == W * sw:
-            ss = sw if W > 1 else sh
-        else:
-            x = x.contiguous()
-            continue
-        return x, B, C, H, W, (st, sb, sc, ss)
-    raise AssertionError("unreachable")
-
-
-def _strides(t: Tensor, expanded: bool) -> tuple[int, int, int, int]:
-    """(st, sb, sc, ss) of a tensor whose H, W fold into one run (outputs, gradients made so)."""
-    if expanded and t.dim() == 4:
-        sb, sc, sh, sw = t.stride()
-        st = 0
-    else:
-        st, sb, sc, sh, sw = t.stride()
-    H, W = t.shape[-2:]
-    return st, sb, sc, (sw if W > 1 else sh)
-
-
-def _grad_map(g: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
-    """dL/dS addressed as [T, B, C, S]; an odd layout is copied once."""
-    T, B, C, H, W = g.shape
-    st, sb, sc, sh, sw = g.stride()
-    if H > 1 and W > 1 and sh != W * sw:
-        g = g.contiguous()
-        st, sb, sc, sh, sw = g.stride()
-    return g, (st, sb, sc, sw if W > 1 else sh)
-
-
-@functools.lru_cache(maxsize=None)
-def _neuron_consts(flags: int) -> dict:
-    return dict(LEAK=bool(flags & F_LEAK), DECAY_INPUT=bool(flags & F_DECAY_INPUT),
-                HARD_RESET=bool(flags & F_HARD_RESET))
-
-
-def _n_ckpt(T: int, flags: int) -> int:
-    chunk = chunk_steps(T)
-    return max((T + chunk - 1) // chunk - 1, 0) if flags & F_SAVE_CKPT else 0
-
-
-def _check_size(B: int, C: int, S: int) -> None:
-    if B * C * S > INT32_MAX:
-        raise ValueError(f"a time step has {B * C * S} elements; the fused norm-neuron kernels support at most "
-                         f"{INT32_MAX}")
-
-
-class _FwdPlan:
-    """What a forward launches for one layout (input shape and strides, flags, options): the allocations' shapes
-    and the kernels' launches (:class:`~snntrain.kernels.op_utils.Planned`)."""
-
-    __slots__ = ("copy", "out_shape", "out_strides", "ckpt_shape", "C", "part_shape", "ws", "launches")
-
-
-def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, int, tuple[int, ...]]:
-    """A forward plan with its outputs' shapes (spikes in x's memory format), whether x is ``[B, C, H, W]``
-    repeated over T (``expanded``), and ``B, C, S = H * W`` and x's strides as ``_map`` gives them."""
-    expanded = x.dim() == 4
-    xk, B, C, H, W, strides = _map(x, T if expanded else None)
-    _check_size(B, C, H * W)
-    plan = _FwdPlan()
-    plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
-    S = H * W
-    channels_last = C > 1 and S > 1 and x.stride()[-3] == 1
-    plan.out_shape = (T, B, C, H, W)
-    plan.out_strides = (B * S * C, S * C, 1, W * C, C) if channels_last else (B * C * S, C * S, S, W, 1)
-    plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
-    plan.ws = None
-    return plan, expanded, B, C, S, strides
-
-
-def _spike_strides(plan: _FwdPlan) -> tuple[int, int, int, int]:
-    """(st, sb, sc, ss) of the spikes :func:`_spikes` makes: their W stride steps along S."""
-    st, sb, sc, _sh, sw = plan.out_strides
-    return st, sb, sc, sw
-
-
-def _fwd_outputs(plan: _FwdPlan, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The spikes (x's dtype and memory format) and the checkpoints of a forward."""
-    return _spikes(plan, x), torch.empty(plan.ckpt_shape, dtype=torch.float32, device=x.device)
-
-
-def _spikes(plan: _FwdPlan, x: Tensor) -> Tensor:
-    return torch.empty_strided(plan.out_shape, plan.out_strides, dtype=x.dtype, device=x.device)
-
-
-def _plan(cache: PlanCache, key: tuple, build):
-    """An eager call's plan: ``build(launches=True, fuse=True)``, kept in ``cache`` under ``key`` (traced and fake
-    calls build theirs afresh, without ``fuse``)."""
-    plan = cache.get(key)
-    return cache.put(key, build(True, True)) if plan is None else plan
-
 
 def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
     """The zeroed arrival counters of a kernel whose last program per channel block finishes its partial sums
@@ -984,17 +532,17 @@ def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
 
 
 def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
-                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False) -> _FwdPlan:
+                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False) -> base._FwdPlan:
     """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer)."""
-    plan, expanded, B, C, S, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
+    plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
     k, v_threshold, v_reset, _alpha, eps = params[:5]
     cl = sc < ss
     out = []
     if flags & F_BATCH_STATS:
-        bs, bc = bn_tiles(C, S, cl, STATS_TILE, FWD_CL_CHANNELS)
-        groups, tpp = tile_groups(B, S, bs, cdiv(C, bc), x.device, STATS_PROGRAMS_PER_SM)
+        bs, bc = tuning.bn_tiles(C, S, cl, tuning.STATS_TILE, tuning.FWD_CL_CHANNELS)
+        groups, tpp = tuning.tile_groups(B, S, bs, cdiv(C, bc), x.device, tuning.STATS_PROGRAMS_PER_SM)
         g0 = B * groups
         plan.part_shape = (g0, 3, C)
         update = bool(flags & F_UPDATE_RUNNING)
@@ -1006,21 +554,22 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
         out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
                            ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
                             *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
-                           dict(FINISH=sem is not None, **opts, BLOCK_R=finish_rows(bc),
-                                BLOCK_S=bs, BLOCK_C=bc, num_warps=STATS_WARPS)))
+                           dict(FINISH=sem is not None, **opts, BLOCK_R=tuning.finish_rows(bc),
+                                BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.STATS_WARPS)))
         if sem is None:
-            out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, FINISH_C),), ("part", *finish, g0, C, eps, momentum),
-                               dict(**opts, BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
-    bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
+            out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, tuning.FINISH_C),),
+                               ("part", *finish, g0, C, eps, momentum),
+                               dict(**opts, BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
+    bs, bc = tuning.bn_tiles(C, S, cl, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
-    so = _spike_strides(plan)
+    so = base._spike_strides(plan)
     out.append(Planned(
         _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
         ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
          T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
-        dict(**_neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
-             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=NO_FMA, CHUNK=chunk_steps(T),
-             BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
+        dict(**base._neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
+             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=ns.NO_FMA, CHUNK=ns.chunk_steps(T),
+             BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
     plan.launches = tuple(out)
     stats = C if flags & F_BATCH_STATS else 0
     # an eager call's float32 tensors, views of one allocation: mean, rstd, var, partials, checkpoints
@@ -1041,24 +590,24 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     ``num_batches_tracked`` to count the batch in. Calls that launch directly reuse the plan of their layout;
     ``eager`` (not the operator, whose outputs may not alias one another): the float32 tensors are views of one
     allocation."""
-    def build(launches: bool, fuse: bool = False) -> _FwdPlan:
+    def build(launches: bool, fuse: bool = False) -> base._FwdPlan:
         return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
                             count is not None, launches, nbt is not None, fuse)
 
     plan = None
     if launch and wrap is direct:
-        plan = _plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
+        plan = base._plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
                                      k_tensor is None, count is None, nbt is None, *params), build)
     dev = x.device
     part = None
     if eager and plan is not None and plan.ws is not None:
-        spikes = _spikes(plan, x)
+        spikes = base._spikes(plan, x)
         mean, rstd, var, part, ckpt = torch.empty(sum(plan.ws), dtype=torch.float32, device=dev).split_with_sizes(
             plan.ws)
     else:
         if plan is None:
             plan = build(launch)
-        spikes, ckpt = _fwd_outputs(plan, x)
+        spikes, ckpt = base._fwd_outputs(plan, x)
         if flags & F_BATCH_STATS:
             mean, rstd, var = (torch.empty(plan.C, dtype=torch.float32, device=dev) for _ in range(3))
         else:
@@ -1078,99 +627,29 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     return spikes, mean, rstd, var, ckpt
 
 
-def _wb(sums: tuple[Tensor, Tensor], weight: Tensor | None, bias: Tensor | None, need_wb: bool, iw: int,
-        ib: int) -> tuple[Tensor, Tensor]:
-    """dL/dweight and dL/dbias (sums ``iw``, ``ib``, fp32) in the parameters' dtypes; empty if not needed."""
-    if not need_wb:
-        return sums[0].new_empty(0), sums[0].new_empty(0)  # two tensors: an op's outputs may not alias
-    gw = sums[iw] if weight.dtype == torch.float32 else sums[iw].to(weight.dtype)
-    if bias is None:
-        return gw, sums[0].new_empty(0)
-    return gw, sums[ib] if bias.dtype == torch.float32 else sums[ib].to(bias.dtype)
-
-
-class _BwdPlan:
-    """What a backward launches for one layout (input and gradient strides, flags, options)."""
-
-    __slots__ = ("copy_x", "copy_g", "need_x", "need_wb", "need_k", "C", "part_shape", "gk_shape", "launches")
-
-
-def _bwd_plan(x: Tensor, T: int, flags: int, has_w: bool, has_k: bool):
-    """A backward plan with what it needs, x mapped as ``_map`` does, whether it is expanded (as in
-    :func:`_fwd_plan`), ``B, C, S`` and its strides."""
-    expanded = x.dim() == 4
-    xk, B, C, H, W, strides = _map(x, T if expanded else None)
-    plan = _BwdPlan()
-    plan.copy_x, plan.copy_g, plan.C, plan.part_shape, plan.gk_shape, plan.launches = xk is not x, False, C, None, \
-        None, ()
-    plan.need_x = bool(flags & F_GRAD_X)
-    plan.need_wb = bool(flags & F_GRAD_WB) and has_w
-    plan.need_k = bool(flags & F_GRAD_K) and has_k
-    return plan, xk, expanded, B, C, H * W, strides
-
-
-def _bwd_grad_maps(plan: _BwdPlan, xk: Tensor, grad_spikes: Tensor, expanded: bool):
-    """dL/dS's strides (``plan.copy_g`` where it is copied) and dL/dx's (in the layout of the mapped input)."""
-    gs, sg = _grad_map(grad_spikes)
-    plan.copy_g = gs is not grad_spikes
-    sd = _strides(torch.empty_like(xk, device="meta"), expanded) if plan.need_x else (0, 0, 0, 0)
-    return sg, sd
-
-
-def _bwd_outputs(plan: _BwdPlan, x: Tensor, k_tensor: Tensor | None, launch: bool,
-                 eager: bool) -> tuple[Tensor, tuple[Tensor, Tensor], Tensor | None, dict]:
-    """dL/dx (empty unless needed), the two per-channel sums, dL/dk (empty unless needed; None in an eager call)
-    and the partial sums' buffers of a backward. The sums are separate tensors: they become the parameters'
-    gradients, which keep their storage alive."""
-    dev = x.device
-    grad_x = torch.empty_like(x) if plan.need_x else torch.empty(0, dtype=x.dtype, device=dev)
-    sums = (torch.empty(plan.C, dtype=torch.float32, device=dev), torch.empty(plan.C, dtype=torch.float32, device=dev))
-    grad_k = None if eager and not plan.need_k else \
-        torch.empty(k_tensor.shape if plan.need_k else (0,), dtype=torch.float32, device=dev)
-    scratch = {}
-    if launch and plan.part_shape is not None:
-        scratch["part"] = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
-    if launch and plan.gk_shape is not None:
-        scratch["gk_part"] = torch.empty(plan.gk_shape, dtype=torch.float32, device=dev)
-    return grad_x, sums, grad_k, scratch
-
-
-def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor, Tensor], grad_k: Tensor | None,
-             grad_spikes: Tensor, **tensors) -> None:
-    """Launch a backward plan (the sums are zero where it launches nothing)."""
-    if not plan.launches:
-        for t in (*sums, grad_k):
-            if t is not None:
-                t.zero_()
-        return
-    tensors.update(x=x, gs=grad_spikes.contiguous() if plan.copy_g else grad_spikes, sum0=sums[0], sum1=sums[1],
-                   grad_x=grad_x, grad_k=grad_k)
-    for planned in plan.launches:
-        planned(wrap, tensors)
-
-
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> _BwdPlan:
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> base._BwdPlan:
     """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer)."""
-    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags, has_w, has_k)
+    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = base._bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
         return plan
-    sg, sd = _bwd_grad_maps(plan, xk, grad_spikes, expanded)
+    sg, sd = base._bwd_grad_maps(plan, xk, grad_spikes, expanded)
     batch = bool(flags & F_BATCH_STATS)
     cl = sc < ss
-    chunk = chunk_steps(T)
-    bs, bc = bn_tiles(C, S, cl, BWD_TILE, BWD_CL_CHANNELS if chunk <= SHORT_CHUNK else BWD_CL_CHANNELS_LONG)
+    chunk = ns.chunk_steps(T)
+    cl_channels = tuning.BWD_CL_CHANNELS if chunk <= ns.SHORT_CHUNK else tuning.BWD_CL_CHANNELS_LONG
+    bs, bc = tuning.bn_tiles(C, S, cl, tuning.BWD_TILE, cl_channels)
     g1 = cdiv(C, bc)
     k, v_threshold, v_reset, alpha, _eps = params[:5]
     n = (1 if expanded else T) * B * S
-    common = dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
-                  SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
-                  EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
-                  num_warps=BWD_WARPS)
+    common = dict(**base._neuron_consts(flags), DETACH_RESET=bool(flags & ns.F_DETACH_RESET),
+                  SURROGATE=(flags >> ns.F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
+                  EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=ns.NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
+                  num_warps=tuning.BWD_WARPS)
     args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
     tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "sum0", "sum1", "grad_x")
-    groups, tpp = tile_groups(B, S, bs, g1, x.device, BWD_PROGRAMS_PER_SM)
+    groups, tpp = tuning.tile_groups(B, S, bs, g1, x.device, tuning.BWD_PROGRAMS_PER_SM)
     g0 = B * groups
     out = []
     if batch or need_wb or need_k:
@@ -1181,22 +660,22 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
                            (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
                             T, B, C, S, groups, tpp, *args),
-                           dict(PASS=1, FINISH=sem is not None, FINISH_R=finish_rows(bc),
+                           dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
                                 STORE_GK=need_k, STORE_GY=need_x, **common)))
         if sem is None:
-            out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
-                               dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
+            out.append(Planned(base._pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
+                               dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
         if need_k:
-            out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=SUM_BLOCK, num_warps=4)))
+            out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=ns.SUM_BLOCK, num_warps=4)))
         if need_x:
-            bs, bc = bn_tiles(C, S, cl, FWD_TILE, FWD_CL_CHANNELS)
+            bs, bc = tuning.bn_tiles(C, S, cl, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
             s_tiles = cdiv(S, bs)
             steps = 1 if expanded else T
             out.append(Planned(
                 _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
                 ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_x", steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
                  1.0 / n),
-                dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=FWD_WARPS)))
+                dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
     elif need_x:  # no sums to take: dL/dx in one pass
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
                            (*tensors, "mean", "mean", "mean", T, B, C, S, groups, tpp, *args),
@@ -1205,124 +684,17 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     return plan
 
 
-def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias: Tensor | None,
-              k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-              wrap, wb: tuple[int, int], eager: bool, **saved: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """A backward's host function over its norm's ``plan_fn`` (calls that launch directly reuse the plan of their
-    layout): ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``eager``:
-    not the operator (dL/dk is None where not asked for); ``saved`` are the forward's tensors the kernels read
-    besides x, the parameters and dL/dS."""
-    def build(launches: bool, fuse: bool = False) -> _BwdPlan:
-        return plan_fn(x, grad_spikes, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                       launches, fuse)
-
-    if launch and wrap is direct:
-        plan = _plan(cache, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
-                             bias is None, k_tensor is None, *params), build)
-    else:
-        plan = build(launch)
-    if plan.copy_x:
-        x = x.contiguous()
-    grad_x, sums, grad_k, scratch = _bwd_outputs(plan, x, k_tensor, launch, eager)
-    if launch:
-        _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved,
-                 **scratch)
-    return grad_x, *_wb(sums, weight, bias, plan.need_wb, *wb), grad_k
-
-
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
                  k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
                  launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K); dL/dk
     None where not asked for in an ``eager`` call."""
-    return _bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
+    return base._bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
                      wrap, (1, 0), eager, mean=mean, rstd=rstd, ckpt=ckpt)
-
-
-def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
-                 launches: bool) -> _FwdPlan:
-    plan, expanded, B, C, S, (st, sb, sc, ss) = _fwd_plan(x, T, flags)
-    if not launches or B * C * S == 0:
-        return plan
-    k, v_threshold, v_reset, _alpha, eps = params[:5]
-    bs, bc = ln_tiles(C, LN_FWD_TILE)
-    s_tiles = cdiv(S, bs)
-    plan.launches = (Planned(
-        _ln_neuron_fwd_kernel, (B * s_tiles,),
-        ("x", "weight", "bias", "k", "spikes", "ckpt", T, B, C, S, s_tiles, st, sb, sc, ss,
-         *_spike_strides(plan), eps, k, v_threshold, v_reset),
-        dict(**_neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
-             STORE_CKPT=plan.ckpt_shape[0] > 0, NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc,
-             num_warps=LN_WARPS)),)
-    return plan
-
-
-_LN_FWD_PLANS = PlanCache()
-_LN_BWD_PLANS = PlanCache()
-
-
-def _ln_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
-                 params: list[float], flags: int, launch: bool, wrap=direct) -> tuple[Tensor, Tensor]:
-    def build(launches: bool, fuse: bool = False) -> _FwdPlan:
-        return _ln_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None, launches)
-
-    if launch and wrap is direct:
-        plan = _plan(_LN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
-                                     k_tensor is None, *params), build)
-    else:
-        plan = build(launch)
-    spikes, ckpt = _fwd_outputs(plan, x)
-    if launch and plan.launches:
-        tensors = {"x": x.contiguous() if plan.copy else x, "weight": weight, "bias": bias, "k": k_tensor,
-                   "spikes": spikes, "ckpt": ckpt}
-        for planned in plan.launches:
-            planned(wrap, tensors)
-    return spikes, ckpt
-
-
-def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> _BwdPlan:
-    # the kernel always writes dL/dx (the weight sums come with it)
-    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = _bwd_plan(x, T, flags | F_GRAD_X, has_w, has_k)
-    if not launches or B * C * S == 0:
-        return plan
-    sg, sd = _bwd_grad_maps(plan, xk, grad_spikes, expanded)
-    bs, bc = ln_tiles(C, LN_BWD_TILE)
-    s_tiles = cdiv(S, bs)
-    g0 = B * s_tiles
-    plan.part_shape = (g0, 2, C)
-    plan.gk_shape = (g0,) if plan.need_k else None
-    k, v_threshold, v_reset, alpha, eps = params[:5]
-    out = [Planned(
-        _ln_neuron_bwd_kernel, (g0,),
-        ("x", "weight", "bias", "k", "ckpt", "gs", "grad_x", "part", "gk_part" if plan.need_k else "part",
-         T, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps, k, v_threshold, v_reset, alpha),
-        dict(**_neuron_consts(flags), DETACH_RESET=bool(flags & F_DETACH_RESET),
-             SURROGATE=(flags >> F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
-             EXPANDED=expanded, STORE_GK=plan.need_k, NO_FMA=NO_FMA, CHUNK=chunk_steps(T), BLOCK_S=bs, BLOCK_C=bc,
-             num_warps=LN_WARPS))]
-    if plan.need_wb:
-        out.append(Planned(_pair_sum_kernel, (cdiv(C, FINISH_C),), ("part", "sum0", "sum1", g0, C),
-                           dict(BLOCK_R=FINISH_R, BLOCK_C=FINISH_C, num_warps=4)))
-    if plan.need_k:
-        out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0), dict(BLOCK=SUM_BLOCK, num_warps=4)))
-    plan.launches = tuple(out)
-    return plan
-
-
-def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
-                 grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-                 wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for (dL/dk None in an
-    ``eager`` call)."""
-    return _bwd_host(_LN_BWD_PLANS, _ln_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
-                     wrap, (0, 1), eager, ckpt=ckpt)
-
 
 # ----------------------------------------------------------------------------
 # Operator registration
 # ----------------------------------------------------------------------------
-
 
 def _bn_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
             running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float],
@@ -1347,37 +719,8 @@ def _bn_bwd_fake(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, pa
     return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, False)
 
 
-def _ln_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
-            params: list[float], flags: int) -> tuple[Tensor, Tensor]:
-    """``(spikes, checkpoints)``."""
-    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, True, op_wrap)
-
-
-def _ln_fwd_fake(x, weight, bias, k_tensor, T, params, flags):
-    return _ln_fwd_host(x, weight, bias, k_tensor, T, params, flags, False)
-
-
-def _ln_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Tensor, k_tensor: Tensor | None,
-            grad_spikes: Tensor, T: int, params: list[float], flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; dL/dx always, the others empty unless asked for."""
-    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, True, op_wrap)
-
-
-def _ln_bwd_fake(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags):
-    return _ln_bwd_host(x, weight, bias, ckpt, k_tensor, grad_spikes, T, params, flags, False)
-
-
 bn_neuron_fwd = register_op("snntrain::bn_neuron_fwd", _bn_fwd, _bn_fwd_fake)
 bn_neuron_bwd = register_op("snntrain::bn_neuron_bwd", _bn_bwd, _bn_bwd_fake)
-ln_neuron_fwd = register_op("snntrain::ln_neuron_fwd", _ln_fwd, _ln_fwd_fake)
-ln_neuron_bwd = register_op("snntrain::ln_neuron_bwd", _ln_bwd, _ln_bwd_fake)
-
-
-def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tuple[int, bool, bool, bool, bool]:
-    need = ctx.needs_input_grad
-    nx, nw, nb, nk = need[i_x], need[i_w], need[i_b], need[i_k]
-    flags |= (F_GRAD_X if nx else 0) | (F_GRAD_WB if nw or nb else 0) | (F_GRAD_K if nk else 0)
-    return flags, nx, nw, nb, nk
 
 
 def _bn_setup_context(ctx, inputs, output) -> None:
@@ -1396,7 +739,7 @@ def _bn_backward(ctx, grad_spikes, _gm, _gr, _gv, _gc):
 def _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bwd) -> tuple:
     """The gradients of the forward's nine inputs, from ``bwd`` (the backward operator, or the eager host
     function)."""
-    flags, nx, nw, nb, nk = _grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
+    flags, nx, nw, nb, nk = base._grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
     if not (nx or nw or nb or nk):
         return (None,) * 9
     if grad_spikes is None:
@@ -1406,37 +749,12 @@ def _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bwd
             None, None, None)
 
 
-def _ln_setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, k_tensor, T, params, flags = inputs
-    _spikes, ckpt = output
-    ctx.save_for_backward(x, weight, bias, ckpt, k_tensor)
-    ctx.T, ctx.params, ctx.flags = T, params, flags
-    ctx.mark_non_differentiable(ckpt)
-
-
-def _ln_backward(ctx, grad_spikes, _gc, bwd=None):
-    x, weight, bias, ckpt, k_tensor = ctx.saved_tensors
-    flags, nx, nw, nb, nk = _grad_flags(ctx, ctx.flags, 0, 1, 2, 3)
-    if not (nx or nw or nb or nk):
-        return (None,) * 7
-    if grad_spikes is None:
-        grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
-    gx, gw, gb, gk = (bwd or ln_neuron_bwd)(x, weight, bias, ckpt, k_tensor, grad_spikes, ctx.T, ctx.params, flags)
-    return gx if nx else None, gw if nw else None, gb if nb else None, gk if nk else None, None, None, None
-
-
 bn_neuron_fwd.register_autograd(_bn_backward, setup_context=_bn_setup_context)
-ln_neuron_fwd.register_autograd(_ln_backward, setup_context=_ln_setup_context)
 
 
 def _eager_bn_bwd(*args):
     with profiled("snntrain::bn_neuron_bwd"):
         return _bn_bwd_host(*args, launch=True, eager=True)
-
-
-def _eager_ln_bwd(*args):
-    with profiled("snntrain::ln_neuron_bwd"):
-        return _ln_bwd_host(*args, launch=True, eager=True)
 
 
 class _EagerBNNeuron(torch.autograd.Function):
@@ -1465,47 +783,9 @@ class _EagerBNNeuron(torch.autograd.Function):
         return *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes, _eager_bn_bwd), \
             None, None
 
-
-# The layer-norm op's forward and backward without the operator machinery (eager calls).
-_EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln_fwd_host, launch=True),
-                                _ln_setup_context, functools.partial(_ln_backward, bwd=_eager_ln_bwd))
-
-
 # ----------------------------------------------------------------------------
-# Entry points
+# Entry point
 # ----------------------------------------------------------------------------
-
-
-def _prepare(x: Tensor, steps: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
-    """``(T, flags, k, k_tensor)`` after checking the input."""
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"x has dtype {x.dtype}; the fused norm-neuron kernels take float32, float16 or bfloat16 "
-                        "(use backend='torch' for other dtypes)")
-    if steps is None:
-        if x.dim() != 5:
-            raise ValueError(f"x has shape {tuple(x.shape)}; expected [T, B, C, H, W] (or [B, C, H, W] with steps)")
-        T = x.shape[0]
-    else:
-        if x.dim() != 4:
-            raise ValueError(f"x has shape {tuple(x.shape)}; with steps={steps} expected [B, C, H, W]")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps={steps!r} is not valid; it must be a positive int")
-        T = steps
-    flags, k, k_tensor = neuron_flags(neuron["kind"], neuron.get("tau", 2.0), neuron.get("w"),
-                                      neuron.get("v_reset", 0.0), neuron.get("decay_input", True),
-                                      neuron.get("detach_reset", False), neuron.get("surrogate", "sigmoid"))
-    return T, flags, k, k_tensor
-
-
-def _params(k: float, neuron: dict, eps: float) -> list[float]:
-    v_reset = neuron.get("v_reset", 0.0)
-    return [float(k), float(neuron.get("v_threshold", 1.0)), 0.0 if v_reset is None else float(v_reset),
-            float(neuron.get("alpha", 4.0)), float(eps)]
-
-
-def _needs_ckpt(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
 
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
@@ -1530,7 +810,7 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
     total stays below 2**24.
     """
-    T, flags, k, k_tensor = _prepare(x, steps, neuron)
+    T, flags, k, k_tensor = base._prepare(x, steps, neuron)
     if count is not None:
         _check_count(count, x, weight, bias, k_tensor)
     batch = training or running_mean is None or running_var is None
@@ -1540,9 +820,9 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
             raise ValueError(f"batch norm needs more than 1 value per channel in training, got input shape "
                              f"{tuple(x.shape)}")
         flags |= F_BATCH_STATS
-    if _needs_ckpt(x, weight, bias, k_tensor):
-        flags |= F_SAVE_CKPT
-    params = _params(k, neuron, eps)
+    if base._needs_ckpt(x, weight, bias, k_tensor):
+        flags |= ns.F_SAVE_CKPT
+    params = base._params(k, neuron, eps)
     update = training and running_mean is not None and running_var is not None
     if count is not None:  # inference: no autograd, no checkpoints
         with profiled("snntrain::bn_neuron_fwd"):
@@ -1574,19 +854,6 @@ def _check_count(count: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor |
     if count.dtype != torch.float32 or count.shape != (C,) or not count.is_contiguous() or count.device != x.device:
         raise ValueError(f"count must be a contiguous float32 tensor of the {C} channels on {x.device}, got "
                          f"{count.dtype} of shape {tuple(count.shape)} on {count.device}")
-    if _needs_ckpt(x, weight, bias, k_tensor) or traced(x, weight, bias, k_tensor):
+    if base._needs_ckpt(x, weight, bias, k_tensor) or traced(x, weight, bias, k_tensor):
         raise ValueError("count= counts spikes during inference: call bn_neuron under torch.no_grad() or "
                          "torch.inference_mode(), outside torch.compile")
-
-
-def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, steps: int | None = None,
-              **neuron) -> Tensor:
-    """Spikes of ``neuron(layer_norm_over_channels(x))`` with the fused kernels; ``x`` and
-    ``neuron`` as in :func:`bn_neuron`. Differentiable in ``x``, ``weight``, ``bias`` and ``w``."""
-    T, flags, k, k_tensor = _prepare(x, steps, neuron)
-    if _needs_ckpt(x, weight, bias, k_tensor):
-        flags |= F_SAVE_CKPT
-    params = _params(k, neuron, eps)
-    fn = ln_neuron_fwd if traced(x, weight, bias, k_tensor) else _EagerLNNeuron.apply
-    spikes, _ckpt = fn(x, weight, bias, k_tensor, T, params, flags)
-    return spikes
