@@ -132,6 +132,18 @@ def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: t
         v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
     return k, v_threshold, v_reset, v_r, v
 
+
+@triton.jit
+def _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N, K_FROM_PTR: tl.constexpr, HARD_RESET: tl.constexpr,
+                 HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """The neurons of this program (offsets and mask), then :func:`_start`'s scalars and initial state."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    k, v_threshold, v_reset, v_r, v = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
+                                             HARD_RESET, HAS_V_INIT, BLOCK)
+    return offs, mask, k, v_threshold, v_reset, v_r, v
+
+
 @triton.jit(do_not_specialize=["T"])
 def _neuron_fwd_kernel(
     x_ptr,  # [T, N] input (fp32/fp16/bf16); x[t, n] at t*stride_xt + n*stride_xn
@@ -148,9 +160,7 @@ def _neuron_fwd_kernel(
     k,
     v_threshold,
     v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
     STORE_V_FINAL: tl.constexpr,
@@ -160,11 +170,8 @@ def _neuron_fwd_kernel(
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    k, v_threshold, v_reset, v_r, v = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
-                                             HARD_RESET, HAS_V_INIT, BLOCK)
+    offs, mask, k, v_threshold, v_reset, v_r, v = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
+                                                                K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
     x_base = x_ptr + offs * stride_xn
     out_dtype = s_ptr.dtype.element_ty
     n_chunks = tl.cdiv(T, CHUNK)
@@ -221,11 +228,8 @@ def _neuron_bwd_kernel(
     v_threshold,
     v_reset,
     alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
     GS_MODE: tl.constexpr,
@@ -238,11 +242,8 @@ def _neuron_bwd_kernel(
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    k, v_threshold, v_reset, v_r, v0 = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
-                                              HARD_RESET, HAS_V_INIT, BLOCK)
+    offs, mask, k, v_threshold, v_reset, v_r, v0 = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
+                                                                 K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     if HAS_GVF:
@@ -279,19 +280,19 @@ def _neuron_bwd_kernel(
             if HAS_GVSEQ:
                 gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
         hs = forward_scan(xs, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
-        out = backward_scan(hs, xs, gss, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
-                            alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, GS_MODE != 0, HAS_GVSEQ,
-                            STORE_GK, CHUNK)
+        out = backward_scan(hs, xs, gss, 0, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
+                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 0 if GS_MODE == 0 else 1,
+                            HAS_GVSEQ, STORE_GK, CHUNK)
         gv = out[CHUNK]
         gk = out[CHUNK + 1]
         if STORE_GX:
-            for j in tl.static_range(CHUNK):
+            for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order (fewer registers live)
                 m = offs < tl.where(t0 + j < T, N, 0)
                 tl.store(gx_ptr + tl.cast(t0 + j, tl.int64) * N + offs, out[j].to(out_dtype), mask=m)
     if STORE_GV_INIT:
         tl.store(gv_init_ptr + offs, gv, mask=mask)
     if STORE_GK:
-        tl.store(gk_part_ptr + pid, tl.sum(gk, axis=0))
+        tl.store(gk_part_ptr + tl.program_id(0), tl.sum(gk, axis=0))
 
 
 # ----------------------------------------------------------------------------

@@ -210,8 +210,8 @@ def _ln_neuron_bwd_kernel(
                 xhats = xhats + (xhat,)
                 rstds = rstds + (rstd,)
         hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
-        out = backward_scan(hs, ys, gss, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
-                            alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, True, False, STORE_GK, CHUNK)
+        out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
+                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, CHUNK)
         gv = out[CHUNK]
         gk = out[CHUNK + 1]
         for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike

@@ -259,16 +259,17 @@ def forward_scan(ys, v, k, v_r, v_threshold, v_reset, LEAK: tl.constexpr, DECAY_
 
 
 @triton.jit
-def backward_scan(hs, ys, gss, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-                  LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
-                  SURROGATE: tl.constexpr, HAS_GS: tl.constexpr, HAS_GQ: tl.constexpr, STORE_GK: tl.constexpr,
-                  CHUNK: tl.constexpr):
+def backward_scan(hs, ys, gss, gs_step, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                  alpha, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,
+                  DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr, GS: tl.constexpr, HAS_GQ: tl.constexpr,
+                  STORE_GK: tl.constexpr, CHUNK: tl.constexpr):
     """The reverse-time scan over the chunk of CHUNK steps that starts at step ``t0`` (steps from T on are
     padding: they pass dL/dV through and add nothing).
 
     ``hs``: the steps' charged states (:func:`forward_scan`), ``ys``: their inputs (read for PLIF's dL/dk,
-    ``STORE_GK``), ``gss``: dL/dS of each step (``HAS_GS``, else zero), ``gqs``: dL/dV of each step's state after
-    the reset (``HAS_GQ``); ``gv``: dL/dV after the chunk, ``gk``: PLIF's running dL/dk per element, ``v_start``:
+    ``STORE_GK``), ``gss``: dL/dS of each step, a tuple (``GS`` 1) or the pointers to the chunk's first step, step
+    ``j`` read at ``gss + j * gs_step`` as the scan reaches it (``GS`` 2: fewer registers live), or none (``GS`` 0:
+    zero); ``gqs``: dL/dV of each step's state after the reset (``HAS_GQ``); ``gv``: dL/dV after the chunk, ``gk``: PLIF's running dL/dk per element, ``v_start``:
     the state before the chunk, ``mask``: the elements of the block. Returns a tuple of CHUNK + 2 values: dL/d(input)
     of each step in time order, then dL/dV before the chunk and the updated ``gk``."""
     g_ins = ()
@@ -276,8 +277,10 @@ def backward_scan(hs, ys, gss, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k
         valid = t0 + j < T
         if HAS_GQ:
             gv = gv + gqs[j].to(tl.float32)
-        if HAS_GS:
+        if GS == 1:
             gs = gss[j].to(tl.float32)
+        elif GS == 2:
+            gs = tl.load(gss + j * gs_step, mask=mask & valid, other=0.0).to(tl.float32)
         else:
             gs = 0.0
         gh, g_in = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
