@@ -58,7 +58,7 @@ from torch import Tensor
 from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
-from .neuron_step import backward_scan, charge, fire, forward_scan, reset, scalars, sum_kernel
+from .neuron_step import chunk_backward, scalars, sum_kernel
 from .op_utils import PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
 __all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd"]
@@ -74,6 +74,7 @@ F_UPDATE_RUNNING = 1 << 15
 # ----------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------
+
 
 @triton.jit
 def _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S: tl.constexpr):
@@ -103,12 +104,6 @@ def _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.const
 
 
 @triton.jit
-def _bn_apply(x, scale, shift):
-    # one rounding (fma) in both the forward and the backward's recomputation
-    return tl.math.fma(x, scale, shift)
-
-
-@triton.jit
 def _last_to_arrive(sem_ptr):
     """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
     here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
@@ -116,9 +111,11 @@ def _last_to_arrive(sem_ptr):
     tl.debug_barrier()
     return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
 
+
 # ----------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------
+
 
 @triton.jit(do_not_specialize=["T", "TPP"])
 def _bn_stats_kernel(
@@ -136,8 +133,7 @@ def _bn_stats_kernel(
     UPDATE: tl.constexpr,
     COUNT_BATCH: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rows per step of the finish
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -251,60 +247,25 @@ def _bn_neuron_fwd_kernel(
     sx_t, sx_b, sx_c, sx_s,
     so_t, so_b, so_c, so_s,
     k, v_threshold, v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
     EXPANDED: tl.constexpr,
     STORE_CKPT: tl.constexpr,
     COUNT: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
     b, offs_s, offs_c, mask_c, mask = base._tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    s_base = base._at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
-    out_dtype = s_ptr.dtype.element_ty
-    if EXPANDED:
-        y_e = _bn_apply(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), scale, shift)
-    fired = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for c_iter in range(n_chunks):
-        c = tl.cast(c_iter, tl.int32)
-        t0 = c * CHUNK
-        if STORE_CKPT:
-            tl.store(ck_base + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
-        ys = ()
-        if not EXPANDED:
-            for j in tl.static_range(CHUNK):
-                m = mask & (t0 + j < T)
-                xj = tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32)
-                ys = ys + (_bn_apply(xj, scale, shift),)
-        for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            if EXPANDED:
-                y = y_e
-            else:
-                y = ys[j]
-            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
-            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = fire(h, v_threshold)
-            tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
-                     mask=mask & valid)
-            if COUNT:
-                fired += tl.where(spike & mask & valid, 1.0, 0.0)
-            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+    x_base, s_base, ck_base, NCK = base._pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
+                                                  so_s, so_c, B, C, S)
+    fired = base._fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
+                           v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
+                           NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if COUNT:  # the activity report's spikes per channel, while they are in registers (no second read)
         tl.atomic_add(cnt_ptr + offs_c, tl.sum(fired, axis=0), mask=mask_c)
 
@@ -333,25 +294,18 @@ def _bn_neuron_bwd_kernel(
     sd_t, sd_b, sd_c, sd_s,
     inv_n,  # 1 / (elements per channel)
     k, v_threshold, v_reset, alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
     K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    EXPANDED: tl.constexpr,
-    BATCH_STATS: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
+    EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr,  # a stride-0 time axis, batch statistics (training)
     PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
     FINISH: tl.constexpr,  # PASS 1: the last program of each channel block adds the partials into the sums
     FINISH_R: tl.constexpr,  # rows per step of that sum
     STORE_GK: tl.constexpr,
     STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
     pid1 = tl.program_id(1)
@@ -406,62 +360,53 @@ def _bn_bwd_tile(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
-    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    x_base, gx_base, ck_base, _nck = base._pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
+                                                    sd_b, sd_s, sd_c, 1, C, S)
     gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
-    gx_base = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
     if EXPANDED:
         x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
-        y_e = _bn_apply(x_e, scale, shift)
+        y_e = base._bn_apply(x_e, scale, shift)
     n_chunks = tl.cdiv(T, CHUNK)
     for cc in range(n_chunks):
         c = n_chunks - 1 - tl.cast(cc, tl.int32)
         t0 = c * CHUNK
-        v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
-        v_start = tl.where(c > 0, v_ck, v0)
+        v_start = base._state_before(ck_base, NCK, c, mask, v0)
         # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
-        xs = ()
         ys = ()
-        gss = ()
-        for j in tl.static_range(CHUNK):
-            t64 = tl.cast(t0 + j, tl.int64)
-            m = mask & (t0 + j < T)
-            if EXPANDED:
+        if EXPANDED:
+            for _j in tl.static_range(CHUNK):
                 ys = ys + (y_e,)
-            else:
-                xj = tl.load(x_base + t64 * sx_t, mask=m, other=0.0).to(tl.float32)
-                xs = xs + (xj,)
-                ys = ys + (_bn_apply(xj, scale, shift),)
-            gss = gss + (tl.load(gs_base + t64 * sg_t, mask=m, other=0.0),)
-        hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+        else:
+            xs = base._load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
+            for j in tl.static_range(CHUNK):
+                ys = ys + (base._bn_apply(xs[j].to(tl.float32), scale, shift),)
+        gss = base._load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
-        out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
-                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, CHUNK)
-        gv = out[CHUNK]
-        gk = out[CHUNK + 1]
+        out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
         for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
-            t = t0 + j
-            m = mask & (t < T)
+            m = mask & (t0 + j < T)
             gy = out[j]
             if EXPANDED:
                 g_sum += tl.where(m, gy, 0.0)
             else:
-                xhat = (xs[j] - mean) * rstd
+                xhat = (xs[j].to(tl.float32) - mean) * rstd
                 if PASS == 1:
                     acc_g += tl.where(m, gy, 0.0)
                     acc_gx += tl.where(m, gy * xhat, 0.0)
                     if STORE_GY:
-                        tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
+                        tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
                 else:
                     if BATCH_STATS:
                         gx = scale * (gy - m_g - xhat * m_gx)
                     else:
                         gx = scale * gy
-                    tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+                    tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
     if EXPANDED:
         xhat = (x_e - mean) * rstd
         if PASS == 1:
@@ -493,8 +438,7 @@ def _bn_dx_kernel(
     inv_n,  # 1 / (elements per channel)
     HAS_W: tl.constexpr,
     BATCH_STATS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     """dL/dx of batch norm from dL/dy, elementwise: the formula of the backward's PASS 2 without the scan."""
     pid0 = tl.program_id(0)
@@ -516,9 +460,11 @@ def _bn_dx_kernel(
         gx = scale * gy
     tl.store(gx_at, gx.to(gx_ptr.dtype.element_ty), mask=mask)
 
+
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
+
 
 def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
     """The zeroed arrival counters of a kernel whose last program per channel block finishes its partial sums
@@ -692,9 +638,11 @@ def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Te
     return base._bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
                      wrap, (1, 0), eager, mean=mean, rstd=rstd, ckpt=ckpt)
 
+
 # ----------------------------------------------------------------------------
 # Operator registration
 # ----------------------------------------------------------------------------
+
 
 def _bn_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
             running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float],
@@ -783,9 +731,11 @@ class _EagerBNNeuron(torch.autograd.Function):
         return *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes, _eager_bn_bwd), \
             None, None
 
+
 # ----------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------
+
 
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,

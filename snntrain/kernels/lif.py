@@ -94,9 +94,8 @@ from .neuron_step import (
     NO_FMA,
     SUM_BLOCK,
     SURROGATES,
-    backward_scan,
+    chunk_backward,
     chunk_steps,
-    forward_scan,
     neuron_flags,
     scalars,
     step,
@@ -163,12 +162,8 @@ def _neuron_fwd_kernel(
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
-    STORE_V_FINAL: tl.constexpr,
-    STORE_CKPT: tl.constexpr,
-    STORE_V_SEQ: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    STORE_V_FINAL: tl.constexpr, STORE_CKPT: tl.constexpr, STORE_V_SEQ: tl.constexpr,  # the outputs written
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,  # the charge's rounding, steps per chunk, neurons
 ):
     offs, mask, k, v_threshold, v_reset, v_r, v = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
                                                                 K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
@@ -233,14 +228,9 @@ def _neuron_bwd_kernel(
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
     GS_MODE: tl.constexpr,
-    HAS_GVF: tl.constexpr,
-    HAS_GVSEQ: tl.constexpr,
-    STORE_GX: tl.constexpr,
-    STORE_GV_INIT: tl.constexpr,
-    STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    HAS_GVF: tl.constexpr, HAS_GVSEQ: tl.constexpr,  # the gradients read
+    STORE_GX: tl.constexpr, STORE_GV_INIT: tl.constexpr, STORE_GK: tl.constexpr,  # the gradients written
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,  # the charge's rounding, steps per chunk, neurons
 ):
     offs, mask, k, v_threshold, v_reset, v_r, v0 = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
                                                                  K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
@@ -279,12 +269,14 @@ def _neuron_bwd_kernel(
                 gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=t0 + j < T, other=0.0),)
             if HAS_GVSEQ:
                 gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
-        hs = forward_scan(xs, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
-        out = backward_scan(hs, xs, gss, 0, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
-                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 0 if GS_MODE == 0 else 1,
-                            HAS_GVSEQ, STORE_GK, CHUNK)
-        gv = out[CHUNK]
-        gk = out[CHUNK + 1]
+        if GS_MODE == 0:
+            gss = xs  # not read
+        if not HAS_GVSEQ:
+            gqs = xs  # not read
+        out = chunk_backward(xs, v_start, gss, gqs, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 0 if GS_MODE == 0 else 1, HAS_GVSEQ,
+                             STORE_GK, NO_FMA, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
         if STORE_GX:
             for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order (fewer registers live)
                 m = offs < tl.where(t0 + j < T, N, 0)

@@ -23,7 +23,7 @@ from torch import Tensor
 from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
-from .neuron_step import backward_scan, charge, fire, forward_scan, reset, scalars, sum_kernel
+from .neuron_step import chunk_backward, scalars, sum_kernel
 from .op_utils import PlanCache, Planned, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["ln_neuron", "ln_neuron_fwd", "ln_neuron_bwd"]
@@ -32,15 +32,6 @@ __all__ = ["ln_neuron", "ln_neuron_fwd", "ln_neuron_bwd"]
 # ----------------------------------------------------------------------------
 # Device helpers
 # ----------------------------------------------------------------------------
-
-@triton.jit
-def _ln_rows(x, mask, C, eps, w, bias):
-    """Layer norm of each row of a [BLOCK_S, BLOCK_C] tile over its C channels: (y, xhat, rstd)."""
-    mean = tl.sum(x, axis=1) / C
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / C + eps)
-    xhat = xc * rstd[:, None]
-    return xhat * w[None, :] + bias[None, :], xhat, rstd
 
 
 @triton.jit
@@ -64,9 +55,23 @@ def _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.cons
         bias = tl.zeros([BLOCK_C], dtype=tl.float32)
     return w, bias
 
+
+@triton.jit
+def _ln_tile(w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
+             HARD_RESET: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_S: tl.constexpr,
+             BLOCK_C: tl.constexpr):
+    """A program's tile (all C channels of ``BLOCK_S`` positions), the norm's weight and bias over it and the neuron's
+    scalars: ``(b, offs_s, offs_c, mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r)``."""
+    b, offs_s, offs_c, mask_c, mask = base._tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    return b, offs_s, offs_c, mask_c, mask, w, bias, tl.cast(eps, tl.float32), k, v_threshold, v_reset, v_r
+
+
 # ----------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------
+
 
 @triton.jit(do_not_specialize=["T"])
 def _ln_neuron_fwd_kernel(
@@ -80,56 +85,21 @@ def _ln_neuron_fwd_kernel(
     sx_t, sx_b, sx_c, sx_s,
     so_t, so_b, so_c, so_s,
     eps, k, v_threshold, v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
     EXPANDED: tl.constexpr,
-    STORE_CKPT: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr, STORE_CKPT: tl.constexpr,  # rounding, steps per chunk, checkpoints
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
-    pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = base._tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
-    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    eps = tl.cast(eps, tl.float32)
+    b, offs_s, offs_c, _mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r = _ln_tile(
+        w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
+        BLOCK_S, BLOCK_C)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    s_base = base._at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
-    out_dtype = s_ptr.dtype.element_ty
-    if EXPANDED:
-        y_e, _xh, _r = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for c_iter in range(n_chunks):
-        c = tl.cast(c_iter, tl.int32)
-        t0 = c * CHUNK
-        if STORE_CKPT:
-            tl.store(ck_base + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
-        xs = ()
-        if not EXPANDED:
-            for j in tl.static_range(CHUNK):
-                m = mask & (t0 + j < T)
-                xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * sx_t, mask=m, other=0.0).to(tl.float32),)
-        for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            if EXPANDED:
-                y = y_e
-            else:
-                y, _xh, _r = _ln_rows(xs[j], mask, C, eps, w, bias)
-            # the step's three parts in turn, the spikes stored before the reset (the order these kernels were tuned in)
-            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-            spike = fire(h, v_threshold)
-            tl.store(s_base + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype),
-                     mask=mask & valid)
-            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+    x_base, s_base, ck_base, NCK = base._pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
+                                                  so_s, so_c, B, C, S)
+    base._fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
+                   LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -148,33 +118,24 @@ def _ln_neuron_bwd_kernel(
     sg_t, sg_b, sg_c, sg_s,
     sd_t, sd_b, sd_c, sd_s,
     eps, k, v_threshold, v_reset, alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
     K_FROM_PTR: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
     EXPANDED: tl.constexpr,
     STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = base._tile(pid0, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
-    w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    eps = tl.cast(eps, tl.float32)
+    b, offs_s, offs_c, mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r = _ln_tile(
+        w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
+        BLOCK_S, BLOCK_C)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
-    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    x_base, gx_base, ck_base, NCK = base._pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, sd_b,
+                                                   sd_s, sd_c, B, C, S)
     gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
-    gx_base = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base = base._at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
-    NCK = tl.cast(B, tl.int64) * C * S
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
@@ -182,22 +143,16 @@ def _ln_neuron_bwd_kernel(
     acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy * xhat
     gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     if EXPANDED:
-        y_e, xhat_e, rstd_e = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
+        y_e, xhat_e, rstd_e = base._ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
     n_chunks = tl.cdiv(T, CHUNK)
     for cc in range(n_chunks):
         c = n_chunks - 1 - tl.cast(cc, tl.int32)
         t0 = c * CHUNK
-        v_ck = tl.load(ck_base + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0)
-        v_start = tl.where(c > 0, v_ck, v0)
+        v_start = base._state_before(ck_base, NCK, c, mask, v0)
         # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
-        xs = ()
-        gss = ()
-        for j in tl.static_range(CHUNK):
-            t64 = tl.cast(t0 + j, tl.int64)
-            m = mask & (t0 + j < T)
-            if not EXPANDED:
-                xs = xs + (tl.load(x_base + t64 * sx_t, mask=m, other=0.0).to(tl.float32),)
-            gss = gss + (tl.load(gs_base + t64 * sg_t, mask=m, other=0.0),)
+        if not EXPANDED:
+            xs = base._load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
+        gss = base._load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         ys = ()
         xhats = ()
         rstds = ()
@@ -205,24 +160,21 @@ def _ln_neuron_bwd_kernel(
             if EXPANDED:
                 ys = ys + (y_e,)
             else:
-                y, xhat, rstd = _ln_rows(xs[j], mask, C, eps, w, bias)
+                y, xhat, rstd = base._ln_rows(xs[j].to(tl.float32), mask, C, eps, w, bias)
                 ys = ys + (y,)
                 xhats = xhats + (xhat,)
                 rstds = rstds + (rstd,)
-        hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
-        out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
-                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, CHUNK)
-        gv = out[CHUNK]
-        gk = out[CHUNK + 1]
+        out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
         for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
-            t = t0 + j
-            m = mask & (t < T)
+            m = mask & (t0 + j < T)
             gy = tl.where(m, out[j], 0.0)
             acc_g += gy
             if not EXPANDED:
                 acc_gx += gy * xhats[j]
                 gx = _ln_dx(gy, xhats[j], rstds[j], w, mask, C)
-                tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+                tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
     if EXPANDED:
         acc_gx = acc_g * xhat_e
         tl.store(gx_base, _ln_dx(acc_g, xhat_e, rstd_e, w, mask, C).to(out_dtype), mask=mask)
@@ -232,9 +184,11 @@ def _ln_neuron_bwd_kernel(
     if STORE_GK:
         tl.store(gk_part_ptr + pid0, tl.sum(tl.sum(gk, axis=1), axis=0))
 
+
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
+
 
 def _ln_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
                  launches: bool) -> base._FwdPlan:
@@ -315,9 +269,11 @@ def _ln_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, ckpt: Te
     return base._bwd_host(_LN_BWD_PLANS, _ln_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
                      wrap, (0, 1), eager, ckpt=ckpt)
 
+
 # ----------------------------------------------------------------------------
 # Operator registration
 # ----------------------------------------------------------------------------
+
 
 def _ln_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, k_tensor: Tensor | None, T: int,
             params: list[float], flags: int) -> tuple[Tensor, Tensor]:
@@ -378,6 +334,7 @@ _EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln
 # ----------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------
+
 
 def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, steps: int | None = None,
               **neuron) -> Tensor:

@@ -15,7 +15,8 @@ The multi-step neuron (:mod:`snntrain.kernels.lif`), the fused norm-neuron kerne
   dL/dk) and :func:`carry_grad` (dL/dV handed to the step before): the reverse step;
 * :func:`forward_scan` and :func:`backward_scan`: a checkpoint chunk of steps, forward (the backward's
   recomputation of H) and in reverse (the gradients of the chunk's inputs, dL/dV carried to the chunk
-  before and PLIF's dL/dk), the scans every neuron kernel's backward runs.
+  before and PLIF's dL/dk), the scans every neuron kernel's backward runs; :func:`chunk_backward`, the two
+  in turn.
 
 The operation order is the reference's (the torch backend, ``snntrain.nn.functional``), and
 the charge's multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (:data:`NO_FMA`,
@@ -44,7 +45,7 @@ __all__ = [
     "F_LEAK", "F_DECAY_INPUT", "F_HARD_RESET", "F_DETACH_RESET", "F_SURROGATE_SHIFT", "F_SAVE_CKPT",
     "F_RETURN_STATE", "F_RETURN_MEMBRANE", "F_GRAD_X", "F_GRAD_V_INIT", "F_GRAD_K",
     "mul_rn", "charge", "fire", "reset", "step", "surrogate_grad", "grad_h", "backward_step", "grad_k_term",
-    "carry_grad", "forward_scan", "backward_scan", "scalars", "sum_kernel",
+    "carry_grad", "forward_scan", "backward_scan", "chunk_backward", "scalars", "sum_kernel",
 ]
 
 #: Surrogate gradients implemented by the kernels, in the order of their kernel id.
@@ -291,6 +292,18 @@ def backward_scan(hs, ys, gss, gs_step, gqs, gv, gk, v_start, t0, T, mask, k, on
                                                      DECAY_INPUT, HARD_RESET), 0.0)
         gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
     return g_ins + (gv, gk)
+
+
+@triton.jit
+def chunk_backward(ys, v_start, gss, gqs, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                   LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+                   SURROGATE: tl.constexpr, GS: tl.constexpr, HAS_GQ: tl.constexpr, STORE_GK: tl.constexpr,
+                   NO_FMA: tl.constexpr, CHUNK: tl.constexpr):
+    """The backward over the chunk from ``t0`` given its inputs ``ys`` and the state ``v_start`` before it: the
+    charged states recomputed (:func:`forward_scan`), then :func:`backward_scan` (``gss`` a tuple or none)."""
+    hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+    return backward_scan(hs, ys, gss, 0, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                         alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, GS, HAS_GQ, STORE_GK, CHUNK)
 
 
 @triton.jit

@@ -26,9 +26,14 @@ microseconds), so its host function keeps one plan per layout (input shape and s
 flags, options): the allocations' shapes and each kernel's grid and scalar arguments, with the
 launches bound once (:class:`~snntrain.kernels.op_utils.Planned`); a call allocates its
 outputs and launches with its tensors. Traced calls (``torch.compile``, ``torch.export``)
-build the same plan afresh and launch through ``wrap_triton``. This module holds the device
-helpers both families' kernels use, the plans' common parts, the backward's host function
-and the checks of the entry points' arguments.
+build the same plan afresh and launch through ``wrap_triton``.
+
+This module holds what both families use: on the device, a program's tile and pointers, the
+two norms' arithmetic (:func:`_bn_apply`, :func:`_ln_rows`), the forward over T of a tile
+(:func:`_fwd_scan`, with :func:`_fire_chunk`; the backward's scans are
+:mod:`snntrain.kernels.neuron_step`'s) and the fixed-order sum of partial sums; on the host,
+the plans' common parts, the backward's host function and the checks of the entry points'
+arguments.
 """
 
 from __future__ import annotations
@@ -47,8 +52,11 @@ from .neuron_step import (
     F_HARD_RESET,
     F_LEAK,
     F_SAVE_CKPT,
+    charge,
     chunk_steps,
+    fire,
     neuron_flags,
+    reset,
 )
 from .op_utils import (
     FLOAT_DTYPES,
@@ -66,6 +74,7 @@ F_GRAD_WB = 1 << 14
 # Device helpers
 # ----------------------------------------------------------------------------
 
+
 @triton.jit
 def _tile(pid0, pid1, s_tiles, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
     """Sample, position and channel offsets of program (pid0, pid1) and the tile's mask."""
@@ -81,6 +90,109 @@ def _tile(pid0, pid1, s_tiles, S, C, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexp
 def _at(ptr, b, offs_s, offs_c, s_b, s_s, s_c):
     """[BLOCK_S, BLOCK_C] pointers to element (b, c, s) of a strided [B, C, S] step."""
     return ptr + b * s_b + offs_s.to(tl.int64)[:, None] * s_s + offs_c.to(tl.int64)[None, :] * s_c
+
+
+@triton.jit
+def _bn_apply(x, scale, shift):
+    # one rounding (fma) in both the forward and the backward's recomputation
+    return tl.math.fma(x, scale, shift)
+
+
+@triton.jit
+def _ln_rows(x, mask, C, eps, w, bias):
+    """Layer norm of each row of a [BLOCK_S, BLOCK_C] tile over its C channels: (y, xhat, rstd)."""
+    mean = tl.sum(x, axis=1) / C
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / C + eps)
+    xhat = xc * rstd[:, None]
+    return xhat * w[None, :] + bias[None, :], xhat, rstd
+
+
+@triton.jit
+def _normalise(x, mask, C, eps, a, b, LAYER_NORM: tl.constexpr):
+    """Batch norm's ``x * a + b`` (``a``, ``b`` the folded per-channel scale and shift), or layer norm over the C
+    channels of each row with weight ``a`` and bias ``b`` (``LAYER_NORM``)."""
+    if LAYER_NORM:
+        y, _xhat, _rstd = _ln_rows(x, mask, C, eps, a, b)
+    else:
+        y = _bn_apply(x, a, b)
+    return y
+
+
+@triton.jit
+def _pointers(x_ptr, out_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b, so_s, so_c, B, C, S):
+    """The tile's pointers at step 0 into the input, into an output (the spikes, dL/dx) and into the checkpoints
+    (contiguous ``[., B, C, S]``), and the checkpoints' row size."""
+    return (_at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c), _at(out_ptr, b, offs_s, offs_c, so_b, so_s, so_c),
+            _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S), tl.cast(B, tl.int64) * C * S)
+
+
+@triton.jit
+def _load_chunk(ptrs, stride_t, t0, T, mask, CHUNK: tl.constexpr):
+    """The CHUNK steps from ``t0`` of a tensor whose step t is at ``ptrs + t * stride_t``: a tuple, in the tensor's
+    dtype, zero past T."""
+    vals = ()
+    for j in tl.static_range(CHUNK):
+        vals = vals + (tl.load(ptrs + tl.cast(t0 + j, tl.int64) * stride_t, mask=mask & (t0 + j < T), other=0.0),)
+    return vals
+
+
+@triton.jit
+def _fire_chunk(ys, v, fired, s_ptrs, so_t, t0, T, mask, k, v_r, v_threshold, v_reset, LEAK: tl.constexpr,
+                DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, COUNT: tl.constexpr, NO_FMA: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """The forward scan over the chunk of CHUNK steps from ``t0`` with the normalised inputs ``ys`` (a tuple): each
+    step's spikes stored at ``s_ptrs + t * so_t`` before its reset (the order these kernels were tuned in) and, with
+    ``COUNT``, added to ``fired``. Returns the state after the chunk and ``fired``."""
+    out_dtype = s_ptrs.dtype.element_ty
+    for j in tl.static_range(CHUNK):
+        t = t0 + j
+        valid = t < T
+        h = charge(ys[j], v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+        spike = fire(h, v_threshold)
+        tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=mask & valid)
+        if COUNT:
+            fired += tl.where(spike & mask & valid, 1.0, 0.0)
+        v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
+    return v, fired
+
+
+@triton.jit
+def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm_b, C, eps, k, v_r, v_threshold,
+              v_reset, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,
+              LAYER_NORM: tl.constexpr, EXPANDED: tl.constexpr, STORE_CKPT: tl.constexpr, COUNT: tl.constexpr,
+              NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The forward over T of a tile from the state ``v``: each chunk's inputs (step t at ``x_ptrs + t * sx_t``)
+    normalised by :func:`_normalise`, then the neuron's steps (:func:`_fire_chunk`), the state checkpointed before
+    every chunk but the first at ``ck_ptrs + (c - 1) * NCK`` (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``)
+    is read and normalised once. Returns the spikes of each element (``COUNT``; zero otherwise)."""
+    if EXPANDED:
+        y_e = _normalise(tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32), mask, C, eps, norm_a, norm_b,
+                         LAYER_NORM)
+    fired = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    for c_iter in range(tl.cdiv(T, CHUNK)):
+        c = tl.cast(c_iter, tl.int32)
+        t0 = c * CHUNK
+        if STORE_CKPT:
+            tl.store(ck_ptrs + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
+        ys = ()
+        if EXPANDED:
+            for _j in tl.static_range(CHUNK):
+                ys = ys + (y_e,)
+        else:
+            xs = _load_chunk(x_ptrs, sx_t, t0, T, mask, CHUNK)
+            for j in tl.static_range(CHUNK):
+                ys = ys + (_normalise(xs[j].to(tl.float32), mask, C, eps, norm_a, norm_b, LAYER_NORM),)
+        v, fired = _fire_chunk(ys, v, fired, s_ptrs, so_t, t0, T, mask, k, v_r, v_threshold, v_reset, LEAK,
+                               DECAY_INPUT, HARD_RESET, COUNT, NO_FMA, CHUNK)
+    return fired
+
+
+@triton.jit
+def _state_before(ck_ptrs, NCK, c, mask, v0):
+    """The state before chunk ``c`` in a backward: the forward's checkpoint (row ``c - 1`` of ``ck_ptrs``, rows
+    ``NCK`` apart), or ``v0`` before chunk 0."""
+    return tl.where(c > 0, tl.load(ck_ptrs + tl.cast(c - 1, tl.int64) * NCK, mask=mask & (c > 0), other=0.0), v0)
 
 
 @triton.jit
@@ -110,9 +222,11 @@ def _pair_sum(part_ptr, out0_ptr, out1_ptr, offs_c, mask_c, G0, C, BLOCK_R: tl.c
     tl.store(out0_ptr + offs_c, tl.sum(acc0, axis=0), mask=mask_c)
     tl.store(out1_ptr + offs_c, tl.sum(acc1, axis=0), mask=mask_c)
 
+
 # ----------------------------------------------------------------------------
 # Host side
 # ----------------------------------------------------------------------------
+
 
 def _map(x: Tensor, T: int | None) -> tuple[Tensor, int, int, int, int, tuple[int, int, int, int]]:
     """``(x, B, C, H, W, (st, sb, sc, ss))``: ``x`` addressed as [T, B, C, S] (st = 0 for
@@ -323,9 +437,11 @@ def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tupl
     flags |= (F_GRAD_X if nx else 0) | (F_GRAD_WB if nw or nb else 0) | (F_GRAD_K if nk else 0)
     return flags, nx, nw, nb, nk
 
+
 # ----------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------
+
 
 def _prepare(x: Tensor, steps: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
     """``(T, flags, k, k_tensor)`` after checking the input."""

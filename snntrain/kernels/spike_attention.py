@@ -142,10 +142,11 @@ def _current_fma(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask_n, mask_d, sq_t, 
 
 
 @triton.jit
-def _block(q_ptr, kv_ptr, B, N, H, D, sq_b, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The tokens and head of program ``(token block, b * H + h)``: ``(b, b * H + h, offs_n, offs_d, mask_d, mask, Q's and
-    KV's block pointers, the block's offsets within one step of the contiguous ``[T, B, N, C]`` outputs, a step's
-    size)``."""
+def _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
+           HARD_RESET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The tokens and head of program ``(token block, b * H + h)`` and the neuron's scalars: ``(b, b * H + h, offs_n,
+    offs_d, mask_d, mask, Q's and KV's block pointers, the block's offsets within one step of the contiguous
+    ``[T, B, N, C]`` outputs, a step's size, scale, k, v_threshold, v_reset, v_r)``."""
     pid_bh = tl.program_id(1)  # b * H + h
     h = pid_bh % H
     b = pid_bh // H
@@ -157,7 +158,9 @@ def _block(q_ptr, kv_ptr, B, N, H, D, sq_b, BLOCK_N: tl.constexpr, BLOCK_D: tl.c
     q_base = q_ptr + tl.cast(b, tl.int64) * sq_b + h * D
     kv_base = kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
     out_offs = tl.cast(b, tl.int64) * N * C + tl.cast(offs_n, tl.int64)[:, None] * C + h * D + offs_d[None, :]
-    return b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, tl.cast(B, tl.int64) * N * C
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    return (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, tl.cast(B, tl.int64) * N * C,
+            tl.cast(scale, tl.float32), k, v_threshold, v_reset, v_r)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -173,16 +176,13 @@ def _ssa_fwd_kernel(
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
     STORE_CKPT: tl.constexpr,
-    NO_FMA: tl.constexpr,
     PRECISION: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size = _block(
-        q_ptr, kv_ptr, B, N, H, D, sq_b, BLOCK_N, BLOCK_D)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    scale = tl.cast(scale, tl.float32)
+    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
+     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
+                   BLOCK_N, BLOCK_D)
     out_dtype = s_ptr.dtype.element_ty
     v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32) + v_r
     # a loop over the steps, not unrolled: one product's operands staged in shared memory at a time
@@ -211,17 +211,13 @@ def _ssa_bwd_kernel(
     scale, k, v_threshold, v_reset, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
-    K_FROM_PTR: tl.constexpr,
-    STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    K_FROM_PTR: tl.constexpr, STORE_GK: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size = _block(
-        q_ptr, kv_ptr, B, N, H, D, sq_b, BLOCK_N, BLOCK_D)
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    scale = tl.cast(scale, tl.float32)
+    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
+     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
+                   BLOCK_N, BLOCK_D)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     h = pid_bh % H
@@ -252,8 +248,7 @@ def _ssa_bwd_kernel(
         out = backward_scan(hs, ys, gs_base + tl.cast(t0, tl.int64) * sg_t, sg_t, ys, gv, gk, v_start, t0, T, mask,
                             k, one_minus_k, v_threshold, v_reset, v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET,
                             DETACH_RESET, SURROGATE, 2, False, STORE_GK, CHUNK)
-        gv = out[CHUNK]
-        gk = out[CHUNK + 1]
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
         for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order (fewer registers live)
             t = t0 + j
             tl.store(gy_ptr + tl.cast(t, tl.int64) * step_size + out_offs, out[j].to(out_dtype), mask=mask & (t < T))
