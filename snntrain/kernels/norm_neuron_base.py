@@ -30,7 +30,7 @@ build the same plan afresh and launch through ``wrap_triton``.
 
 This module holds what both families use: on the device, a program's tile and pointers, the
 two norms' arithmetic (:func:`_bn_apply`, :func:`_ln_rows`), the forward over T of a tile
-(:func:`_fwd_scan`, with :func:`_fire_chunk`; the backward's scans are
+(:func:`_fwd_scan`; the backward's scans are
 :mod:`snntrain.kernels.neuron_step`'s) and the fixed-order sum of partial sums; on the host,
 the plans' common parts, the backward's host function and the checks of the entry points'
 arguments.
@@ -138,34 +138,17 @@ def _load_chunk(ptrs, stride_t, t0, T, mask, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _fire_chunk(ys, v, fired, s_ptrs, so_t, t0, T, mask, k, v_r, v_threshold, v_reset, LEAK: tl.constexpr,
-                DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, COUNT: tl.constexpr, NO_FMA: tl.constexpr,
-                CHUNK: tl.constexpr):
-    """The forward scan over the chunk of CHUNK steps from ``t0`` with the normalised inputs ``ys`` (a tuple): each
-    step's spikes stored at ``s_ptrs + t * so_t`` before its reset (the order these kernels were tuned in) and, with
-    ``COUNT``, added to ``fired``. Returns the state after the chunk and ``fired``."""
-    out_dtype = s_ptrs.dtype.element_ty
-    for j in tl.static_range(CHUNK):
-        t = t0 + j
-        valid = t < T
-        h = charge(ys[j], v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
-        spike = fire(h, v_threshold)
-        tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=mask & valid)
-        if COUNT:
-            fired += tl.where(spike & mask & valid, 1.0, 0.0)
-        v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
-    return v, fired
-
-
-@triton.jit
 def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm_b, C, eps, k, v_r, v_threshold,
               v_reset, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,
               LAYER_NORM: tl.constexpr, EXPANDED: tl.constexpr, STORE_CKPT: tl.constexpr, COUNT: tl.constexpr,
               NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The forward over T of a tile from the state ``v``: each chunk's inputs (step t at ``x_ptrs + t * sx_t``)
-    normalised by :func:`_normalise`, then the neuron's steps (:func:`_fire_chunk`), the state checkpointed before
-    every chunk but the first at ``ck_ptrs + (c - 1) * NCK`` (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``)
-    is read and normalised once. Returns the spikes of each element (``COUNT``; zero otherwise)."""
+    """The forward over T of a tile from the state ``v``: chunk by chunk, the chunk's inputs loaded (step t at
+    ``x_ptrs + t * sx_t``), then each step's input normalised by :func:`_normalise` and the neuron's step, its
+    spikes stored at ``s_ptrs + t * so_t`` before the reset (the order these kernels were tuned in) and, with
+    ``COUNT``, counted; the state checkpointed before every chunk but the first at ``ck_ptrs + (c - 1) * NCK``
+    (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. Returns the spikes of each
+    element (``COUNT``; zero otherwise)."""
+    out_dtype = s_ptrs.dtype.element_ty
     if EXPANDED:
         y_e = _normalise(tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32), mask, C, eps, norm_a, norm_b,
                          LAYER_NORM)
@@ -175,16 +158,21 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
         t0 = c * CHUNK
         if STORE_CKPT:
             tl.store(ck_ptrs + tl.cast(c - 1, tl.int64) * NCK, v, mask=mask & (c > 0))
-        ys = ()
-        if EXPANDED:
-            for _j in tl.static_range(CHUNK):
-                ys = ys + (y_e,)
-        else:
+        if not EXPANDED:
             xs = _load_chunk(x_ptrs, sx_t, t0, T, mask, CHUNK)
-            for j in tl.static_range(CHUNK):
-                ys = ys + (_normalise(xs[j].to(tl.float32), mask, C, eps, norm_a, norm_b, LAYER_NORM),)
-        v, fired = _fire_chunk(ys, v, fired, s_ptrs, so_t, t0, T, mask, k, v_r, v_threshold, v_reset, LEAK,
-                               DECAY_INPUT, HARD_RESET, COUNT, NO_FMA, CHUNK)
+        for j in tl.static_range(CHUNK):
+            t = t0 + j
+            valid = t < T
+            if EXPANDED:
+                y = y_e
+            else:
+                y = _normalise(xs[j].to(tl.float32), mask, C, eps, norm_a, norm_b, LAYER_NORM)
+            h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
+            spike = fire(h, v_threshold)
+            tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=mask & valid)
+            if COUNT:
+                fired += tl.where(spike & mask & valid, 1.0, 0.0)
+            v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
     return fired
 
 
