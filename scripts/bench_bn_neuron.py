@@ -125,11 +125,11 @@ def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
 
     def fwd():
         with torch.no_grad():
-            return layer(x, steps=steps)
+            return layer(x, T=steps)
 
     def fwd_bwd():
         x.grad = None
-        torch.autograd.backward(layer(x, steps=steps), gs)
+        torch.autograd.backward(layer(x, T=steps), gs)
 
     return fwd, fwd_bwd
 
@@ -258,7 +258,7 @@ def run_ours(quick: bool, deadline: float, skipped: list[str]) -> list[bu.Row]:
                         return lif(y.unsqueeze(0).expand(T, *y.shape))
                     return lif(bn(x.flatten(0, 1)).unflatten(0, (T, B)))
 
-                for provider, fn in (("ours-fused", lambda x: fused(x, steps=steps)), ("bn+ours", unfused)):
+                for provider, fn in (("ours-fused", lambda x: fused(x, T=steps)), ("bn+ours", unfused)):
                     try:
                         rows += rows_for(provider, case, dname, fmt, time_fn(fn, x, gs, quick))
                     except Exception as err:  # noqa: BLE001 - record and go on

@@ -56,7 +56,7 @@ def _run(m: NormNeuron, backend: str, x: torch.Tensor, g_s: torch.Tensor, steps=
     set_backend(m, backend)
     xl = x.detach().clone().requires_grad_()
     xin = make_x(xl) if make_x is not None else xl
-    s = m(xin, steps=steps)
+    s = m(xin, T=steps)
     if callable(g_s):
         g_s = g_s(s.shape)
     params = {name: p for name, p in m.named_parameters() if p.requires_grad}
@@ -280,7 +280,7 @@ def test_inference_counts_spikes_per_channel_as_it_fires(shape, steps, layout, d
     C = x.shape[-3]
     weight, bias = torch.rand(C, device=device) + 0.5, torch.randn(C, device=device) * 0.5
     mean, var = torch.randn(C, device=device) * 0.1, torch.rand(C, device=device) + 0.5
-    kw = dict(training=False, momentum=0.1, eps=1e-5, steps=steps, kind="lif", tau=2.0)
+    kw = dict(training=False, momentum=0.1, eps=1e-5, T=steps, kind="lif", tau=2.0)
     row = torch.full((C,), 3.0, device=device)  # adds to what is there
     with torch.no_grad():
         counted = K.bn_neuron(x, weight, bias, mean, var, count=row, **kw)
@@ -344,8 +344,10 @@ def test_errors(device):
         m(torch.randn(2, 2, 3, 4, 4, device=device))
     with pytest.raises(ValueError, match=r"expects \[T, B, C, H, W\]"):
         m(torch.randn(2, 4, 4, 4, device=device))
-    with pytest.raises(ValueError, match="steps=2 expects"):
-        m(torch.randn(2, 2, 4, 4, 4, device=device), steps=2)
+    with pytest.raises(ValueError, match="T=2 expects"):
+        m(torch.randn(2, 2, 4, 4, 4, device=device), T=2)
+    with pytest.raises(ValueError, match="T=0 expects .* T a positive int"):
+        m(torch.randn(2, 4, 4, 4, device=device), T=0)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         m(torch.randn(1, 1, 4, 1, 1, device=device))
     with pytest.raises(TypeError, match="BatchNorm2d, SyncBatchNorm or LayerNorm2d"):

@@ -739,11 +739,11 @@ class _EagerBNNeuron(torch.autograd.Function):
 
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
-              steps: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
+              T: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
               **neuron) -> Tensor:
     """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
 
-    ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``steps=T`` (the same input at every
+    ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (the same input at every
     step). Batch statistics when ``training`` or without running statistics (as
     :class:`torch.nn.BatchNorm2d`); in training the running statistics are updated in place
     with ``momentum`` (a float, or a 0-dim tensor such as ``1 / num_batches_tracked``).
@@ -760,12 +760,13 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
     total stays below 2**24.
     """
-    T, flags, k, k_tensor = base._prepare(x, steps, neuron)
+    expanded = T is not None
+    T, flags, k, k_tensor = base._prepare(x, T, neuron)
     if count is not None:
         _check_count(count, x, weight, bias, k_tensor)
     batch = training or running_mean is None or running_var is None
     if batch:
-        n = (1 if steps is not None else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
+        n = (1 if expanded else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
         if n <= 1 and training:
             raise ValueError(f"batch norm needs more than 1 value per channel in training, got input shape "
                              f"{tuple(x.shape)}")

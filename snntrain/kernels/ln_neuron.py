@@ -336,11 +336,11 @@ _EagerLNNeuron = eager_function("snntrain::ln_neuron_fwd", functools.partial(_ln
 # ----------------------------------------------------------------------------
 
 
-def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, steps: int | None = None,
+def ln_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, eps: float, T: int | None = None,
               **neuron) -> Tensor:
     """Spikes of ``neuron(layer_norm_over_channels(x))`` with the fused kernels; ``x`` and
     ``neuron`` as in :func:`bn_neuron`. Differentiable in ``x``, ``weight``, ``bias`` and ``w``."""
-    T, flags, k, k_tensor = base._prepare(x, steps, neuron)
+    T, flags, k, k_tensor = base._prepare(x, T, neuron)
     if base._needs_ckpt(x, weight, bias, k_tensor):
         flags |= ns.F_SAVE_CKPT
     params = base._params(k, neuron, eps)

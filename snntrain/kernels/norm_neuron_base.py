@@ -6,7 +6,7 @@ channels (:mod:`snntrain.kernels.ln_neuron`), each followed by the neuron scan o
 every neuron option); launch sizes in :mod:`snntrain.kernels.norm_neuron_tuning`.
 
 Input is the convolution's output ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with a number
-of steps ``T`` (direct encoding: the same input current at every step, as a stride-0 time
+of steps ``T`` (``T=``; direct encoding: the same input current at every step, as a stride-0 time
 axis; batch statistics then count each element once, exactly like the unfused model,
 which normalises the stem output before repeating it). Every tensor is addressed as
 ``[T, B, C, S]`` (``S = H * W`` folded into one strided run) through its strides, so
@@ -431,21 +431,14 @@ def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tupl
 # ----------------------------------------------------------------------------
 
 
-def _prepare(x: Tensor, steps: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
-    """``(T, flags, k, k_tensor)`` after checking the input."""
+def _prepare(x: Tensor, T: int | None, neuron: dict) -> tuple[int, int, float, Tensor | None]:
+    """``(T, flags, k, k_tensor)``: the steps of ``x`` ``[T, B, C, H, W]``, or ``T`` for ``[B, C, H, W]`` (the
+    shapes and T as :class:`snntrain.nn.NormNeuron` checked them), and the neuron's option bits."""
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; the fused norm-neuron kernels take float32, float16 or bfloat16 "
                         "(use backend='torch' for other dtypes)")
-    if steps is None:
-        if x.dim() != 5:
-            raise ValueError(f"x has shape {tuple(x.shape)}; expected [T, B, C, H, W] (or [B, C, H, W] with steps)")
+    if T is None:
         T = x.shape[0]
-    else:
-        if x.dim() != 4:
-            raise ValueError(f"x has shape {tuple(x.shape)}; with steps={steps} expected [B, C, H, W]")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps={steps!r} is not valid; it must be a positive int")
-        T = steps
     flags, k, k_tensor = neuron_flags(neuron["kind"], neuron.get("tau", 2.0), neuron.get("w"),
                                       neuron.get("v_reset", 0.0), neuron.get("decay_input", True),
                                       neuron.get("detach_reset", False), neuron.get("surrogate", "sigmoid"))

@@ -100,7 +100,7 @@ def encode(conv: MultiStep, spiking: nn.Module, x: torch.Tensor, T: int) -> torc
     if x.dim() == 4:
         y = conv.folded(x)
         if isinstance(spiking, NormNeuron):
-            return spiking(y, steps=T)
+            return spiking(y, T=T)
         return spiking(over_time(y, T))
     return spiking(conv(over_time(x, T)))
 

@@ -131,7 +131,7 @@ class MSResNet(nn.Module):
         stages = (self.layer1, self.layer2, self.layer3, self.layer4)
         if x.dim() == 4:  # direct encoding: the stem and the first block's shortcut run once
             first = stages[0]
-            x = first[0](self.stem.folded(x), steps=self.T)
+            x = first[0](self.stem.folded(x), T=self.T)
             for block in first[1:]:
                 x = block(x)
             stages = stages[1:]
