@@ -221,7 +221,7 @@ class SEWResNet(nn.Module):
 
         A static image gives the same stem convolution output at every step, so the
         convolution runs once and its output is the input current at each of the T steps
-        (``steps`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
+        (``T`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
         """
         if x.dim() == 4:
             return self.sn1(self.stem(x), T=self.T)
