@@ -25,7 +25,7 @@ hard reset to 0, detach_reset, atan surrogate), the SEW-ResNet default neuron):
   ``SJ_LIF_CUDA_IMPLEMENTATION=triton``; 16-bit through its precision API), in a child process.
 
 Bytes (the ``bytes`` column, the same for every provider of a case) are those of the fused
-algorithm (see snntrain/kernels/norm_neuron.py): with ``X`` the input's bytes (counted
+algorithm (see snntrain/kernels/bn_neuron.py): with ``X`` the input's bytes (counted
 once for the stride-0 stem) and ``E`` the bytes of a ``[T, B, C, H, W]`` tensor,
 ``fwd`` = 2 X + E (statistics read X, the fused pass reads X and writes S) and
 ``fwd+bwd`` = 5 X + 4 E (backward: the scan reads X and dS and writes dL/dy, the elementwise
@@ -125,11 +125,11 @@ def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
 
     def fwd():
         with torch.no_grad():
-            return layer(x, steps=steps)
+            return layer(x, T=steps)
 
     def fwd_bwd():
         x.grad = None
-        torch.autograd.backward(layer(x, steps=steps), gs)
+        torch.autograd.backward(layer(x, T=steps), gs)
 
     return fwd, fwd_bwd
 
@@ -258,7 +258,7 @@ def run_ours(quick: bool, deadline: float, skipped: list[str]) -> list[bu.Row]:
                         return lif(y.unsqueeze(0).expand(T, *y.shape))
                     return lif(bn(x.flatten(0, 1)).unflatten(0, (T, B)))
 
-                for provider, fn in (("ours-fused", lambda x: fused(x, steps=steps)), ("bn+ours", unfused)):
+                for provider, fn in (("ours-fused", lambda x: fused(x, T=steps)), ("bn+ours", unfused)):
                     try:
                         rows += rows_for(provider, case, dname, fmt, time_fn(fn, x, gs, quick))
                     except Exception as err:  # noqa: BLE001 - record and go on
@@ -386,16 +386,16 @@ SWEEP_CONFIGS = [
 def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[str, ...]) -> list[dict]:
     """Milliseconds of the networks' BN-neuron layers (forward, forward + backward) per launch configuration."""
     global T
-    from snntrain.kernels import norm_neuron
+    from snntrain.kernels import norm_neuron_tuning
 
     names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS",
              "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM")
-    defaults = {n: getattr(norm_neuron, n) for n in names}
+    defaults = {n: getattr(norm_neuron_tuning, n) for n in names}
     results = []
     try:
         for cfg in SWEEP_CONFIGS:
             for n, v in zip(names, cfg):
-                setattr(norm_neuron, n, v)  # read by the launches at every call
+                setattr(norm_neuron_tuning, n, v)  # read by the launches at every call
             for dname in dtypes:
                 for fmt in formats:
                     if time.time() > deadline:
@@ -421,7 +421,7 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
     finally:
         T = 4
         for n, v in defaults.items():
-            setattr(norm_neuron, n, v)
+            setattr(norm_neuron_tuning, n, v)
     return results
 
 

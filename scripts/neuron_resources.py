@@ -2,7 +2,7 @@
 
     python scripts/neuron_resources.py [--arch 90] [--only lif|bn|ln]
 
-Runs the host code of ``snntrain.kernels.lif`` and ``snntrain.kernels.norm_neuron`` on meta
+Runs the host code of ``snntrain.kernels.lif``, ``bn_neuron`` and ``ln_neuron`` on meta
 tensors with the kernel launches intercepted, so every kernel is built with exactly the
 launch plan, constexprs and argument specialisations the host would use, for a few cases
 (LIF and PLIF, fp32 and bf16, one chunk and several, the batch-norm and layer-norm fused
@@ -25,8 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from kernel_resources import compile_kernel, programs_per_sm, resource_usage, sass_digest  # noqa: E402
+from snntrain.kernels import bn_neuron as BN  # noqa: E402
 from snntrain.kernels import lif as L  # noqa: E402
-from snntrain.kernels import norm_neuron as NN  # noqa: E402
+from snntrain.kernels import ln_neuron as LN  # noqa: E402
+from snntrain.kernels.norm_neuron_base import F_GRAD_WB  # noqa: E402
 
 META = torch.device("meta")
 GRADS = L.F_GRAD_X | L.F_GRAD_V_INIT | L.F_GRAD_K
@@ -102,14 +104,14 @@ def norm_cases(norm: str):
         Capture.launches.clear()
         gs = torch.empty((T, *shape[-4:]), dtype=dtype, device=META)
         if norm == "bn":
-            flags |= NN.F_BATCH_STATS
-            _s, mean, rstd, _var, ckpt = NN._bn_fwd_host(x, w, w, w, w, k_tensor, T, params, flags, True,
+            flags |= BN.F_BATCH_STATS
+            _s, mean, rstd, _var, ckpt = BN._bn_fwd_host(x, w, w, w, w, k_tensor, T, params, flags, True,
                                                          wrap=Capture)
-            NN._bn_bwd_host(x, w, w, mean, rstd, ckpt, k_tensor, gs, T, params, flags | GRADS | NN.F_GRAD_WB, True,
+            BN._bn_bwd_host(x, w, w, mean, rstd, ckpt, k_tensor, gs, T, params, flags | GRADS | F_GRAD_WB, True,
                             wrap=Capture)
         else:
-            _s, ckpt = NN._ln_fwd_host(x, w, w, k_tensor, T, params, flags, True, wrap=Capture)
-            NN._ln_bwd_host(x, w, w, ckpt, k_tensor, gs, T, params, flags | GRADS | NN.F_GRAD_WB, True, wrap=Capture)
+            _s, ckpt = LN._ln_fwd_host(x, w, w, k_tensor, T, params, flags, True, wrap=Capture)
+            LN._ln_bwd_host(x, w, w, ckpt, k_tensor, gs, T, params, flags | GRADS | F_GRAD_WB, True, wrap=Capture)
         yield f"{norm}: {label}", list(Capture.launches)
 
 

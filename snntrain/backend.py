@@ -1,9 +1,18 @@
 """Compute-backend selection: ``torch`` (reference), ``triton`` (our kernels) or ``auto``.
 
-Every module that has a Triton implementation (spiking neurons, layer-norm) takes a
-``backend`` argument with one of :data:`BACKENDS`. ``auto`` is decided per call from
-the input's device: Triton for CUDA tensors, the PyTorch reference otherwise. The
-CLI resolves ``auto`` once at start and logs the choice.
+Every module that has a Triton implementation (spiking neurons, norms, attention) takes a
+``backend`` argument with one of :data:`BACKENDS`, checked when the module is built
+(:func:`check_backend`); the forward only asks :func:`use_triton`. A module left at ``auto``
+decides per call from the input's device: Triton for CUDA tensors, the PyTorch reference
+otherwise.
+
+A run decides once: every task of the CLI, :func:`snntrain.export.export_checkpoint`,
+:func:`snntrain.export.load_checkpoint` and :func:`snntrain.predict.predict` turn the
+configured name into ``torch`` or ``triton`` with :func:`resolve_backend` (one rule: Triton
+where a CUDA device is used and Triton imports; ``triton`` asked for without CUDA is refused
+unless Triton's CPU interpreter is on), build the model with the result and run it on
+:func:`backend_device` outside a Trainer. A checkpoint stores the training run's choice once,
+in its config (``backend.resolved``; :func:`trained_backend`).
 """
 
 from __future__ import annotations
@@ -72,13 +81,28 @@ def resolve_backend(name: str, cuda: bool | None = None) -> str:
     return name
 
 
+def backend_device(backend: str) -> torch.device:
+    """Where a model on the resolved ``backend`` runs outside a Trainer (export, predict): the GPU for
+    ``triton`` where there is one, else the CPU."""
+    return torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+
+
+def trained_backend(ckpt: dict) -> str | None:
+    """The backend a checkpoint's run trained with: its config's ``backend.resolved``, or, in checkpoints that
+    stored it a second time before, ``snntrain.backend`` where the config lacks it; None if neither says."""
+    config = ckpt.get("hyper_parameters", {}).get("config", {})
+    resolved = (config.get("backend") or {}).get("resolved")
+    return resolved if resolved is not None else ckpt.get("snntrain", {}).get("backend")
+
+
 def use_triton(backend: str, x: torch.Tensor) -> bool:
-    """Per-call decision for a module configured with ``backend`` on input ``x``."""
+    """Per-call decision for a module built with ``backend`` (checked then) on input ``x``."""
     if backend == "torch":
         return False
     if backend == "auto":
         return x.is_cuda and triton_importable()
-    # backend == "triton"
+    if backend != "triton":  # set on a built module by hand: named here, at no cost to valid names
+        check_backend(backend)
     if not x.is_cuda and not triton_interpret():
         raise RuntimeError(
             f"backend='triton' got a tensor on {x.device}; Triton kernels need CUDA tensors "

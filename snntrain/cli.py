@@ -19,6 +19,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .validation import check_time_steps
+
 log = logging.getLogger("snntrain")
 
 
@@ -173,6 +175,7 @@ def train(cfg: DictConfig, callbacks: list | None = None) -> dict[str, float]:
         raise ValueError("train=false validates a checkpoint: give ckpt_path=<file.ckpt>")
     refuse_idle_run(cfg.trainer, bool(cfg.train), ckpt, cfg.ckpt_path)
     del ckpt
+    check_time_steps(cfg.data, cfg.model)
 
     L.seed_everything(cfg.seed, workers=True)
     backend = resolve_backend(cfg.backend.name, cuda=uses_cuda(cfg.trainer))
@@ -312,6 +315,7 @@ def report(cfg: DictConfig) -> dict[str, Any]:
     limit = cfg.report.limit_batches
     limit = 1.0 if limit is None else positive_int("report.limit_batches", limit)
     data = {**config["data"], **OmegaConf.to_container(cfg.report.data, resolve=True)}
+    check_time_steps(data, config["model"])
     out = Path(cfg.report.dir) if cfg.report.dir else Path(cfg.paths.output_dir) / "report"
     backend = resolve_backend(cfg.backend.name, cuda=uses_cuda(cfg.trainer))
     _announce(f"snntrain: efficiency report of {cfg.ckpt_path} on data={data['name']} (backend={backend})")

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backend import check_backend, resolve_backend
+from .backend import backend_device, resolve_backend, trained_backend
 from .checkpoint import CheckpointError, checkpoint_config, read_checkpoint
 from .errors import UnavailableError
 from .fileio import atomic_path
@@ -153,17 +153,12 @@ def _checkpoint_model(ckpt: dict[str, Any], backend: str, source: Path) -> nn.Mo
     return _model_from(config, state, backend, source)
 
 
-def _backend_for(backend: str) -> str:
-    check_backend(backend)
-    return resolve_backend(backend) if backend == "auto" else backend
-
-
 def load_checkpoint(ckpt_path: str | os.PathLike, backend: str = "auto", map_location: str | torch.device = "cpu"
                     ) -> nn.Module:
     """A ready classifier or detector (eval mode) from a Lightning checkpoint written by snntrain."""
     path = Path(ckpt_path)
     ckpt = read_checkpoint(path)
-    wrapped = _wrap(_checkpoint_model(ckpt, _backend_for(backend), path), checkpoint_config(ckpt))
+    wrapped = _wrap(_checkpoint_model(ckpt, resolve_backend(backend), path), checkpoint_config(ckpt))
     return wrapped.to(map_location)
 
 
@@ -188,7 +183,7 @@ def load_exported(path: str | os.PathLike, backend: str = "auto", map_location: 
         state = load_file(str(weights))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{weights} cannot be read ({err}): truncated or corrupt") from err
-    wrapped = _wrap(_model_from(config, state, _backend_for(backend), weights), config)
+    wrapped = _wrap(_model_from(config, state, resolve_backend(backend), weights), config)
     return wrapped.to(map_location)
 
 
@@ -311,7 +306,7 @@ def _card(config: dict[str, Any], ckpt: dict[str, Any], shape: list[int], source
         "T": config["model"].get("T", config.get("T")),
         "input_shape": shape,
         "input_normalisation": "as the training data module: see config.yaml's data section",
-        "backend_in_training": config.get("backend", {}).get("resolved", meta.get("backend")),
+        "backend_in_training": trained_backend(ckpt),
         "metrics": meta.get("metrics", {}),
         "epoch": ckpt.get("epoch"),
         "global_step": ckpt.get("global_step"),
@@ -537,7 +532,7 @@ def export_checkpoint(
                                      + (", any height and width (multiples of the coarsest stride)"
                                         if isinstance(model, SpikingFCOS) else ""))
         if "torch_export" in formats:
-            prog_backend = _backend_for(backend)
+            prog_backend = resolve_backend(backend)
             card["torch_export_backend"], card["torch_export_max_abs_diff"] = _export_program(
                 model, prog_backend, sample, tmp / "model.pt2")
             where = ("batch 1 (fixed), needs a CUDA GPU (snntrain's Triton kernels; export with backend=torch "
@@ -644,7 +639,7 @@ def _export_nir(model: nn.Module, sample: torch.Tensor, graph, path: Path) -> di
 def _export_program(model: nn.Module, backend: str, sample: torch.Tensor, path: Path):
     """Export, save, reload and run the program; compare it with the PyTorch backend on the same device
     (so that only the spiking layers' implementation differs, not the device's convolutions)."""
-    device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
+    device = backend_device(backend)
     net = ExportGraph(model).to(device).eval()
     if backend == "triton":
         # Triton kernels' launch grids would put range guards on a symbolic batch that

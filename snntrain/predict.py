@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .backend import backend_device, resolve_backend
 from .export import SpikingDetector, load_checkpoint, load_exported, training_data_summary
 from .fileio import atomic_path
 from .validation import positive_int
@@ -163,8 +164,9 @@ def predict(
         from .models.detector import check_scales
 
         scales = check_scales("predict.scales", scales)
+    backend = resolve_backend(backend)
     model = load_model(source, backend)
-    device = torch.device("cuda" if torch.cuda.is_available() and backend != "torch" else "cpu")
+    device = backend_device(backend)
     model = model.to(device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 
 def positive_int(name: str, value: object) -> int:
@@ -39,6 +40,29 @@ def one_of(name: str, value: object, choices: Collection[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
     return value
+
+
+#: Data settings that fix how many time steps a sample has (an event dataset's frames, a synthetic dataset's
+#: image sequences): they must equal the model's ``T``.
+DATA_STEP_KEYS = ("T", "frames")
+
+
+def check_time_steps(data: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    """Refuse a run whose data gives samples another number of time steps than the model's ``T``.
+
+    A network fed sequences ``[T, B, ...]`` runs on as many steps as the data has, while its export and
+    NIR graph record ``model.T``; both read the top-level ``T`` (``${T}``), so overriding ``T`` sets them
+    together, and overriding one of them alone is refused here, before anything is built."""
+    model_T = model.get("T")
+    if model_T is None:
+        return
+    for key in DATA_STEP_KEYS:
+        value = data.get(key)
+        if value is not None and value != model_T:
+            raise ValueError(
+                f"data.{key}={value} and model.T={model_T} differ: the model would train on {value} steps per "
+                f"sample while its export records model.T={model_T}. Set the number of steps once with T={value} "
+                f"(data.{key} and model.T both read it), or override both")
 
 
 def unknown_setting(section: str, owner: str, err: TypeError, target: Callable) -> ValueError:

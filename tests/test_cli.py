@@ -102,7 +102,7 @@ def test_checkpoint_loads_weights_only_with_config(trained):
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     config = ckpt["hyper_parameters"]["config"]
     assert config["model"]["name"] == "sew_resnet" and config["T"] == 2
-    assert ckpt["snntrain"]["backend"] == "torch"
+    assert config["backend"]["resolved"] == "torch" and "backend" not in ckpt["snntrain"]  # stored once
     assert any(k.startswith("model.layer1.0.conv1") for k in ckpt["state_dict"])
 
 
@@ -151,6 +151,19 @@ def test_typo_in_group_override_lists_valid_options(tmp_path, make_cfg):
 def test_bad_neuron_parameter_is_named(tmp_path, make_cfg):
     with pytest.raises(ValueError, match="tau=0.5 must be > 1"):
         run(make_cfg(tmp_path, "model.neuron.tau=0.5"))
+
+
+def test_data_steps_other_than_the_model_T_are_refused_up_front(tmp_path, make_cfg):
+    """Overriding the data's time steps alone would train on them while the export records model.T: refused
+    before anything is built or written, naming both keys and the one override that sets both."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"data\.T=3 and model\.T=2 differ.*T=3 \(data\.T and model\.T"):
+        run(make_cfg(out, "data=digits_dvs", "data.T=3", f"paths.data_dir={tmp_path / 'data'}"))
+    with pytest.raises(ValueError, match=r"data\.frames=3 and model\.T=2 differ"):
+        run(make_cfg(out, "data=synthetic", "data.frames=3"))
+    assert not (out / "checkpoints").exists() and not (tmp_path / "data").exists()
+    cfg = make_cfg(out, "data=digits_dvs", "T=3")  # the top-level T sets both
+    assert cfg.data.T == cfg.model.T == 3
 
 
 def test_bad_checkpoint_is_named(tmp_path, make_cfg):

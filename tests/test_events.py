@@ -203,7 +203,8 @@ def test_tonic_datasets_build_from_config():
 
 @pytest.mark.slow
 def test_cli_trains_on_offline_events_and_exports_nir(tmp_path, compose_run):
-    """A short run through the CLI on data=digits_dvs, then task=export to NIR from its checkpoint."""
+    """A short run through the CLI on data=digits_dvs at T=3, then task=export to NIR from its checkpoint: the
+    export records the T the model trained with (the data's frames)."""
     import nir
 
     from snntrain import load_nir
@@ -211,18 +212,20 @@ def test_cli_trains_on_offline_events_and_exports_nir(tmp_path, compose_run):
 
     common = ["debug=tiny", f"paths.data_dir={tmp_path / 'data'}"]
     out = tmp_path / "run"
-    run(compose_run(out, *common, "data=digits_dvs"))
+    run(compose_run(out, *common, "data=digits_dvs", "T=3"))
     ckpt = out / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
+    config = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["config"]
+    assert config["data"]["T"] == config["model"]["T"] == 3
     export_dir = tmp_path / "export"
     run(compose_run(tmp_path / "exp", *common, "task=export", f"ckpt_path={ckpt}", f"export.dir={export_dir}",
                     "export.formats=[nir]"))
     graph = nir.read(str(export_dir / "model.nir"))
-    assert graph.metadata["T"] == 2 and list(graph.nodes["input"].input_type["input"]) == [2, 16, 16]
+    assert graph.metadata["T"] == 3 and list(graph.nodes["input"].input_type["input"]) == [2, 16, 16]
     import json
 
     card = json.loads((export_dir / "model_card.json").read_text())
-    assert card["nir_max_abs_diff"] < 1e-4 and "model.nir" in card["files"]
+    assert card["nir_max_abs_diff"] < 1e-4 and "model.nir" in card["files"] and card["T"] == 3
     net = load_nir(export_dir / "model.nir")
     assert net(torch.zeros(2, 3, 2, 16, 16)).shape == (3, 10)
 

@@ -199,6 +199,48 @@ def test_formats_exported_one_by_one_share_the_folder(classifier_ckpt, tmp_path)
 
 
 @pytest.mark.slow
+def test_checkpoint_of_the_old_layout_with_the_backend_stored_twice_loads_and_exports(classifier_ckpt, tmp_path):
+    """The training backend is stored once, in the config (backend.resolved); checkpoints that also kept it under
+    snntrain.backend, or only there, still load and export, the card naming the backend they trained with."""
+    from snntrain.backend import trained_backend
+
+    ckpt = torch.load(classifier_ckpt, map_location="cpu", weights_only=True)
+    assert "backend" not in ckpt["snntrain"] and trained_backend(ckpt) == "torch"
+    twice = {**ckpt, "snntrain": {**ckpt["snntrain"], "backend": "torch"}}
+    config = ckpt["hyper_parameters"]["config"]
+    only_meta = {**twice, "hyper_parameters": {"config": {**config, "backend": {"name": "auto"}}}}
+    for name, old in (("twice", twice), ("only_meta", only_meta)):
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(old, path)
+        assert trained_backend(torch.load(path, weights_only=True)) == "torch"
+        card = ex.export_checkpoint(path, tmp_path / name, formats=["safetensors"], backend="auto")
+        assert card["backend_in_training"] == "torch", name
+        assert ex.load_checkpoint(path, backend="torch").config["model"] == config["model"]
+
+
+
+def test_export_and_predict_resolve_the_backend_as_training_does(classifier_ckpt, tmp_path, monkeypatch):
+    """One rule for every task: triton asked for without a CUDA device (and without Triton's interpreter) is
+    refused with the way out, by export and predict as by training; auto picks the PyTorch backend there."""
+    from snntrain.errors import UnavailableError
+    from snntrain.predict import predict
+
+    images = tmp_path / "in"
+    images.mkdir()
+    Image.new("L", (28, 28)).save(images / "a.png")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for call in (lambda: ex.load_checkpoint(classifier_ckpt, backend="triton"),
+                 lambda: ex.export_checkpoint(classifier_ckpt, tmp_path / "e", formats=["torch_export"],
+                                              backend="triton"),
+                 lambda: predict(classifier_ckpt, images, tmp_path / "p", backend="triton")):
+        with pytest.raises(UnavailableError, match="backend=triton needs a CUDA GPU.*use backend=torch"):
+            call()
+    assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
+    model = ex.load_checkpoint(classifier_ckpt, backend="auto")
+    assert {m.backend for m in model.modules() if isinstance(getattr(m, "backend", None), str)} == {"torch"}
+
+
 def test_bad_checkpoints_and_formats(tmp_path, classifier_ckpt):
     with pytest.raises(CheckpointError, match="nope.ckpt does not exist"):
         ex.export_checkpoint(tmp_path / "nope.ckpt", tmp_path / "out")

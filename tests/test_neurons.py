@@ -266,6 +266,25 @@ def test_integers_from_yaml_are_floats():
         PLIF(init_tau=1)
 
 
+def test_backend_is_checked_when_the_module_is_built_not_at_every_call(monkeypatch):
+    """A module checks its backend when built; its forward asks only whether to run Triton. A name set on a
+    built module by hand is still named (at the call) when it is not valid."""
+    import snntrain.backend as B
+
+    m = LIF(backend="torch")
+    checked = []
+    monkeypatch.setattr(B, "check_backend", lambda name: checked.append(name) or name)
+    for backend in ("torch", "auto"):
+        m.backend = backend
+        m(torch.randn(3, 2))
+        SF.lif(torch.randn(3, 2), backend=backend)
+    assert checked == []
+    monkeypatch.undo()
+    m.backend = "cupy"
+    with pytest.raises(ValueError, match="backend='cupy' is not valid; choose one of auto, torch, triton"):
+        m(torch.randn(3, 2))
+
+
 def test_input_rank_and_dtype_checked():
     with pytest.raises(ValueError, match=r"shape \(5,\): multi-step neurons need rank >= 2 with time first"):
         LIF(backend="torch")(torch.randn(5))

@@ -1,4 +1,4 @@
-"""The fused norm -> neuron kernels (snntrain.kernels.norm_neuron) against the unfused reference.
+"""The fused norm -> neuron kernels (snntrain.kernels.bn_neuron, ln_neuron) against the unfused reference.
 
 The oracle is :class:`~snntrain.nn.norm_neuron.NormNeuron` with ``backend="torch"``:
 :class:`torch.nn.BatchNorm2d` or ``LayerNorm2d`` followed by the PyTorch neuron. On a machine
@@ -23,7 +23,10 @@ import torch
 from torch import nn
 
 from _testing import SUMMED, TOLERANCES, assert_close, capture_cuda_graph
-from snntrain.kernels import norm_neuron as K
+from snntrain.kernels import bn_neuron as K
+from snntrain.kernels import ln_neuron as LN
+from snntrain.kernels import neuron_step as NS
+from snntrain.kernels import norm_neuron_base as NB
 from snntrain.models import SEWResNet
 from snntrain.nn import LayerNorm2d, NormNeuron, build_neuron, set_backend
 
@@ -53,7 +56,7 @@ def _run(m: NormNeuron, backend: str, x: torch.Tensor, g_s: torch.Tensor, steps=
     set_backend(m, backend)
     xl = x.detach().clone().requires_grad_()
     xin = make_x(xl) if make_x is not None else xl
-    s = m(xin, steps=steps)
+    s = m(xin, T=steps)
     if callable(g_s):
         g_s = g_s(s.shape)
     params = {name: p for name, p in m.named_parameters() if p.requires_grad}
@@ -153,7 +156,7 @@ def test_eager_plans_are_reused_per_layout_and_kept_apart(device):
     for norm in ("bn", "ln"):
         for case in layouts:
             _check(norm, neuron, device=device, seed=31, **case)
-    caches = (K._BN_FWD_PLANS, K._BN_BWD_PLANS, K._LN_FWD_PLANS, K._LN_BWD_PLANS)
+    caches = (K._BN_FWD_PLANS, K._BN_BWD_PLANS, LN._LN_FWD_PLANS, LN._LN_BWD_PLANS)
     plans = [len(c) for c in caches]
     for norm in ("bn", "ln"):
         for case in reversed(layouts):
@@ -173,9 +176,9 @@ def test_eager_plans_finish_their_sums_in_the_last_program(layout, device):
         x = x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, (3, 4))
     x, g = x.to(device), torch.randn(3, 4, C, 6, 5, generator=torch.Generator().manual_seed(6)).to(device)
     w, b = torch.linspace(0.5, 1.5, C, device=device), torch.linspace(-0.5, 0.5, C, device=device)
-    T, flags, k, _ = K._prepare(x, None, dict(kind="lif", tau=2.0))
-    flags |= K.F_BATCH_STATS | K.F_UPDATE_RUNNING | K.F_SAVE_CKPT
-    params = [*K._params(k, {}, 1e-5), 0.1]
+    T, flags, k, _ = NB._prepare(x, None, dict(kind="lif", tau=2.0))
+    flags |= K.F_BATCH_STATS | K.F_UPDATE_RUNNING | NS.F_SAVE_CKPT
+    params = [*NB._params(k, {}, 1e-5), 0.1]
     K._BN_FWD_PLANS.clear()
     K._BN_BWD_PLANS.clear()
     results = []
@@ -186,7 +189,7 @@ def test_eager_plans_finish_their_sums_in_the_last_program(layout, device):
             spikes, mean, rstd, var, ckpt = K._bn_fwd_host(x, w, b, rm, rv, None, T, params, flags, True, wrap,
                                                            nbt=nbt, eager=wrap is K.direct)
             gx, gw, gb, _ = K._bn_bwd_host(x, w, b, mean, rstd, ckpt, None, g, T, params,
-                                           flags | K.F_GRAD_X | K.F_GRAD_WB, True, wrap, eager=wrap is K.direct)
+                                           flags | NS.F_GRAD_X | NB.F_GRAD_WB, True, wrap, eager=wrap is K.direct)
         results.append(dict(spikes=spikes, mean=mean, rstd=rstd, var=var, running_mean=rm, running_var=rv, nbt=nbt,
                             gx=gx, gw=gw, gb=gb))
     fused, kernels = results
@@ -277,7 +280,7 @@ def test_inference_counts_spikes_per_channel_as_it_fires(shape, steps, layout, d
     C = x.shape[-3]
     weight, bias = torch.rand(C, device=device) + 0.5, torch.randn(C, device=device) * 0.5
     mean, var = torch.randn(C, device=device) * 0.1, torch.rand(C, device=device) + 0.5
-    kw = dict(training=False, momentum=0.1, eps=1e-5, steps=steps, kind="lif", tau=2.0)
+    kw = dict(training=False, momentum=0.1, eps=1e-5, T=steps, kind="lif", tau=2.0)
     row = torch.full((C,), 3.0, device=device)  # adds to what is there
     with torch.no_grad():
         counted = K.bn_neuron(x, weight, bias, mean, var, count=row, **kw)
@@ -341,8 +344,10 @@ def test_errors(device):
         m(torch.randn(2, 2, 3, 4, 4, device=device))
     with pytest.raises(ValueError, match=r"expects \[T, B, C, H, W\]"):
         m(torch.randn(2, 4, 4, 4, device=device))
-    with pytest.raises(ValueError, match="steps=2 expects"):
-        m(torch.randn(2, 2, 4, 4, 4, device=device), steps=2)
+    with pytest.raises(ValueError, match="T=2 expects"):
+        m(torch.randn(2, 2, 4, 4, 4, device=device), T=2)
+    with pytest.raises(ValueError, match="T=0 expects .* T a positive int"):
+        m(torch.randn(2, 4, 4, 4, device=device), T=0)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         m(torch.randn(1, 1, 4, 1, 1, device=device))
     with pytest.raises(TypeError, match="BatchNorm2d, SyncBatchNorm or LayerNorm2d"):

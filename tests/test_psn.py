@@ -312,7 +312,7 @@ def test_after_a_norm(backend, device):
         assert torch.equal(layer(x), expected)
         image = x[0]
         repeated = layer.neuron(layer.norm(image).unsqueeze(0).expand(T, *image.shape).contiguous())
-        assert torch.equal(layer(image, steps=T), repeated)
+        assert torch.equal(layer(image, T=T), repeated)
     with pytest.raises(TypeError, match=r"NormNeuron takes a spiking neuron of snntrain.nn \(IF, LIF, PLIF, PSN, "
                                         r"MaskedPSN, SlidingPSN"):
         NormNeuron(nn.BatchNorm2d(4), nn.ReLU())

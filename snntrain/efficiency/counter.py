@@ -275,12 +275,12 @@ class _Sink:
     def __init__(self, counter: ActivityCounter, layer: _Spiking) -> None:
         self.counter, self.layer = counter, layer
 
-    def row(self, x: torch.Tensor, steps: int | None) -> torch.Tensor | None:
+    def row(self, x: torch.Tensor, T: int | None) -> torch.Tensor | None:
         """The row the fused kernel adds the spikes of input ``x`` to, where this counter counts with kernels."""
         if not self.counter._kernel(x):
             return None
         channels = x.shape[-3]
-        return self.layer.next_row(channels, x.numel() // channels * (steps or 1), x.device)
+        return self.layer.next_row(channels, x.numel() // channels * (T or 1), x.device)
 
     def __call__(self, spikes: torch.Tensor, counted: bool = False) -> None:
         self.counter._count_spikes(self.layer, spikes, counted)

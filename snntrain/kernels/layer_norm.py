@@ -72,6 +72,26 @@ __all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd"]
 
 
 @triton.jit
+def _positions(tiles_per_b, S, BLOCK_S: tl.constexpr):
+    """The outer index and the ``BLOCK_S`` positions of this program (``tiles_per_b`` programs per outer index):
+    ``(b, offs_s, mask_s, offs_s as int64)``."""
+    pid = tl.program_id(0)
+    offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
+    return (pid // tiles_per_b).to(tl.int64), offs_s, offs_s < S, offs_s.to(tl.int64)
+
+
+@triton.jit
+def _affine_store(xhat, W, Bias, cc, mask_c, mask, y_base, sy_c, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """``xhat * w + b`` over the channels ``cc`` of a tile, stored at ``y_base + cc * sy_c`` in the output's dtype."""
+    y = xhat
+    if HAS_W:
+        y = y * tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(Bias + cc, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_base[:, None] + cc[None, :].to(tl.int64) * sy_c, y.to(y_base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _ln_fwd_kernel(
     X,  # input, logical [B0, S, C], element strides (sx_b, sx_s, sx_c)
     Y,  # output, logical [B0, S, C], element strides (sy_b, sy_s, sy_c)
@@ -85,22 +105,14 @@ def _ln_fwd_kernel(
     sx_b, sx_s, sx_c,
     sy_b, sy_s, sy_c,
     eps,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # weight and bias given
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SINGLE: tl.constexpr,  # True: a whole row fits BLOCK_C; False: loop over C in chunks
     SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see const_s)
 ):
-    if SC > 0:
-        S = SC
-        sx_c = SC
-        sy_c = SC
-    pid = tl.program_id(0)
-    b = (pid // tiles_per_b).to(tl.int64)
-    offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
-    mask_s = offs_s < S
-    s64 = offs_s.to(tl.int64)
+    if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
+        S, sx_c, sy_c = SC, SC, SC
+    b, offs_s, mask_s, s64 = _positions(tiles_per_b, S, BLOCK_S)
     x_base = X + b * sx_b + s64 * sx_s  # [BLOCK_S] pointers to the first channel
     y_base = Y + b * sy_b + s64 * sy_s
     cols = tl.arange(0, BLOCK_C)
@@ -113,14 +125,7 @@ def _ln_fwd_kernel(
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.sum(xc * xc, axis=1) / C
         rstd = tl.rsqrt(var + eps)
-        y = xc * rstd[:, None]
-        if HAS_W:
-            w = tl.load(W + cols, mask=mask_c, other=0.0).to(tl.float32)
-            y = y * w[None, :]
-        if HAS_B:
-            bb = tl.load(Bias + cols, mask=mask_c, other=0.0).to(tl.float32)
-            y = y + bb[None, :]
-        tl.store(y_base[:, None] + cols[None, :].to(tl.int64) * sy_c, y.to(Y.dtype.element_ty), mask=mask)
+        _affine_store(xc * rstd[:, None], W, Bias, cols, mask_c, mask, y_base, sy_c, HAS_W, HAS_B)
     else:
         # Pass 1: running (count, mean, M2) per position, merged chunk by chunk (Chan et al.).
         mean = tl.zeros([BLOCK_S], dtype=tl.float32)
@@ -145,14 +150,7 @@ def _ln_fwd_kernel(
             mask_c = cc < C
             mask = mask_s[:, None] & mask_c[None, :]
             x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean[:, None]) * rstd[:, None]
-            if HAS_W:
-                w = tl.load(W + cc, mask=mask_c, other=0.0).to(tl.float32)
-                y = y * w[None, :]
-            if HAS_B:
-                bb = tl.load(Bias + cc, mask=mask_c, other=0.0).to(tl.float32)
-                y = y + bb[None, :]
-            tl.store(y_base[:, None] + cc[None, :].to(tl.int64) * sy_c, y.to(Y.dtype.element_ty), mask=mask)
+            _affine_store((x - mean[:, None]) * rstd[:, None], W, Bias, cc, mask_c, mask, y_base, sy_c, HAS_W, HAS_B)
 
     stat = b * S + s64
     tl.store(Mean + stat, mean, mask=mask_s)
@@ -175,17 +173,13 @@ def _ln_bwd_fused_kernel(
     HAS_W: tl.constexpr,
     NEED_P: tl.constexpr,  # write partial sums (dW or dB requested)
     REDUCE_EACH: tl.constexpr,  # fold the tile into [BLOCK_C] accumulators every step (else [BLOCK_S, BLOCK_C])
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and every channel stride is SC
     ONE_B: tl.constexpr,  # B0 == 1: tile t covers positions t * BLOCK_S ... (no outer index)
     STAGES: tl.constexpr,  # software pipelining depth of the tile loop (loads of later tiles in flight)
 ):
-    if SC > 0:
-        S = SC
-        sd_c = SC
-        sx_c = SC
-        sg_c = SC
+    if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
+        S, sd_c, sx_c, sg_c = SC, SC, SC, SC
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_C)
@@ -283,20 +277,12 @@ def _ln_bwd_dx_looped_kernel(
     sx_b, sx_s, sx_c,
     sg_b, sg_s, sg_c,
     HAS_W: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SC: tl.constexpr,
 ):
-    if SC > 0:
-        S = SC
-        sd_c = SC
-        sx_c = SC
-        sg_c = SC
-    pid = tl.program_id(0)
-    b = (pid // tiles_per_b).to(tl.int64)
-    offs_s = (pid % tiles_per_b) * BLOCK_S + tl.arange(0, BLOCK_S)
-    mask_s = offs_s < S
-    s64 = offs_s.to(tl.int64)
+    if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
+        S, sd_c, sx_c, sg_c = SC, SC, SC, SC
+    b, offs_s, mask_s, s64 = _positions(tiles_per_b, S, BLOCK_S)
     x_base = X + b * sx_b + s64 * sx_s
     dy_base = DY + b * sd_b + s64 * sd_s
     dx_base = DX + b * sg_b + s64 * sg_s
@@ -330,14 +316,11 @@ def _ln_bwd_dwdb_kernel(
     S, C, tiles_per_b, num_tiles,
     sd_b, sd_s, sd_c,
     sx_b, sx_s, sx_c,
-    BLOCK_S: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SC: tl.constexpr,
 ):
-    if SC > 0:
-        S = SC
-        sd_c = SC
-        sx_c = SC
+    if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
+        S, sd_c, sx_c = SC, SC, SC
     # grid = (cdiv(C, BLOCK_C), G): program (j, g) sums channels j*BLOCK_C.. over tiles g, g+G, ...
     pid_c = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -572,15 +555,8 @@ def _layer_norm_fwd_fake(x, weight, bias, dim, eps):
 
 
 def _layer_norm_bwd(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    dim: int,
-    need_dw: bool,
-    need_db: bool,
+    dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], mean: torch.Tensor,
+    rstd: torch.Tensor, dim: int, need_dw: bool, need_db: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dw, db)`` of :func:`_bwd_host`."""
     return _bwd_host(dy, x, weight, bias, mean, rstd, dim, need_dw, need_db, op_wrap)

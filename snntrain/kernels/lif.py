@@ -94,10 +94,8 @@ from .neuron_step import (
     NO_FMA,
     SUM_BLOCK,
     SURROGATES,
-    backward_step,
-    carry_grad,
+    chunk_backward,
     chunk_steps,
-    grad_k_term,
     neuron_flags,
     scalars,
     step,
@@ -133,6 +131,18 @@ def _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR: t
         v = tl.zeros([BLOCK], dtype=tl.float32) + v_r
     return k, v_threshold, v_reset, v_r, v
 
+
+@triton.jit
+def _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N, K_FROM_PTR: tl.constexpr, HARD_RESET: tl.constexpr,
+                 HAS_V_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """The neurons of this program (offsets and mask), then :func:`_start`'s scalars and initial state."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    k, v_threshold, v_reset, v_r, v = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
+                                             HARD_RESET, HAS_V_INIT, BLOCK)
+    return offs, mask, k, v_threshold, v_reset, v_r, v
+
+
 @triton.jit(do_not_specialize=["T"])
 def _neuron_fwd_kernel(
     x_ptr,  # [T, N] input (fp32/fp16/bf16); x[t, n] at t*stride_xt + n*stride_xn
@@ -149,23 +159,14 @@ def _neuron_fwd_kernel(
     k,
     v_threshold,
     v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
-    STORE_V_FINAL: tl.constexpr,
-    STORE_CKPT: tl.constexpr,
-    STORE_V_SEQ: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    STORE_V_FINAL: tl.constexpr, STORE_CKPT: tl.constexpr, STORE_V_SEQ: tl.constexpr,  # the outputs written
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,  # the charge's rounding, steps per chunk, neurons
 ):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    k, v_threshold, v_reset, v_r, v = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
-                                             HARD_RESET, HAS_V_INIT, BLOCK)
+    offs, mask, k, v_threshold, v_reset, v_r, v = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
+                                                                K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
     x_base = x_ptr + offs * stride_xn
     out_dtype = s_ptr.dtype.element_ty
     n_chunks = tl.cdiv(T, CHUNK)
@@ -222,28 +223,17 @@ def _neuron_bwd_kernel(
     v_threshold,
     v_reset,
     alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
     K_FROM_PTR: tl.constexpr,
     HAS_V_INIT: tl.constexpr,
     GS_MODE: tl.constexpr,
-    HAS_GVF: tl.constexpr,
-    HAS_GVSEQ: tl.constexpr,
-    STORE_GX: tl.constexpr,
-    STORE_GV_INIT: tl.constexpr,
-    STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    HAS_GVF: tl.constexpr, HAS_GVSEQ: tl.constexpr,  # the gradients read
+    STORE_GX: tl.constexpr, STORE_GV_INIT: tl.constexpr, STORE_GK: tl.constexpr,  # the gradients written
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,  # the charge's rounding, steps per chunk, neurons
 ):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
-    k, v_threshold, v_reset, v_r, v0 = _start(k_ptr, k, v_threshold, v_reset, v_init_ptr, offs, mask, K_FROM_PTR,
-                                              HARD_RESET, HAS_V_INIT, BLOCK)
+    offs, mask, k, v_threshold, v_reset, v_r, v0 = _block_start(k_ptr, k, v_threshold, v_reset, v_init_ptr, N,
+                                                                 K_FROM_PTR, HARD_RESET, HAS_V_INIT, BLOCK)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     if HAS_GVF:
@@ -264,53 +254,37 @@ def _neuron_bwd_kernel(
         # State before the chunk: a checkpoint, or the initial state for chunk 0.
         v_ck = tl.load(ckpt_ptr + tl.cast(c - 1, tl.int64) * N + offs, mask=offs < tl.where(c > 0, N, 0), other=0.0)
         v_start = tl.where(c > 0, v_ck, v0)
-        # Recompute the chunk's charged states H in registers, and load the chunk's
-        # incoming gradients before the first store of dX (loads cannot pass stores).
-        v = v_start
-        hs = ()
+        # Load the chunk's inputs and incoming gradients before the first store of dX (loads cannot pass
+        # stores), recompute its charged states H in registers, then run the reverse-time scan over it.
         xs = ()
         gss = ()
         gqs = ()
         for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            m = offs < tl.where(valid, N, 0)
-            t64 = tl.cast(t, tl.int64)
-            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32)
+            t64 = tl.cast(t0 + j, tl.int64)
+            m = offs < tl.where(t0 + j < T, N, 0)
+            xs = xs + (tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to(tl.float32),)
             if GS_MODE == 1:
                 gss = gss + (tl.load(gs_base + t64 * stride_gt, mask=m, other=0.0),)
             elif GS_MODE == 2:
-                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=valid, other=0.0),)
+                gss = gss + (tl.load(gs_ptr + t64 * stride_gt, mask=t0 + j < T, other=0.0),)
             if HAS_GVSEQ:
                 gqs = gqs + (tl.load(gq_base + t64 * stride_gqt, mask=m, other=0.0),)
-            h, _spike, v = step(x, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
-            hs = hs + (h,)
-            if STORE_GK:
-                xs = xs + (x,)
-        # Reverse-time scan over the chunk.
-        for j in tl.static_range(CHUNK - 1, -1, -1):
-            t = t0 + j
-            valid = t < T
-            m = offs < tl.where(valid, N, 0)
-            t64 = tl.cast(t, tl.int64)
-            if HAS_GVSEQ:
-                gv = gv + gqs[j].to(tl.float32)
-            if GS_MODE != 0:
-                gs = gss[j].to(tl.float32)
-            else:
-                gs = 0.0
-            gh, gx = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
-                                   DETACH_RESET, SURROGATE)
-            if STORE_GX:
-                tl.store(gx_ptr + t64 * N + offs, gx.to(out_dtype), mask=m)
-            if STORE_GK:
-                gk += tl.where(m, grad_k_term(gh, xs[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
-                                         DECAY_INPUT, HARD_RESET), 0.0)
-            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
+        if GS_MODE == 0:
+            gss = xs  # not read
+        if not HAS_GVSEQ:
+            gqs = xs  # not read
+        out = chunk_backward(xs, v_start, gss, gqs, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 0 if GS_MODE == 0 else 1, HAS_GVSEQ,
+                             STORE_GK, NO_FMA, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
+        if STORE_GX:
+            for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order (fewer registers live)
+                m = offs < tl.where(t0 + j < T, N, 0)
+                tl.store(gx_ptr + tl.cast(t0 + j, tl.int64) * N + offs, out[j].to(out_dtype), mask=m)
     if STORE_GV_INIT:
         tl.store(gv_init_ptr + offs, gv, mask=mask)
     if STORE_GK:
-        tl.store(gk_part_ptr + pid, tl.sum(gk, axis=0))
+        tl.store(gk_part_ptr + tl.program_id(0), tl.sum(gk, axis=0))
 
 
 # ----------------------------------------------------------------------------

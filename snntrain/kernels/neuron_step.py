@@ -1,7 +1,8 @@
 """One step of an IF/LIF/PLIF neuron, forward and backward, shared by every neuron kernel.
 
-The multi-step neuron (:mod:`snntrain.kernels.lif`) and the fused norm-neuron kernels
-(:mod:`snntrain.kernels.norm_neuron`) scan T with the same step, written once here as
+The multi-step neuron (:mod:`snntrain.kernels.lif`), the fused norm-neuron kernels
+(:mod:`snntrain.kernels.bn_neuron`, :mod:`snntrain.kernels.ln_neuron`) and the spiking attention
+(:mod:`snntrain.kernels.spike_attention`) scan T with the same step, written once here as
 ``@triton.jit`` helpers (Triton inlines them into each kernel):
 
 * :func:`charge` ``H = V + k (X - (V - v_r))`` (``decay_input``), ``H = V - k (V - v_r) + X``
@@ -11,7 +12,11 @@ The multi-step neuron (:mod:`snntrain.kernels.lif`) and the fused norm-neuron ke
 * :func:`step`: the three in turn, the forward step;
 * :func:`surrogate_grad`, :func:`grad_h`: dS/dH of the surrogates and dL/dH of one step;
 * :func:`backward_step` (dL/dH and dL/dX of a step), :func:`grad_k_term` (the step's term of PLIF's
-  dL/dk) and :func:`carry_grad` (dL/dV handed to the step before): the reverse step.
+  dL/dk) and :func:`carry_grad` (dL/dV handed to the step before): the reverse step;
+* :func:`forward_scan` and :func:`backward_scan`: a checkpoint chunk of steps, forward (the backward's
+  recomputation of H) and in reverse (the gradients of the chunk's inputs, dL/dV carried to the chunk
+  before and PLIF's dL/dk), the scans every neuron kernel's backward runs; :func:`chunk_backward`, the two
+  in turn.
 
 The operation order is the reference's (the torch backend, ``snntrain.nn.functional``), and
 the charge's multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (:data:`NO_FMA`,
@@ -40,7 +45,7 @@ __all__ = [
     "F_LEAK", "F_DECAY_INPUT", "F_HARD_RESET", "F_DETACH_RESET", "F_SURROGATE_SHIFT", "F_SAVE_CKPT",
     "F_RETURN_STATE", "F_RETURN_MEMBRANE", "F_GRAD_X", "F_GRAD_V_INIT", "F_GRAD_K",
     "mul_rn", "charge", "fire", "reset", "step", "surrogate_grad", "grad_h", "backward_step", "grad_k_term",
-    "carry_grad", "scalars", "sum_kernel",
+    "carry_grad", "forward_scan", "backward_scan", "chunk_backward", "scalars", "sum_kernel",
 ]
 
 #: Surrogate gradients implemented by the kernels, in the order of their kernel id.
@@ -240,6 +245,65 @@ def carry_grad(gh, gv, valid, one_minus_k, LEAK: tl.constexpr):
     else:
         gv_prev = gh
     return tl.where(valid, gv_prev, gv)
+
+
+@triton.jit
+def forward_scan(ys, v, k, v_r, v_threshold, v_reset, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr,
+                 HARD_RESET: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr):
+    """The charged states H of a chunk's CHUNK steps (a tuple) from the state ``v`` before the chunk and the
+    steps' inputs ``ys`` (a tuple): the forward scan, as the backward recomputes it."""
+    hs = ()
+    for j in tl.static_range(CHUNK):
+        h, _spike, v = step(ys[j], v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
+        hs = hs + (h,)
+    return hs
+
+
+@triton.jit
+def backward_scan(hs, ys, gss, gs_step, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                  alpha, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,
+                  DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr, GS: tl.constexpr, HAS_GQ: tl.constexpr,
+                  STORE_GK: tl.constexpr, CHUNK: tl.constexpr):
+    """The reverse-time scan over the chunk of CHUNK steps that starts at step ``t0`` (steps from T on are
+    padding: they pass dL/dV through and add nothing).
+
+    ``hs``: the steps' charged states (:func:`forward_scan`), ``ys``: their inputs (read for PLIF's dL/dk,
+    ``STORE_GK``), ``gss``: dL/dS of each step, a tuple (``GS`` 1) or the pointers to the chunk's first step, step
+    ``j`` read at ``gss + j * gs_step`` as the scan reaches it (``GS`` 2: fewer registers live), or none (``GS`` 0:
+    zero); ``gqs``: dL/dV of each step's state after the reset (``HAS_GQ``); ``gv``: dL/dV after the chunk, ``gk``: PLIF's running dL/dk per element, ``v_start``:
+    the state before the chunk, ``mask``: the elements of the block. Returns a tuple of CHUNK + 2 values: dL/d(input)
+    of each step in time order, then dL/dV before the chunk and the updated ``gk``."""
+    g_ins = ()
+    for j in tl.static_range(CHUNK - 1, -1, -1):
+        valid = t0 + j < T
+        if HAS_GQ:
+            gv = gv + gqs[j].to(tl.float32)
+        if GS == 1:
+            gs = gss[j].to(tl.float32)
+        elif GS == 2:
+            gs = tl.load(gss + j * gs_step, mask=mask & valid, other=0.0).to(tl.float32)
+        else:
+            gs = 0.0
+        gh, g_in = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
+                                 DETACH_RESET, SURROGATE)
+        g_ins = (g_in,) + g_ins
+        if STORE_GK:
+            gk += tl.where(mask & valid, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
+                                                     DECAY_INPUT, HARD_RESET), 0.0)
+        gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
+    return g_ins + (gv, gk)
+
+
+@triton.jit
+def chunk_backward(ys, v_start, gss, gqs, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                   LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+                   SURROGATE: tl.constexpr, GS: tl.constexpr, HAS_GQ: tl.constexpr, STORE_GK: tl.constexpr,
+                   NO_FMA: tl.constexpr, CHUNK: tl.constexpr):
+    """The backward over the chunk from ``t0`` given its inputs ``ys`` and the state ``v_start`` before it: the
+    charged states recomputed (:func:`forward_scan`), then :func:`backward_scan` (``gss`` a tuple or none)."""
+    hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+    return backward_scan(hs, ys, gss, 0, gqs, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                         alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, GS, HAS_GQ, STORE_GK, CHUNK)
 
 
 @triton.jit

@@ -1,4 +1,5 @@
-"""Launch sizes of the fused norm-neuron kernels (:mod:`snntrain.kernels.norm_neuron`).
+"""Launch sizes of the fused norm-neuron kernels (:mod:`snntrain.kernels.bn_neuron`,
+:mod:`snntrain.kernels.ln_neuron`).
 
 Tiles hold about ``*_TILE`` elements per program: positions along the unit stride for NCHW
 maps, channels for channels-last maps (at most ``*_CL_CHANNELS`` of them, :func:`bn_tiles`);

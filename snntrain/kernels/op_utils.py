@@ -1,6 +1,6 @@
 """The host plumbing every op family of :mod:`snntrain.kernels` shares.
 
-Each family file (``lif.py``, ``norm_neuron.py``, ``layer_norm.py``, ``giou.py``) keeps its
+Each family file (``lif.py``, ``bn_neuron.py``, ``ln_neuron.py``, ``layer_norm.py``, ``giou.py``) keeps its
 kernels, its host launch functions and its registration; this module holds what they have
 in common, so that there is one way to do each of these things:
 

@@ -49,10 +49,8 @@ from .neuron_step import (
     F_SURROGATE_SHIFT,
     NO_FMA,
     SUM_BLOCK,
-    backward_step,
-    carry_grad,
+    backward_scan,
     chunk_steps,
-    grad_k_term,
     neuron_flags,
     scalars,
     step,
@@ -143,6 +141,28 @@ def _current_fma(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask_n, mask_d, sq_t, 
     return y * scale
 
 
+@triton.jit
+def _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
+           HARD_RESET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The tokens and head of program ``(token block, b * H + h)`` and the neuron's scalars: ``(b, b * H + h, offs_n,
+    offs_d, mask_d, mask, Q's and KV's block pointers, the block's offsets within one step of the contiguous
+    ``[T, B, N, C]`` outputs, a step's size, scale, k, v_threshold, v_reset, v_r)``."""
+    pid_bh = tl.program_id(1)  # b * H + h
+    h = pid_bh % H
+    b = pid_bh // H
+    C = H * D
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    mask = (offs_n < N)[:, None] & mask_d[None, :]
+    q_base = q_ptr + tl.cast(b, tl.int64) * sq_b + h * D
+    kv_base = kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
+    out_offs = tl.cast(b, tl.int64) * N * C + tl.cast(offs_n, tl.int64)[:, None] * C + h * D + offs_d[None, :]
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    return (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, tl.cast(B, tl.int64) * N * C,
+            tl.cast(scale, tl.float32), k, v_threshold, v_reset, v_r)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _ssa_fwd_kernel(
     q_ptr,  # [T, B, N, C] spikes; q[t, b, n, c] at t*sq_t + b*sq_b + n*sq_n + c
@@ -153,33 +173,16 @@ def _ssa_fwd_kernel(
     T, B, N, H, D,
     sq_t, sq_b, sq_n,
     scale, k, v_threshold, v_reset,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
     K_FROM_PTR: tl.constexpr,
     STORE_CKPT: tl.constexpr,
-    NO_FMA: tl.constexpr,
     PRECISION: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)  # b * H + h
-    h = pid_bh % H
-    b = pid_bh // H
-    C = H * D
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    mask = (offs_n < N)[:, None] & mask_d[None, :]
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    scale = tl.cast(scale, tl.float32)
-    q_base = q_ptr + tl.cast(b, tl.int64) * sq_b + h * D
-    kv_base = kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
-    # [T, B, N, C] contiguous: the block's offsets within one step
-    out_offs = tl.cast(b, tl.int64) * N * C + tl.cast(offs_n, tl.int64)[:, None] * C + h * D + offs_d[None, :]
-    step_size = tl.cast(B, tl.int64) * N * C
+    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
+     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
+                   BLOCK_N, BLOCK_D)
     out_dtype = s_ptr.dtype.element_ty
     v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32) + v_r
     # a loop over the steps, not unrolled: one product's operands staged in shared memory at a time
@@ -206,37 +209,20 @@ def _ssa_bwd_kernel(
     T, B, N, H, D,
     sq_t, sq_b, sq_n, sg_t, sg_b, sg_n,
     scale, k, v_threshold, v_reset, alpha,
-    LEAK: tl.constexpr,
-    DECAY_INPUT: tl.constexpr,
-    HARD_RESET: tl.constexpr,
-    DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr,
-    K_FROM_PTR: tl.constexpr,
-    STORE_GK: tl.constexpr,
-    NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
+    K_FROM_PTR: tl.constexpr, STORE_GK: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    h = pid_bh % H
-    b = pid_bh // H
-    C = H * D
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    mask = (offs_n < N)[:, None] & mask_d[None, :]
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    scale = tl.cast(scale, tl.float32)
+    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
+     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
+                   BLOCK_N, BLOCK_D)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
-    q_base = q_ptr + tl.cast(b, tl.int64) * sq_b + h * D
-    kv_base = kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
+    h = pid_bh % H
     gs_base = gs_ptr + tl.cast(b, tl.int64) * sg_b + h * D + tl.cast(offs_n, tl.int64)[:, None] * sg_n \
         + offs_d[None, :]
-    out_offs = tl.cast(b, tl.int64) * N * C + tl.cast(offs_n, tl.int64)[:, None] * C + h * D + offs_d[None, :]
-    step_size = tl.cast(B, tl.int64) * N * C
     out_dtype = gy_ptr.dtype.element_ty
     gv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     gk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -247,32 +233,27 @@ def _ssa_bwd_kernel(
         t0 = c * CHUNK
         v_ck = tl.load(ckpt_ptr + tl.cast(c - 1, tl.int64) * step_size + out_offs, mask=mask & (c > 0), other=0.0)
         v_start = tl.where(c > 0, v_ck, v0)
+        # The chunk's currents and charged states recomputed (each current dead after its step unless PLIF's dL/dk
+        # reads it), then the reverse-time scan over the chunk.
         v = v_start
         hs = ()
         ys = ()
         for j in tl.static_range(CHUNK):
-            t = t0 + j
-            valid = t < T
-            y = _current_fma(q_base, kv_base, t, B * H, offs_n, offs_d, offs_n < N, mask_d, sq_t, sq_n, D, valid,
-                             scale, BLOCK_N, BLOCK_D)
+            y = _current_fma(q_base, kv_base, t0 + j, B * H, offs_n, offs_d, offs_n < N, mask_d, sq_t, sq_n, D,
+                             t0 + j < T, scale, BLOCK_N, BLOCK_D)
             h_t, _spike, v = step(y, v, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA)
             hs = hs + (h_t,)
-            if STORE_GK:
-                ys = ys + (y,)
-        for j in tl.static_range(CHUNK - 1, -1, -1):
+            ys = ys + (y,)
+        # dL/dS read step by step as the scan reaches it
+        out = backward_scan(hs, ys, gs_base + tl.cast(t0, tl.int64) * sg_t, sg_t, ys, gv, gk, v_start, t0, T, mask,
+                            k, one_minus_k, v_threshold, v_reset, v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET,
+                            DETACH_RESET, SURROGATE, 2, False, STORE_GK, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
+        for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order (fewer registers live)
             t = t0 + j
-            valid = t < T
-            m = mask & valid
-            gs = tl.load(gs_base + tl.cast(t, tl.int64) * sg_t, mask=m, other=0.0).to(tl.float32)
-            gh, gx = backward_step(hs[j], gs, gv, k, v_threshold, v_reset, alpha, LEAK, DECAY_INPUT, HARD_RESET,
-                                   DETACH_RESET, SURROGATE)
-            tl.store(gy_ptr + tl.cast(t, tl.int64) * step_size + out_offs, gx.to(out_dtype), mask=m)
-            if STORE_GK:
-                gk += tl.where(m, grad_k_term(gh, ys[j], v_start, hs[j - 1], v_threshold, v_reset, v_r, j == 0,
-                                              DECAY_INPUT, HARD_RESET), 0.0)
-            gv = carry_grad(gh, gv, valid, one_minus_k, LEAK)
+            tl.store(gy_ptr + tl.cast(t, tl.int64) * step_size + out_offs, out[j].to(out_dtype), mask=mask & (t < T))
     if STORE_GK:
-        tl.store(gk_part_ptr + pid_bh * tl.num_programs(0) + pid_n, tl.sum(tl.sum(gk, axis=1), axis=0))
+        tl.store(gk_part_ptr + pid_bh * tl.num_programs(0) + tl.program_id(0), tl.sum(tl.sum(gk, axis=1), axis=0))
 
 
 # ----------------------------------------------------------------------------

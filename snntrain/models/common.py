@@ -41,11 +41,10 @@ from ..validation import one_of, positive_int
 DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "atan"}
 
 
-def check_run_settings(T: object, num_classes: object, in_channels: object, backend: object
-                       ) -> tuple[int, int, int, str]:
-    """``(T, num_classes, in_channels, backend)`` validated (positive integers and a backend name)."""
-    return (positive_int("T", T), positive_int("num_classes", num_classes), positive_int("in_channels", in_channels),
-            check_backend(backend))
+def check_run_settings(T: object, num_classes: object, in_channels: object) -> tuple[int, int, int]:
+    """``(T, num_classes, in_channels)`` validated (positive integers); the backend is the :class:`LayerFactory`'s
+    to check, once for the network."""
+    return positive_int("T", T), positive_int("num_classes", num_classes), positive_int("in_channels", in_channels)
 
 
 def pick_variant(variant: object, variants: Mapping[str, Any]) -> Any:
@@ -111,7 +110,7 @@ def encode(conv: MultiStep, spiking: nn.Module, x: torch.Tensor, T: int) -> torc
     if x.dim() == 4:
         y = conv.folded(x)
         if isinstance(spiking, NormNeuron):
-            return spiking(y, steps=T)
+            return spiking(y, T=T)
         return spiking(over_time(y, T))
     return spiking(conv(over_time(x, T)))
 

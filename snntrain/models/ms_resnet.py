@@ -54,15 +54,15 @@ class MSBlock(nn.Module):
         if stride != 1 or cin != cout:
             self.downsample = MultiStep(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), f.norm(cout))
 
-    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
-        """``x``: input currents ``[T, B, C, H, W]``, or, with ``steps``, a static ``[B, C, H, W]`` current that is
-        the same at each of ``steps`` steps (the shortcut is then computed once and broadcast over T)."""
-        if steps is None:
+    def forward(self, x: torch.Tensor, T: int | None = None) -> torch.Tensor:
+        """``x``: input currents ``[T, B, C, H, W]``, or, with ``T``, a static ``[B, C, H, W]`` current that is
+        the same at each of the ``T`` steps (the shortcut is then computed once and broadcast over T)."""
+        if T is None:
             identity = x if self.downsample is None else self.downsample(x)
             spikes = self.sn1(x)
         else:
             identity = x if self.downsample is None else self.downsample.folded(x)
-            spikes = self.sn1(over_time(x, steps))
+            spikes = self.sn1(over_time(x, T))
         out = self.bn2(self.conv2(self.sn2(self.conv1(spikes))))
         return out + identity
 
@@ -97,7 +97,7 @@ class MSResNet(nn.Module):
     ) -> None:
         super().__init__()
         layers = pick_variant(variant, VARIANTS)
-        self.T, num_classes, in_channels, backend = check_run_settings(T, num_classes, in_channels, backend)
+        self.T, num_classes, in_channels = check_run_settings(T, num_classes, in_channels)
         one_of("stem", stem, STEMS)
         width = positive_int("width", width)
         f = LayerFactory(MS_NEURON if neuron is None else neuron, norm, backend, T=self.T)
@@ -131,7 +131,7 @@ class MSResNet(nn.Module):
         stages = (self.layer1, self.layer2, self.layer3, self.layer4)
         if x.dim() == 4:  # direct encoding: the stem and the first block's shortcut run once
             first = stages[0]
-            x = first[0](self.stem.folded(x), steps=self.T)
+            x = first[0](self.stem.folded(x), T=self.T)
             for block in first[1:]:
                 x = block(x)
             stages = stages[1:]

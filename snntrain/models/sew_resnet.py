@@ -221,10 +221,10 @@ class SEWResNet(nn.Module):
 
         A static image gives the same stem convolution output at every step, so the
         convolution runs once and its output is the input current at each of the T steps
-        (``steps`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
+        (``T`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
         """
         if x.dim() == 4:
-            return self.sn1(self.stem(x), steps=self.T)
+            return self.sn1(self.stem(x), T=self.T)
         if x.dim() == 5:
             return self.sn1(self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
         raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")

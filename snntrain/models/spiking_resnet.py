@@ -114,7 +114,7 @@ class SpikingResNet(nn.Module):
     ) -> None:
         super().__init__()
         block, layers = pick_variant(variant, VARIANTS)
-        self.T, num_classes, in_channels, backend = check_run_settings(T, num_classes, in_channels, backend)
+        self.T, num_classes, in_channels = check_run_settings(T, num_classes, in_channels)
         one_of("stem", stem, STEMS)
         width = positive_int("width", width)
         f = LayerFactory(neuron, norm, backend, T=self.T)

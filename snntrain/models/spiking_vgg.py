@@ -73,7 +73,7 @@ class SpikingVGG(nn.Module):
     ) -> None:
         super().__init__()
         depth, bn = pick_variant(variant, VARIANTS)
-        self.T, num_classes, in_channels, backend = check_run_settings(T, num_classes, in_channels, backend)
+        self.T, num_classes, in_channels = check_run_settings(T, num_classes, in_channels)
         width = positive_int("width", width)
         one_of("classifier", classifier, CLASSIFIERS)
         hidden = positive_int("hidden", hidden)

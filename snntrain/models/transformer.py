@@ -31,11 +31,11 @@ def resolve_variant(family: str, variants: Mapping[str, Mapping[str, Any]], vari
 
 def encode_stem(conv: nn.Sequential, sn: nn.Module, x: torch.Tensor, T: int) -> torch.Tensor:
     """The first conv-norm-neuron stage. A static image ``[B, C, H, W]`` is encoded directly: the convolution
-    (``conv[0]``) runs once and its output is the input current of each of the T steps (``sn(.., steps=T)``, the
+    (``conv[0]``) runs once and its output is the input current of each of the T steps (``sn(.., T=T)``, the
     norm sees it once), what repeating the image T times computes. ``[T, B, C, H, W]`` input (events) runs at every
     step."""
     if x.dim() == 4:
-        return sn(conv[0](x), steps=T)
+        return sn(conv[0](x), T=T)
     if x.dim() == 5:
         return sn(conv(x))
     raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..backend import check_backend, use_triton
+from ..backend import use_triton
 from ..validation import flag, number
 from .surrogate import SpikeFunction, check_surrogate, surrogate_grad
 
@@ -298,7 +298,6 @@ def neuron_multistep(
 ) -> torch.Tensor | NeuronOutput:
     """Run the neuron ``params`` over ``x`` ``[T, ...]``; the one entry point of both backends."""
     _check_input(x, v_init)
-    check_backend(backend)
     if params.kind == "plif":
         if not isinstance(w, torch.Tensor) or w.numel() != 1:
             raise ValueError("PLIF needs w, a one-element tensor with 1/tau = sigmoid(w)")

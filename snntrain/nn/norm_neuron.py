@@ -7,7 +7,7 @@ a neuron (conv -> norm -> neuron). :class:`NormNeuron` holds that norm
 ``neuron``, so its state dict is theirs (``norm.weight``, ``norm.bias``,
 ``norm.running_mean``, ``norm.running_var``, ``norm.num_batches_tracked``, and PLIF's
 ``neuron.w``) under every backend. With ``backend`` ``triton`` (or ``auto`` on CUDA) it
-runs the fused kernels of :mod:`snntrain.kernels.norm_neuron`, which read the activation
+runs the fused kernels of :mod:`snntrain.kernels.bn_neuron` and :mod:`~snntrain.kernels.ln_neuron`, which read the activation
 once per pass instead of three times; with ``torch`` it runs the norm and then the neuron,
 the reference. Batch norm keeps the semantics of :class:`torch.nn.BatchNorm2d` in both:
 training-mode batch statistics, running statistics updated with ``momentum`` (or the
@@ -47,7 +47,7 @@ class NormNeuron(nn.Module):
         backend: ``auto``, ``torch`` or ``triton`` (switchable at any time, e.g. with
             :func:`snntrain.nn.set_backend`; never changes the state dict).
 
-    ``forward(x)`` takes ``[T, B, C, H, W]``; ``forward(x, steps=T)`` takes ``[B, C, H, W]``
+    ``forward(x)`` takes ``[T, B, C, H, W]``; ``forward(x, T=T)`` takes ``[B, C, H, W]``
     repeated over ``T`` steps (direct encoding of a static image): the norm sees each
     element once, as when the stem's output is normalised before it is repeated.
     Returns spikes ``[T, B, C, H, W]`` in ``x``'s dtype (and memory format under Triton).
@@ -80,12 +80,14 @@ class NormNeuron(nn.Module):
         self.backend = check_backend(backend)
         self.fused = True
 
-    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
-        if steps is None and x.dim() != 5:
-            raise ValueError(f"NormNeuron expects [T, B, C, H, W] input (or [B, C, H, W] with steps), got shape "
+    def forward(self, x: torch.Tensor, T: int | None = None) -> torch.Tensor:
+        # the one check of x and T: the fused kernels take them as given
+        if T is None and x.dim() != 5:
+            raise ValueError(f"NormNeuron expects [T, B, C, H, W] input (or [B, C, H, W] with T), got shape "
                              f"{tuple(x.shape)}")
-        if steps is not None and x.dim() != 4:
-            raise ValueError(f"NormNeuron with steps={steps!r} expects [B, C, H, W] input, got shape {tuple(x.shape)}")
+        if T is not None and (x.dim() != 4 or isinstance(T, bool) or not isinstance(T, int) or T < 1):
+            raise ValueError(f"NormNeuron with T={T!r} expects [B, C, H, W] input and T a positive int, got shape "
+                             f"{tuple(x.shape)}")
         # never read under torch.compile: a compiled training step neither counts nor guards on the counter
         sink = None if torch.compiler.is_compiling() else self.activity
         counted = False  # by the fused kernel, into the sink's row
@@ -94,7 +96,7 @@ class NormNeuron(nn.Module):
         modules = self._modules
         norm, neuron = modules["norm"], modules["neuron"]
         if isinstance(norm, nn.Identity):  # folded into the convolution before it (NIR, deployment)
-            y = x if steps is None else x.unsqueeze(0).expand(steps, *x.shape)
+            y = x if T is None else x.unsqueeze(0).expand(T, *x.shape)
             spikes = neuron(y)
         else:
             channels = norm.num_channels if isinstance(norm, LayerNorm2d) else norm.num_features
@@ -103,13 +105,13 @@ class NormNeuron(nn.Module):
                                  f"was built for {channels}")
             if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
                     and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
-                spikes, counted = self._fused(x, steps, norm, neuron, sink)
+                spikes, counted = self._fused(x, T, norm, neuron, sink)
             elif (self.fused and isinstance(neuron, StepNeuron) and isinstance(norm, nn.BatchNorm2d)
                   and not isinstance(norm, nn.SyncBatchNorm) and use_triton(self.backend, x) and neuron.fusable(x)):
-                spikes = self._fused_step(x, steps, norm, neuron)
-            elif steps is not None:
+                spikes = self._fused_step(x, T, norm, neuron)
+            elif T is not None:
                 y = norm(x)
-                spikes = neuron(y.unsqueeze(0).expand(steps, *y.shape))
+                spikes = neuron(y.unsqueeze(0).expand(T, *y.shape))
             else:
                 spikes = neuron(norm(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
         if sink is not None:
@@ -117,11 +119,11 @@ class NormNeuron(nn.Module):
         return spikes
 
     @staticmethod
-    def _fused_step(x: torch.Tensor, steps: int | None, norm: nn.BatchNorm2d, neuron: StepNeuron) -> torch.Tensor:
+    def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d, neuron: StepNeuron) -> torch.Tensor:
         """A batch norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the statistics (one
-        read of ``x``, as the norm sees it: once per element with ``steps``), the running statistics updated as
+        read of ``x``, as the norm sees it: once per element with ``T``), the running statistics updated as
         :class:`torch.nn.BatchNorm2d` does, then the neuron's kernels normalise as they read."""
-        seen = x if steps is not None else x.flatten(0, 1)  # [N, C, H, W]
+        seen = x if T is not None else x.flatten(0, 1)  # [N, C, H, W]
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         buffers = norm._buffers
         running = norm.track_running_stats and buffers["running_mean"] is not None
@@ -147,20 +149,20 @@ class NormNeuron(nn.Module):
         params = norm._parameters
         weight = params["weight"] if params.get("weight") is not None else torch.ones_like(mean)
         bias = params["bias"] if params.get("bias") is not None else torch.zeros_like(mean)
-        y = x.unsqueeze(0).expand(steps, *x.shape) if steps is not None else x
+        y = x.unsqueeze(0).expand(T, *x.shape) if T is not None else x
         return neuron.bn_forward(y, weight, bias, mean.to(ct), rstd.to(ct), batch_stats)
 
     @staticmethod
-    def _fused(x: torch.Tensor, steps: int | None, norm: nn.Module, neuron: BaseNeuron,
+    def _fused(x: torch.Tensor, T: int | None, norm: nn.Module, neuron: BaseNeuron,
                sink=None) -> tuple[torch.Tensor, bool]:
         """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
-        from ..kernels import norm_neuron as K
+        from ..kernels import bn_neuron, ln_neuron
 
         options = _neuron_options(neuron.params)
         w = neuron._w()
         params = norm._parameters
         if isinstance(norm, LayerNorm2d):
-            return K.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, steps=steps, w=w, **options), False
+            return ln_neuron.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, T=T, w=w, **options), False
         # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
         buffers = norm._buffers
         momentum, training, count = norm.momentum, norm.training, buffers["num_batches_tracked"]
@@ -174,11 +176,11 @@ class NormNeuron(nn.Module):
                 nbt = count
         use_running = not training or norm.track_running_stats
         # in inference (validation, task=report) the kernel counts the spikes for an attached counter
-        row = sink.row(x, steps) if sink is not None and not torch.is_grad_enabled() else None
-        spikes = K.bn_neuron(
+        row = sink.row(x, T) if sink is not None and not torch.is_grad_enabled() else None
+        spikes = bn_neuron.bn_neuron(
             x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
             buffers["running_var"] if use_running else None, training=training, momentum=factor, eps=norm.eps,
-            steps=steps, count=row, num_batches_tracked=nbt, w=w, **options,
+            T=T, count=row, num_batches_tracked=nbt, w=w, **options,
         )
         return spikes, row is not None
 

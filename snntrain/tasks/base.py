@@ -27,7 +27,8 @@ class SpikingTask(L.LightningModule):
     saved in every checkpoint, so a checkpoint alone rebuilds its model.
 
     ``backend`` (``auto``, ``torch`` or ``triton``) is how this process computes the
-    spiking layers; it is not part of the model and not saved.
+    spiking layers; it is not part of the model. The CLI records a run's resolved backend
+    in the config (``backend.resolved``), so checkpoints store it once, with the config.
 
     Speed settings from the config's top level (:mod:`snntrain.tasks.speed`): with
     ``channels_last`` the model's weights are NHWC on CUDA; with ``compile`` the training
@@ -307,5 +308,4 @@ class SpikingTask(L.LightningModule):
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
                    if hasattr(v, "numel") and v.numel() == 1 and "/" in k
                    and not k.startswith(("firing_rate", "efficiency"))}
-        checkpoint["snntrain"] = {"version": __version__, "backend": self.backend, "task": self.config["task"]["name"],
-                                  "metrics": metrics}
+        checkpoint["snntrain"] = {"version": __version__, "task": self.config["task"]["name"], "metrics": metrics}

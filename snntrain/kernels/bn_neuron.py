@@ -1,0 +1,810 @@
+"""Fused batch norm -> multi-step IF/LIF/PLIF neuron in Triton, forward and hand-written backward.
+
+Registered as ``snntrain::bn_neuron_fwd`` / ``bn_neuron_bwd``: per-channel statistics over
+``T * B * H * W`` in training mode, the running statistics in eval mode. The input layout, the
+tiles and the host plans are described in :mod:`snntrain.kernels.norm_neuron_base`.
+
+Bytes: what is saved and what is recomputed
+-------------------------------------------
+Counted in tensors of the input's size ``E = T*B*C*H*W`` (4 B per element fp32, 2 B bf16),
+for T <= 4 (one chunk, no checkpoints); the gradient of the spikes dS is a full tensor.
+
+Batch norm, training:
+
+* forward: statistics pass reads X (1); the fused pass reads X and writes S (2) = **3 E**;
+* backward, pass 1: re-reads X and dS, recomputes the normalised input and the forward
+  scan in registers, runs the reverse scan, reduces the per-channel sums of dL/dy and
+  dL/dy * xhat and writes dL/dy into dX's buffer (3); pass 2, elementwise, reads dL/dy and
+  X and writes dX in place from those sums (3) = **6 E**.
+
+  Running the scan again in pass 2 instead of keeping dL/dy moves 5 E, but the scan's
+  recomputation and reverse step take more instructions per element-step than a 16-bit
+  element's bytes allow at the memory's rate: that backward was 25 % (SEW-ResNet-18) and
+  21 % (the T=16 event network) slower in bf16, 12 % and 1 % in fp32 (H200,
+  ``scripts/bench_bn_neuron.py --sweep``). Where no per-channel sum is needed (an eval-mode
+  norm with frozen parameters) one pass recomputes the scan and writes dX (3 E). Saving the
+  normalised input or the membrane in the forward costs at least one more E each way.
+
+So 9 E per training step for the fused layer against 13 E for BatchNorm2d followed by a
+neuron (BN forward 3, neuron forward 2, neuron backward 3, BN backward 5). For T > 4 the
+fp32 state is checkpointed every 8 steps as in :mod:`snntrain.kernels.lif` (4 B per
+neuron per 8 steps written, read twice in the backward). A stride-0 input reads X once
+per element instead of T times (and writes dX once).
+
+Per-channel sums (statistics, dL/dW, dL/dB, the BN backward's means) and PLIF's dL/dk
+are per-program partials finished in a fixed order: deterministic, no host synchronisation.
+The registered operator finishes them in small kernels. An eager call's batch-norm
+statistics and backward sums are finished by the last program of each channel block to
+store its partials (an arrival counter per block, the only atomic, kept zeroed by the
+plan: :func:`_last_to_arrive`), one launch fewer in each direction. The running
+statistics: the registered operator returns the batch mean and unbiased variance and the
+caller folds them into the buffers with in-place tensor ops (``torch.compile`` fuses
+them); eager calls with a float momentum fold them in, and count ``num_batches_tracked``,
+where the statistics are finished (two launches fewer a layer).
+
+The eager autograd function returns the spikes alone and keeps the statistics and checkpoints on its
+context; traced calls build their plans without the arrival counters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from . import neuron_step as ns
+from . import norm_neuron_base as base
+from . import norm_neuron_tuning as tuning
+from .neuron_step import chunk_backward, scalars, sum_kernel
+from .op_utils import PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
+
+__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd"]
+
+#: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`) and ``F_GRAD_WB``
+#: (:mod:`snntrain.kernels.norm_neuron_base`): batch statistics (training mode).
+F_BATCH_STATS = 1 << 13
+#: Eager calls only (never the registered operator, which mutates nothing): the statistics kernel also folds the
+#: batch statistics into the float32 running statistics with the momentum ``params[5]`` (and counts the batch).
+F_UPDATE_RUNNING = 1 << 15
+
+
+# ----------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S: tl.constexpr):
+    """Tile ``i`` of the ``TPP`` consecutive position tiles of program ``pid0`` (``groups`` per sample):
+    sample, position offsets, mask (empty past the last tile) and number of valid positions."""
+    b = (pid0 // groups).to(tl.int64)
+    s0 = ((pid0 % groups) * TPP + i) * BLOCK_S
+    offs_s = s0 + tl.arange(0, BLOCK_S)
+    mask = (offs_s < S)[:, None] & mask_c[None, :]
+    ns = tl.maximum(tl.minimum(S - s0, BLOCK_S), 0).to(tl.float32)
+    return b, offs_s, mask, ns
+
+
+@triton.jit
+def _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """Per-channel mean, rstd and the folded scale and shift: y = x * scale + shift."""
+    mean = tl.load(mean_ptr + offs_c, mask=mask_c, other=0.0)
+    rstd = tl.load(rstd_ptr + offs_c, mask=mask_c, other=1.0)
+    if HAS_W:
+        scale = rstd * tl.load(w_ptr + offs_c, mask=mask_c, other=1.0).to(tl.float32)
+    else:
+        scale = rstd
+    shift = -mean * scale
+    if HAS_B:
+        shift += tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    return mean, rstd, scale[None, :], shift[None, :]
+
+
+@triton.jit
+def _last_to_arrive(sem_ptr):
+    """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
+    here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
+    counts, so the last one reads all the others' (the partials it then reads bypass L1: ``cache_modifier=".cg"``)."""
+    tl.debug_barrier()
+    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["T", "TPP"])
+def _bn_stats_kernel(
+    x_ptr,  # [T, B, C, S] input, element (t, b, c, s) at t*sx_t + b*sx_b + c*sx_c + s*sx_s
+    part_ptr,  # [G0, 3, C] fp32 out: per program count, mean, M2 of each channel
+    T,  # steps to read (1 for a stride-0 time axis)
+    C, S,
+    groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
+    TPP,  # position tiles per program
+    sx_t, sx_b, sx_c, sx_s,
+    sem_ptr,  # [G1] int32 arrival counters, zero between launches (FINISH)
+    mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr,  # the finish's outputs (FINISH), see _bn_stats_finish
+    eps, momentum,
+    FINISH: tl.constexpr,  # the last program of each channel block to store its partials finishes them
+    UPDATE: tl.constexpr,
+    COUNT_BATCH: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # rows per step of the finish
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
+):
+    pid0 = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    # Sums of x - K per element, K the channel's mean over the program's first tile at the first step (so that
+    # the sum of squares cancels little), reduced over the tile once at the end: the loop only loads and adds.
+    b, offs_s, mask, ns = _group_tile(pid0, 0, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    shift = tl.sum(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), axis=0) / tl.maximum(ns, 1.0)
+    s1 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    n = tl.cast(0.0, tl.float32)
+    for i in range(TPP):
+        b, offs_s, mask, ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+        x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+        for t in range(T):
+            x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, x - shift[None, :], 0.0)
+            s1 += d
+            s2 += d * d
+        n += ns * T
+    sum1 = tl.sum(s1, axis=0)
+    n_1 = tl.maximum(n, 1.0)
+    mean = shift + sum1 / n_1
+    m2 = tl.maximum(tl.sum(s2, axis=0) - sum1 * (sum1 / n_1), 0.0)
+    row = part_ptr + pid0.to(tl.int64) * 3 * C + offs_c
+    tl.store(row, tl.zeros([BLOCK_C], dtype=tl.float32) + n, mask=mask_c)
+    tl.store(row + C, mean, mask=mask_c)
+    tl.store(row + 2 * C, m2, mask=mask_c)
+    if FINISH:
+        if _last_to_arrive(sem_ptr + pid1):
+            _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c,
+                             tl.num_programs(0), C, eps, momentum, pid1 == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
+            tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _bn_stats_finish_kernel(
+    part_ptr,  # [G0, 3, C] fp32 partial count, mean, M2
+    mean_ptr,  # [C] fp32 out: batch mean
+    rstd_ptr,  # [C] fp32 out: 1 / sqrt(biased variance + eps)
+    var_ptr,  # [C] fp32 out: unbiased variance (for the running statistics)
+    rm_ptr,  # [C] fp32 running mean, updated in place when UPDATE: rm += momentum * (mean - rm)
+    rv_ptr,  # [C] fp32 running variance, likewise with the unbiased variance
+    nbt_ptr,  # [] int64 num_batches_tracked, + 1 when UPDATE and COUNT_BATCH (by program 0)
+    G0, C, eps, momentum,
+    UPDATE: tl.constexpr,
+    COUNT_BATCH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    offs_c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, offs_c < C, G0, C, eps,
+                     momentum, tl.program_id(0) == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c, G0, C, eps,
+                     momentum, first, UPDATE: tl.constexpr, COUNT_BATCH: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """The channels ``offs_c`` of the batch statistics from the G0 partials, in a fixed order; ``first``: the
+    program that counts the batch."""
+    eps = tl.cast(eps, tl.float32)  # float arguments may arrive as fp64 from a compiled graph
+    n = tl.zeros([BLOCK_C], dtype=tl.float32)
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for r0 in range(0, G0, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        m = (rows < G0)[:, None] & mask_c[None, :]
+        base = part_ptr + rows.to(tl.int64)[:, None] * 3 * C + offs_c[None, :]
+        n_r = tl.load(base, mask=m, other=0.0, cache_modifier=".cg")
+        mean_r = tl.load(base + C, mask=m, other=0.0, cache_modifier=".cg")
+        m2_r = tl.load(base + 2 * C, mask=m, other=0.0, cache_modifier=".cg")
+        n_b = tl.sum(n_r, axis=0)
+        mean_b = tl.sum(n_r * mean_r, axis=0) / tl.maximum(n_b, 1.0)
+        d = tl.where(m, mean_r - mean_b[None, :], 0.0)
+        m2_b = tl.sum(m2_r, axis=0) + tl.sum(n_r * d * d, axis=0)
+        n_ab = tl.maximum(n + n_b, 1.0)
+        delta = mean_b - mean
+        mean += delta * (n_b / n_ab)
+        m2 += m2_b + delta * delta * (n * n_b / n_ab)
+        n += n_b
+    tl.store(mean_ptr + offs_c, mean, mask=mask_c)
+    tl.store(rstd_ptr + offs_c, tl.rsqrt(m2 / tl.maximum(n, 1.0) + eps), mask=mask_c)
+    var = m2 / tl.maximum(n - 1.0, 1.0)
+    tl.store(var_ptr + offs_c, var, mask=mask_c)
+    if UPDATE:  # BatchNorm2d's running statistics, as torch.lerp_ folds them in
+        momentum = tl.cast(momentum, tl.float32)
+        rm = tl.load(rm_ptr + offs_c, mask=mask_c, other=0.0)
+        rv = tl.load(rv_ptr + offs_c, mask=mask_c, other=0.0)
+        tl.store(rm_ptr + offs_c, rm + momentum * (mean - rm), mask=mask_c)
+        tl.store(rv_ptr + offs_c, rv + momentum * (var - rv), mask=mask_c)
+        if COUNT_BATCH:
+            if first:
+                tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_neuron_fwd_kernel(
+    x_ptr,  # [T, B, C, S] input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (sx_t = 0: one input for every step)
+    mean_ptr,  # [C] fp32 mean used for normalising (batch or running)
+    rstd_ptr,  # [C] fp32 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
+    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
+    cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    so_t, so_b, so_c, so_s,
+    k, v_threshold, v_reset,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
+    EXPANDED: tl.constexpr,
+    STORE_CKPT: tl.constexpr,
+    COUNT: tl.constexpr,
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
+):
+    pid0 = tl.program_id(0)
+    b, offs_s, offs_c, mask_c, mask = base._tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    x_base, s_base, ck_base, NCK = base._pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
+                                                  so_s, so_c, B, C, S)
+    fired = base._fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
+                           v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
+                           NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+    if COUNT:  # the activity report's spikes per channel, while they are in registers (no second read)
+        tl.atomic_add(cnt_ptr + offs_c, tl.sum(fired, axis=0), mask=mask_c)
+
+
+@triton.jit(do_not_specialize=["T", "TPP"])
+def _bn_neuron_bwd_kernel(
+    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s
+    mean_ptr,  # [C] fp32 mean the forward normalised with
+    rstd_ptr,  # [C] fp32 its 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    b_ptr,  # [C] norm bias, read when HAS_B
+    k_ptr,  # [1] fp32 k, read when K_FROM_PTR
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
+    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s
+    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
+    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (likewise)
+    gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
+    part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
+    gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
+    sem_ptr,  # [G1] int32 arrival counters, zero between launches (PASS 1 with FINISH)
+    T, B, C, S,
+    groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
+    TPP,  # position tiles per program (fewer partial sums to finish)
+    sx_t, sx_b, sx_c, sx_s,
+    sg_t, sg_b, sg_c, sg_s,
+    sd_t, sd_b, sd_c, sd_s,
+    inv_n,  # 1 / (elements per channel)
+    k, v_threshold, v_reset, alpha,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
+    DETACH_RESET: tl.constexpr, SURROGATE: tl.constexpr,  # its gradient
+    K_FROM_PTR: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
+    EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr,  # a stride-0 time axis, batch statistics (training)
+    PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
+    FINISH: tl.constexpr,  # PASS 1: the last program of each channel block adds the partials into the sums
+    FINISH_R: tl.constexpr,  # rows per step of that sum
+    STORE_GK: tl.constexpr,
+    STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
+    NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
+):
+    pid0 = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    offs_c = pid1 * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < C
+    mean, rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
+    mean = mean[None, :]
+    rstd = rstd[None, :]
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    alpha = tl.cast(alpha, tl.float32)
+    inv_n = tl.cast(inv_n, tl.float32)
+    one_minus_k = 1.0 - k
+    m_g = mean  # placeholders outside PASS 2
+    m_gx = mean
+    if PASS == 2:
+        if BATCH_STATS:
+            m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+            m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+    NCK = tl.cast(B, tl.int64) * C * S
+    acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # PASS 1: sums of dL/dy and dL/dy * xhat
+    acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    for i in range(TPP):
+        b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+        acc_g, acc_gx, gk = _bn_bwd_tile(
+            x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
+            m_g, m_gx, T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+            k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, STORE_GY,
+            NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+    if PASS == 1:
+        row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
+        tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
+        tl.store(row + C, tl.sum(acc_gx, axis=0), mask=mask_c)
+        if STORE_GK:
+            tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
+        if FINISH:
+            if _last_to_arrive(sem_ptr + pid1):
+                base._pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
+                          BLOCK_C)
+                tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _bn_bwd_tile(
+    x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift, m_g, m_gx,
+    T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+    k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, PASS: tl.constexpr,
+    STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
+    x_base, gx_base, ck_base, _nck = base._pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
+                                                    sd_b, sd_s, sd_c, 1, C, S)
+    gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    out_dtype = gx_ptr.dtype.element_ty
+    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
+    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
+    if EXPANDED:
+        x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
+        y_e = base._bn_apply(x_e, scale, shift)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for cc in range(n_chunks):
+        c = n_chunks - 1 - tl.cast(cc, tl.int32)
+        t0 = c * CHUNK
+        v_start = base._state_before(ck_base, NCK, c, mask, v0)
+        # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
+        ys = ()
+        if EXPANDED:
+            for _j in tl.static_range(CHUNK):
+                ys = ys + (y_e,)
+        else:
+            xs = base._load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
+            for j in tl.static_range(CHUNK):
+                ys = ys + (base._bn_apply(xs[j].to(tl.float32), scale, shift),)
+        gss = base._load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
+        # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
+        out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
+        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
+        for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
+            m = mask & (t0 + j < T)
+            gy = out[j]
+            if EXPANDED:
+                g_sum += tl.where(m, gy, 0.0)
+            else:
+                xhat = (xs[j].to(tl.float32) - mean) * rstd
+                if PASS == 1:
+                    acc_g += tl.where(m, gy, 0.0)
+                    acc_gx += tl.where(m, gy * xhat, 0.0)
+                    if STORE_GY:
+                        tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
+                else:
+                    if BATCH_STATS:
+                        gx = scale * (gy - m_g - xhat * m_gx)
+                    else:
+                        gx = scale * gy
+                    tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+    if EXPANDED:
+        xhat = (x_e - mean) * rstd
+        if PASS == 1:
+            acc_g += g_sum
+            acc_gx += tl.where(mask, g_sum * xhat, 0.0)
+            if STORE_GY:
+                tl.store(gx_base, g_sum.to(out_dtype), mask=mask)
+        else:
+            if BATCH_STATS:
+                gx = scale * (g_sum - m_g - xhat * m_gx)
+            else:
+                gx = scale * g_sum
+            tl.store(gx_base, gx.to(out_dtype), mask=mask)
+    return acc_g, acc_gx, gk
+
+
+@triton.jit(do_not_specialize=["T"])
+def _bn_dx_kernel(
+    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (T = 1 when EXPANDED)
+    mean_ptr,  # [C] fp32 mean the forward normalised with
+    rstd_ptr,  # [C] fp32 its 1 / sqrt(var + eps)
+    w_ptr,  # [C] norm weight, read when HAS_W
+    sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read with BATCH_STATS)
+    sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (read with BATCH_STATS)
+    gx_ptr,  # in: dL/dy (the backward's PASS 1 with STORE_GY), out: dL/dx, in place, at t*sd_t + ...
+    T, B, C, S, s_tiles,
+    sx_t, sx_b, sx_c, sx_s,
+    sd_t, sd_b, sd_c, sd_s,
+    inv_n,  # 1 / (elements per channel)
+    HAS_W: tl.constexpr,
+    BATCH_STATS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
+):
+    """dL/dx of batch norm from dL/dy, elementwise: the formula of the backward's PASS 2 without the scan."""
+    pid0 = tl.program_id(0)
+    per_t = B * s_tiles
+    t = (pid0 // per_t).to(tl.int64)
+    b, offs_s, offs_c, mask_c, mask = base._tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    mean, rstd, scale, _shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, w_ptr, offs_c, mask_c, HAS_W, False)
+    gx_at = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
+    gy = tl.load(gx_at, mask=mask, other=0.0).to(tl.float32)
+    if BATCH_STATS:
+        inv_n = tl.cast(inv_n, tl.float32)
+        m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+        m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
+        x_at = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t
+        x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
+        xhat = (x - mean[None, :]) * rstd[None, :]
+        gx = scale * (gy - m_g - xhat * m_gx)
+    else:
+        gx = scale * gy
+    tl.store(gx_at, gx.to(gx_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------
+
+
+def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
+    """The zeroed arrival counters of a kernel whose last program per channel block finishes its partial sums
+    (:func:`_last_to_arrive`), kept by an eager plan and zeroed again by each launch; None where the plan keeps the
+    finishing kernel instead: traced calls, and plans made while a CUDA graph is captured (the counters must not
+    come from the graph's memory pool). The launches of one plan share its counters, so calls of one layout run one
+    after the other (one stream, as a model's layers do), never at once on two streams."""
+    if not fuse or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    return torch.zeros(n, dtype=torch.int32, device=device)
+
+
+def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
+                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False) -> base._FwdPlan:
+    """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer)."""
+    plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, T, flags)
+    if not launches or B * C * S == 0:
+        return plan
+    k, v_threshold, v_reset, _alpha, eps = params[:5]
+    cl = sc < ss
+    out = []
+    if flags & F_BATCH_STATS:
+        bs, bc = tuning.bn_tiles(C, S, cl, tuning.STATS_TILE, tuning.FWD_CL_CHANNELS)
+        groups, tpp = tuning.tile_groups(B, S, bs, cdiv(C, bc), x.device, tuning.STATS_PROGRAMS_PER_SM)
+        g0 = B * groups
+        plan.part_shape = (g0, 3, C)
+        update = bool(flags & F_UPDATE_RUNNING)
+        finish = ("mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else
+                                           ("mean", "mean", "mean")))
+        momentum = params[5] if update else 0.0
+        opts = dict(UPDATE=update, COUNT_BATCH=update and nbt)
+        sem = _semaphores(cdiv(C, bc), fuse, x.device)
+        out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
+                           ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
+                            *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
+                           dict(FINISH=sem is not None, **opts, BLOCK_R=tuning.finish_rows(bc),
+                                BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.STATS_WARPS)))
+        if sem is None:
+            out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, tuning.FINISH_C),),
+                               ("part", *finish, g0, C, eps, momentum),
+                               dict(**opts, BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
+    bs, bc = tuning.bn_tiles(C, S, cl, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
+    s_tiles = cdiv(S, bs)
+    so = base._spike_strides(plan)
+    out.append(Planned(
+        _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
+        ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
+         T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
+        dict(**base._neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
+             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=ns.NO_FMA, CHUNK=ns.chunk_steps(T),
+             BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
+    plan.launches = tuple(out)
+    stats = C if flags & F_BATCH_STATS else 0
+    # an eager call's float32 tensors, views of one allocation: mean, rstd, var, partials, checkpoints
+    plan.ws = (stats, stats, stats, 3 * stats * plan.part_shape[0] if stats else 0, math.prod(plan.ckpt_shape))
+    return plan
+
+
+_BN_FWD_PLANS = PlanCache()
+_BN_BWD_PLANS = PlanCache()
+
+
+def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                 running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=direct, count: Tensor | None = None, nbt: Tensor | None = None,
+                 eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
+    that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
+    ``num_batches_tracked`` to count the batch in. Calls that launch directly reuse the plan of their layout;
+    ``eager`` (not the operator, whose outputs may not alias one another): the float32 tensors are views of one
+    allocation."""
+    def build(launches: bool, fuse: bool = False) -> base._FwdPlan:
+        return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
+                            count is not None, launches, nbt is not None, fuse)
+
+    plan = None
+    if launch and wrap is direct:
+        plan = base._plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
+                                     k_tensor is None, count is None, nbt is None, *params), build)
+    dev = x.device
+    part = None
+    if eager and plan is not None and plan.ws is not None:
+        spikes = base._spikes(plan, x)
+        mean, rstd, var, part, ckpt = torch.empty(sum(plan.ws), dtype=torch.float32, device=dev).split_with_sizes(
+            plan.ws)
+    else:
+        if plan is None:
+            plan = build(launch)
+        spikes, ckpt = base._fwd_outputs(plan, x)
+        if flags & F_BATCH_STATS:
+            mean, rstd, var = (torch.empty(plan.C, dtype=torch.float32, device=dev) for _ in range(3))
+        else:
+            var = torch.empty(0, dtype=torch.float32, device=dev)
+        if plan.part_shape is not None and launch:
+            part = torch.empty(plan.part_shape, dtype=torch.float32, device=dev)
+    if not flags & F_BATCH_STATS:
+        mean = running_mean.to(torch.float32, copy=True)  # an op's output may not alias its input
+        rstd = torch.rsqrt(running_var.to(torch.float32) + params[4])
+    if not launch or not plan.launches:
+        return spikes, mean, rstd, var, ckpt
+    tensors = {"x": x.contiguous() if plan.copy else x, "mean": mean, "rstd": rstd, "var": var, "weight": weight,
+               "bias": bias, "k": k_tensor, "spikes": spikes, "ckpt": ckpt, "count": count, "rm": running_mean,
+               "rv": running_var, "nbt": nbt, "part": part}
+    for planned in plan.launches:
+        planned(wrap, tensors)
+    return spikes, mean, rstd, var, ckpt
+
+
+def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> base._BwdPlan:
+    """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer)."""
+    plan, xk, expanded, B, C, S, (st, sb, sc, ss) = base._bwd_plan(x, T, flags, has_w, has_k)
+    need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
+    if not launches or B * C * S == 0:
+        return plan
+    sg, sd = base._bwd_grad_maps(plan, xk, grad_spikes, expanded)
+    batch = bool(flags & F_BATCH_STATS)
+    cl = sc < ss
+    chunk = ns.chunk_steps(T)
+    cl_channels = tuning.BWD_CL_CHANNELS if chunk <= ns.SHORT_CHUNK else tuning.BWD_CL_CHANNELS_LONG
+    bs, bc = tuning.bn_tiles(C, S, cl, tuning.BWD_TILE, cl_channels)
+    g1 = cdiv(C, bc)
+    k, v_threshold, v_reset, alpha, _eps = params[:5]
+    n = (1 if expanded else T) * B * S
+    common = dict(**base._neuron_consts(flags), DETACH_RESET=bool(flags & ns.F_DETACH_RESET),
+                  SURROGATE=(flags >> ns.F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
+                  EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=ns.NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
+                  num_warps=tuning.BWD_WARPS)
+    args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+    tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "sum0", "sum1", "grad_x")
+    groups, tpp = tuning.tile_groups(B, S, bs, g1, x.device, tuning.BWD_PROGRAMS_PER_SM)
+    g0 = B * groups
+    out = []
+    if batch or need_wb or need_k:
+        plan.part_shape = (g0, 2, C)
+        plan.gk_shape = (g0 * g1,) if need_k else None
+        sem = _semaphores(g1, fuse, x.device)
+        # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
+        out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
+                           (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
+                            T, B, C, S, groups, tpp, *args),
+                           dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
+                                STORE_GK=need_k, STORE_GY=need_x, **common)))
+        if sem is None:
+            out.append(Planned(base._pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
+                               dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
+        if need_k:
+            out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=ns.SUM_BLOCK, num_warps=4)))
+        if need_x:
+            bs, bc = tuning.bn_tiles(C, S, cl, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
+            s_tiles = cdiv(S, bs)
+            steps = 1 if expanded else T
+            out.append(Planned(
+                _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
+                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_x", steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
+                 1.0 / n),
+                dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
+    elif need_x:  # no sums to take: dL/dx in one pass
+        out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
+                           (*tensors, "mean", "mean", "mean", T, B, C, S, groups, tpp, *args),
+                           dict(PASS=2, FINISH=False, FINISH_R=1, STORE_GK=False, STORE_GY=False, **common)))
+    plan.launches = tuple(out)
+    return plan
+
+
+def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+                 k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
+                 launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K); dL/dk
+    None where not asked for in an ``eager`` call."""
+    return base._bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
+                     wrap, (1, 0), eager, mean=mean, rstd=rstd, ckpt=ckpt)
+
+
+# ----------------------------------------------------------------------------
+# Operator registration
+# ----------------------------------------------------------------------------
+
+
+def _bn_fwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+            running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float],
+            flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(spikes, mean, rstd, unbiased var, checkpoints)``: batch statistics with F_BATCH_STATS
+    (var empty otherwise), else the running statistics; ``params = [k, v_threshold, v_reset, alpha, eps]``."""
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, True, op_wrap)
+
+
+def _bn_fwd_fake(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags):
+    return _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, False)
+
+
+def _bn_bwd(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
+            k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float],
+            flags: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, each empty unless asked for."""
+    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, True, op_wrap)
+
+
+def _bn_bwd_fake(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags):
+    return _bn_bwd_host(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, T, params, flags, False)
+
+
+bn_neuron_fwd = register_op("snntrain::bn_neuron_fwd", _bn_fwd, _bn_fwd_fake)
+bn_neuron_bwd = register_op("snntrain::bn_neuron_bwd", _bn_bwd, _bn_bwd_fake)
+
+
+def _bn_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _rm, _rv, k_tensor, T, params, flags = inputs
+    _spikes, mean, rstd, var, ckpt = output
+    ctx.save_for_backward(x, weight, bias, mean, rstd, ckpt, k_tensor)
+    ctx.T, ctx.params, ctx.flags = T, params, flags
+    ctx.mark_non_differentiable(mean, rstd, var, ckpt)
+
+
+def _bn_backward(ctx, grad_spikes, _gm, _gr, _gv, _gc):
+    x, weight, bias, mean, rstd, ckpt, k_tensor = ctx.saved_tensors
+    return _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bn_neuron_bwd)
+
+
+def _bn_grads(ctx, x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, bwd) -> tuple:
+    """The gradients of the forward's nine inputs, from ``bwd`` (the backward operator, or the eager host
+    function)."""
+    flags, nx, nw, nb, nk = base._grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
+    if not (nx or nw or nb or nk):
+        return (None,) * 9
+    if grad_spikes is None:
+        grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
+    gx, gw, gb, gk = bwd(x, weight, bias, mean, rstd, ckpt, k_tensor, grad_spikes, ctx.T, ctx.params, flags)
+    return (gx if nx else None, gw if nw else None, gb if nb else None, None, None, gk if nk else None,
+            None, None, None)
+
+
+bn_neuron_fwd.register_autograd(_bn_backward, setup_context=_bn_setup_context)
+
+
+def _eager_bn_bwd(*args):
+    with profiled("snntrain::bn_neuron_bwd"):
+        return _bn_bwd_host(*args, launch=True, eager=True)
+
+
+class _EagerBNNeuron(torch.autograd.Function):
+    """``snntrain::bn_neuron_fwd`` and its backward, launched without the operator machinery (eager calls). It
+    takes two inputs more: ``num_batches_tracked`` (eager training folds the running statistics in its statistics
+    kernel and counts the batch there), and ``stats``: whether to return the batch mean and unbiased variance
+    beside the spikes (for the caller to fold in; otherwise it returns the spikes alone, and keeps the statistics
+    and checkpoints on ``ctx``: fewer outputs for autograd to wrap)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats):
+        with profiled("snntrain::bn_neuron_fwd"):
+            spikes, mean, rstd, var, ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                         params, flags, True, nbt=nbt, eager=True)
+        ctx.save_for_backward(x, weight, bias, k_tensor)
+        ctx.mean, ctx.rstd, ctx.ckpt, ctx.T, ctx.params, ctx.flags = mean, rstd, ckpt, T, params, flags
+        ctx.set_materialize_grads(False)
+        if stats:
+            ctx.mark_non_differentiable(mean, var)
+            return spikes, mean, var
+        return spikes
+
+    @staticmethod
+    def backward(ctx, grad_spikes, *_stats):
+        x, weight, bias, k_tensor = ctx.saved_tensors
+        return *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes, _eager_bn_bwd), \
+            None, None
+
+
+# ----------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------
+
+
+def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+              running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
+              T: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
+              **neuron) -> Tensor:
+    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
+
+    ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (the same input at every
+    step). Batch statistics when ``training`` or without running statistics (as
+    :class:`torch.nn.BatchNorm2d`); in training the running statistics are updated in place
+    with ``momentum`` (a float, or a 0-dim tensor such as ``1 / num_batches_tracked``).
+    ``neuron``: ``kind`` (``if``, ``lif``, ``plif``) and the options of
+    :func:`snntrain.kernels.lif.neuron_multistep` (``tau``, ``w``, ``v_threshold``,
+    ``v_reset``, ``decay_input``, ``detach_reset``, ``surrogate``, ``alpha``), validated already.
+    Differentiable in ``x``, ``weight``, ``bias`` and PLIF's ``w``.
+
+    ``num_batches_tracked``: BatchNorm2d's batch counter, incremented by one in training with running statistics
+    (eager calls count it in the statistics kernel, which also folds in the running statistics).
+
+    ``count``: a float32 ``[C]`` tensor on ``x``'s device that the forward kernel adds each channel's spikes to,
+    counted in registers as they are fired (the activity report, :mod:`snntrain.efficiency`), for inference
+    without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
+    total stays below 2**24.
+    """
+    expanded = T is not None
+    T, flags, k, k_tensor = base._prepare(x, T, neuron)
+    if count is not None:
+        _check_count(count, x, weight, bias, k_tensor)
+    batch = training or running_mean is None or running_var is None
+    if batch:
+        n = (1 if expanded else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
+        if n <= 1 and training:
+            raise ValueError(f"batch norm needs more than 1 value per channel in training, got input shape "
+                             f"{tuple(x.shape)}")
+        flags |= F_BATCH_STATS
+    if base._needs_ckpt(x, weight, bias, k_tensor):
+        flags |= ns.F_SAVE_CKPT
+    params = base._params(k, neuron, eps)
+    update = training and running_mean is not None and running_var is not None
+    if count is not None:  # inference: no autograd, no checkpoints
+        with profiled("snntrain::bn_neuron_fwd"):
+            spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                           params, flags, True, count=count, eager=True)
+    elif traced(x, weight, bias, k_tensor):  # the operator is functional: the running statistics follow it
+        spikes, mean, _rstd, var, _ckpt = bn_neuron_fwd(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                        params, flags)
+    else:
+        if update and type(momentum) is float and running_mean.dtype == running_var.dtype == torch.float32:
+            flags |= F_UPDATE_RUNNING
+            params.append(momentum)
+            update = False  # done by the statistics kernel
+        out = _EagerBNNeuron.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
+                                   num_batches_tracked if flags & F_UPDATE_RUNNING else None, update)
+        spikes, mean, var = out if update else (out, None, None)
+    if update:
+        with torch.no_grad():
+            running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+            running_var.lerp_(var.to(running_var.dtype), momentum)
+    if training and num_batches_tracked is not None and not flags & F_UPDATE_RUNNING:
+        num_batches_tracked.add_(1)
+    return spikes
+
+
+def _check_count(count: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                 k_tensor: Tensor | None) -> None:
+    C = x.shape[-3]
+    if count.dtype != torch.float32 or count.shape != (C,) or not count.is_contiguous() or count.device != x.device:
+        raise ValueError(f"count must be a contiguous float32 tensor of the {C} channels on {x.device}, got "
+                         f"{count.dtype} of shape {tuple(count.shape)} on {count.device}")
+    if base._needs_ckpt(x, weight, bias, k_tensor) or traced(x, weight, bias, k_tensor):
+        raise ValueError("count= counts spikes during inference: call bn_neuron under torch.no_grad() or "
+                         "torch.inference_mode(), outside torch.compile")
