@@ -59,6 +59,17 @@ from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
 from .neuron_step import chunk_backward, scalars, sum_kernel
+from .norm_neuron_base import (
+    _at,
+    _bn_apply,
+    _fwd_scan,
+    _load_chunk,
+    _pair_sum,
+    _pair_sum_kernel,
+    _pointers,
+    _state_before,
+    _tile,
+)
 from .op_utils import PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
 __all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd"]
@@ -142,14 +153,14 @@ def _bn_stats_kernel(
     # Sums of x - K per element, K the channel's mean over the program's first tile at the first step (so that
     # the sum of squares cancels little), reduced over the tile once at the end: the loop only loads and adds.
     b, offs_s, mask, ns = _group_tile(pid0, 0, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
-    x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     shift = tl.sum(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), axis=0) / tl.maximum(ns, 1.0)
     s1 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     s2 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     n = tl.cast(0.0, tl.float32)
     for i in range(TPP):
         b, offs_s, mask, ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
-        x_base = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+        x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
         for t in range(T):
             x = tl.load(x_base + tl.cast(t, tl.int64) * sx_t, mask=mask, other=0.0).to(tl.float32)
             d = tl.where(mask, x - shift[None, :], 0.0)
@@ -257,13 +268,13 @@ def _bn_neuron_fwd_kernel(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask = base._tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base, s_base, ck_base, NCK = base._pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
+    x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
                                                   so_s, so_c, B, C, S)
-    fired = base._fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
+    fired = _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
                            v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
                            NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if COUNT:  # the activity report's spikes per channel, while they are in registers (no second read)
@@ -344,7 +355,7 @@ def _bn_neuron_bwd_kernel(
             tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
         if FINISH:
             if _last_to_arrive(sem_ptr + pid1):
-                base._pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
+                _pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
                           BLOCK_C)
                 tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
 
@@ -360,31 +371,31 @@ def _bn_bwd_tile(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
-    x_base, gx_base, ck_base, _nck = base._pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
+    x_base, gx_base, ck_base, _nck = _pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
                                                     sd_b, sd_s, sd_c, 1, C, S)
-    gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
     if EXPANDED:
         x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
-        y_e = base._bn_apply(x_e, scale, shift)
+        y_e = _bn_apply(x_e, scale, shift)
     n_chunks = tl.cdiv(T, CHUNK)
     for cc in range(n_chunks):
         c = n_chunks - 1 - tl.cast(cc, tl.int32)
         t0 = c * CHUNK
-        v_start = base._state_before(ck_base, NCK, c, mask, v0)
+        v_start = _state_before(ck_base, NCK, c, mask, v0)
         # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
         ys = ()
         if EXPANDED:
             for _j in tl.static_range(CHUNK):
                 ys = ys + (y_e,)
         else:
-            xs = base._load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
+            xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
             for j in tl.static_range(CHUNK):
-                ys = ys + (base._bn_apply(xs[j].to(tl.float32), scale, shift),)
-        gss = base._load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
+                ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
+        gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
         out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
                              LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
@@ -444,15 +455,15 @@ def _bn_dx_kernel(
     pid0 = tl.program_id(0)
     per_t = B * s_tiles
     t = (pid0 // per_t).to(tl.int64)
-    b, offs_s, offs_c, mask_c, mask = base._tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = _tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     mean, rstd, scale, _shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, w_ptr, offs_c, mask_c, HAS_W, False)
-    gx_at = base._at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
+    gx_at = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
     gy = tl.load(gx_at, mask=mask, other=0.0).to(tl.float32)
     if BATCH_STATS:
         inv_n = tl.cast(inv_n, tl.float32)
         m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
         m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
-        x_at = base._at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t
+        x_at = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c) + t * sx_t
         x = tl.load(x_at, mask=mask, other=0.0).to(tl.float32)
         xhat = (x - mean[None, :]) * rstd[None, :]
         gx = scale * (gy - m_g - xhat * m_gx)
@@ -609,7 +620,7 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                            dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
                                 STORE_GK=need_k, STORE_GY=need_x, **common)))
         if sem is None:
-            out.append(Planned(base._pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
+            out.append(Planned(_pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
                                dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
         if need_k:
             out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0 * g1), dict(BLOCK=ns.SUM_BLOCK, num_warps=4)))

@@ -24,6 +24,7 @@ from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
 from .neuron_step import chunk_backward, scalars, sum_kernel
+from .norm_neuron_base import _at, _fwd_scan, _ln_rows, _load_chunk, _pair_sum_kernel, _pointers, _state_before, _tile
 from .op_utils import PlanCache, Planned, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["ln_neuron", "ln_neuron_fwd", "ln_neuron_bwd"]
@@ -62,7 +63,7 @@ def _ln_tile(w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K
              BLOCK_C: tl.constexpr):
     """A program's tile (all C channels of ``BLOCK_S`` positions), the norm's weight and bias over it and the neuron's
     scalars: ``(b, offs_s, offs_c, mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r)``."""
-    b, offs_s, offs_c, mask_c, mask = base._tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = _tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     return b, offs_s, offs_c, mask_c, mask, w, bias, tl.cast(eps, tl.float32), k, v_threshold, v_reset, v_r
@@ -96,9 +97,9 @@ def _ln_neuron_fwd_kernel(
         w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
         BLOCK_S, BLOCK_C)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base, s_base, ck_base, NCK = base._pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
+    x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
                                                   so_s, so_c, B, C, S)
-    base._fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
+    _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
                    LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
 
 
@@ -133,9 +134,9 @@ def _ln_neuron_bwd_kernel(
         BLOCK_S, BLOCK_C)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
-    x_base, gx_base, ck_base, NCK = base._pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, sd_b,
+    x_base, gx_base, ck_base, NCK = _pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, sd_b,
                                                    sd_s, sd_c, B, C, S)
-    gs_base = base._at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
@@ -143,16 +144,16 @@ def _ln_neuron_bwd_kernel(
     acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # sum of dL/dy * xhat
     gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     if EXPANDED:
-        y_e, xhat_e, rstd_e = base._ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
+        y_e, xhat_e, rstd_e = _ln_rows(tl.load(x_base, mask=mask, other=0.0).to(tl.float32), mask, C, eps, w, bias)
     n_chunks = tl.cdiv(T, CHUNK)
     for cc in range(n_chunks):
         c = n_chunks - 1 - tl.cast(cc, tl.int32)
         t0 = c * CHUNK
-        v_start = base._state_before(ck_base, NCK, c, mask, v0)
+        v_start = _state_before(ck_base, NCK, c, mask, v0)
         # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
         if not EXPANDED:
-            xs = base._load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
-        gss = base._load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
+            xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
+        gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         ys = ()
         xhats = ()
         rstds = ()
@@ -160,7 +161,7 @@ def _ln_neuron_bwd_kernel(
             if EXPANDED:
                 ys = ys + (y_e,)
             else:
-                y, xhat, rstd = base._ln_rows(xs[j].to(tl.float32), mask, C, eps, w, bias)
+                y, xhat, rstd = _ln_rows(xs[j].to(tl.float32), mask, C, eps, w, bias)
                 ys = ys + (y,)
                 xhats = xhats + (xhat,)
                 rstds = rstds + (rstd,)
@@ -253,7 +254,7 @@ def _ln_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
              EXPANDED=expanded, STORE_GK=plan.need_k, NO_FMA=ns.NO_FMA, CHUNK=ns.chunk_steps(T), BLOCK_S=bs,
              BLOCK_C=bc, num_warps=tuning.LN_WARPS))]
     if plan.need_wb:
-        out.append(Planned(base._pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
+        out.append(Planned(_pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
                            dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
     if plan.need_k:
         out.append(Planned(sum_kernel, (1,), ("gk_part", "grad_k", g0), dict(BLOCK=ns.SUM_BLOCK, num_warps=4)))
