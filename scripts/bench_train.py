@@ -5,6 +5,8 @@ same weights and batch:
 
 * ``sew18-224``: SEW-ResNet-18 (ImageNet stem, width 64, ADD, LIF tau 2, sigmoid
   surrogate, no detach), T = 4, 224x224, batch 32, 10 classes, SGD (momentum 0.9);
+* ``sew18-224-alif``: the same with ALIF neurons (an adaptive threshold, a second state; generated from its step
+  function), against ``sew18-224``'s LIF;
 * ``sew18-32``: the same network at 32x32, batch 128;
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
@@ -85,6 +87,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "sew18-224": {"size": 224, "batch": 32, "stem": "imagenet"},
+    # the same step with ALIF (LIF with an adaptive threshold: a second state), generated from its step function
+    "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
@@ -308,7 +312,12 @@ def sew_model(case: str, backend: str):
     c = CASES[case]
     torch.manual_seed(0)
     return SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
-                     T=case_T(case), stem=c["stem"], width=64, neuron=NEURON, backend=backend)
+                     T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend)
+
+
+def case_neuron(case: str) -> dict:
+    """The benchmark's neuron settings for ``case``: LIF, or the case's neuron type with the same settings."""
+    return {**NEURON, "type": CASES[case].get("neuron", NEURON["type"])}
 
 
 def zoo_model(case: str, backend: str, T: int | None = None):
@@ -550,8 +559,8 @@ def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
     if case == "detector":
         return ["task=detect", "data.augment=false", f"data.batch_size={c['batch']}",
                 f"data.num_train={steps * c['batch']}", "data.num_val=32", *prec]
-    neuron = ["model.neuron.type=LIF", "model.neuron.tau=2.0", "model.neuron.detach_reset=false",
-              "model.neuron.surrogate=sigmoid"]
+    neuron = [f"model.neuron.type={case_neuron(case)['type']}", "model.neuron.tau=2.0",
+              "model.neuron.detach_reset=false", "model.neuron.surrogate=sigmoid"]
     spec = c.get("model")
     if spec is None:
         model = [f"model.stem={c['stem']}", "model.width=64", "model.depth=18", "model.connect=ADD", *neuron]

@@ -159,3 +159,17 @@ def test_bench_pool_dry_run(tmp_path):
     assert len(rows) == 3 * 4
     assert {r["provider"] for r in rows} == {"ours-triton", "torch"}
     assert all(r["note"].startswith("saved for backward") for r in rows)
+
+
+def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):
+    """``sew18-224-alif`` builds the ``sew18-224`` network (same parameters) with every neuron an ALIF, and its
+    command line names the type."""
+    from snntrain.nn import ALIF, LIF
+
+    module, _ = bench
+    with torch.device("meta"):
+        lif, alif = module.sew_model("sew18-224", "torch"), module.sew_model("sew18-224-alif", "torch")
+    assert sum(p.numel() for p in lif.parameters()) == sum(p.numel() for p in alif.parameters())
+    kinds = {type(m) for m in alif.modules()} & {ALIF, LIF}
+    assert kinds == {ALIF} and any(isinstance(m, LIF) for m in lif.modules())
+    assert "model.neuron.type=ALIF" in module.cli_overrides("sew18-224-alif", "bf16", 10)
