@@ -58,6 +58,27 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
+#: Operations written as one expression of their arguments ({0}, {1}, ...; {op}: the operation's name).
+_EXPR = {
+    "add": "{0} + {1}", "sub": "{0} - {1}", "mul": "mul_rn({0}, {1}, NO_FMA_)", "div": "{0} / {1}", "neg": "-{0}",
+    **dict.fromkeys(("exp", "log", "sqrt", "abs", "floor", "sigmoid"), "tl.{op}({0})"),
+    "relu": "tl.where({0} > 0.0, {0}, 0.0)",
+    "minimum": "tl.where({1} < {0}, {1}, {0})", "maximum": "tl.where({1} > {0}, {1}, {0})",
+    "where": "tl.where({0} != 0.0, {1}, {2})",
+}
+
+
+#: The end of a generated kernel's signature and its first lines: this program's block of neurons.
+_KERNEL_START = (
+    "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
+    "):",
+    "    pid = tl.program_id(0)",
+    "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
+    "    mask = offs < N",
+    "    N64 = tl.cast(N, tl.int64)",
+)
+
+
 def _emit_function(name: str, graph: Graph, args: list[str], ct: str) -> list[str]:
     """``@triton.jit def name(*args)`` computing ``graph`` (inputs named as ``args``), returning its outputs."""
     lines = ["@triton.jit", f"def {name}({', '.join(args)}):"]
@@ -77,28 +98,14 @@ def _emit_function(name: str, graph: Graph, args: list[str], ct: str) -> list[st
             continue
         if op == "const":
             expr = f"tl.full({shape_of}.shape, {_fmt(n.attr)}, {ct})"
-        elif op == "add":
-            expr = f"{a[0]} + {a[1]}"
-        elif op == "sub":
-            expr = f"{a[0]} - {a[1]}"
-        elif op == "mul":
-            expr = f"mul_rn({a[0]}, {a[1]}, NO_FMA_)"
-        elif op == "div":
-            expr = f"{a[0]} / {a[1]}"
+        elif op in _EXPR:
+            expr = _EXPR[op].format(*a, op=op)
         elif op == "fdiv":  # the reverse step's divisions: the fast form (the backward is issue-bound)
             expr = f"{a[0]} / {a[1]}" if ct == "tl.float64" else f"tl.math.fdiv({a[0]}, {a[1]})"
-        elif op == "neg":
-            expr = f"-{a[0]}"
-        elif op in ("exp", "log", "sqrt", "abs", "floor"):
-            expr = f"tl.{op}({a[0]})"
-        elif op == "sigmoid":
-            expr = f"tl.sigmoid({a[0]})"
         elif op == "tanh":  # sign(a) (1 - e) / (1 + e), e = exp(-2 |a|)
             lines.append(f"    e{i} = tl.exp(-2.0 * tl.abs({a[0]}))")
             lines.append(f"    r{i} = (1.0 - e{i}) / (1.0 + e{i})")
             expr = f"tl.where({a[0]} >= 0.0, r{i}, -r{i})"
-        elif op == "relu":
-            expr = f"tl.where({a[0]} > 0.0, {a[0]}, 0.0)"
         elif op == "clamp":
             lo, hi = n.attr
             expr = a[0]
@@ -107,12 +114,6 @@ def _emit_function(name: str, graph: Graph, args: list[str], ct: str) -> list[st
             if hi is not None:
                 lines.append(f"    k{i} = {expr}")
                 expr = f"tl.where(k{i} > {_fmt(hi)}, {_fmt(hi)}, k{i})"
-        elif op == "minimum":
-            expr = f"tl.where({a[1]} < {a[0]}, {a[1]}, {a[0]})"
-        elif op == "maximum":
-            expr = f"tl.where({a[1]} > {a[0]}, {a[1]}, {a[0]})"
-        elif op == "where":
-            expr = f"tl.where({a[0]} != 0.0, {a[1]}, {a[2]})"
         elif op in ("lt", "le", "gt", "ge", "eq", "ne"):
             sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
             expr = f"tl.where({a[0]} {sym} {a[1]}, 1.0, 0.0).to({ct})"
@@ -213,12 +214,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N]: row c-1 = the states before chunk c, when STORE_CKPT",
         "    T, N, C, S, stride_xt, stride_xn,",
         "    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_CKPT: tl.constexpr,",
-        "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
-        "):",
-        "    pid = tl.program_id(0)",
-        "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
-        "    mask = offs < N",
-        "    N64 = tl.cast(N, tl.int64)",
+        *_KERNEL_START,
         *param_loads("    "),
         *init_states("    "),
         "    x_base = x_ptr + offs * stride_xn",
@@ -270,12 +266,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
            "    sgx_ptr,  # [N] sum over T of dL/dy * (x - mean) * rstd"] if aff else []),
         "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
         "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
-        "    CHUNK: tl.constexpr, BLOCK: tl.constexpr,",
-        "):",
-        "    pid = tl.program_id(0)",
-        "    offs = pid * BLOCK + tl.arange(0, BLOCK)",
-        "    mask = offs < N",
-        "    N64 = tl.cast(N, tl.int64)",
+        *_KERNEL_START,
         *param_loads("    "),
         *init_states("    "),
         *[f"    i{i} = s{i}" for i in range(K)],

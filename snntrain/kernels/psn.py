@@ -104,11 +104,8 @@ def _psn_fwd_kernel(
     w_ptr,  # [T, T] contiguous fp32 weight
     b_ptr,  # [T] fp32 bias
     s_ptr,  # [T, N] contiguous spikes out, dtype of x
-    N,
-    stride_xt,
-    stride_xn,
-    T: tl.constexpr,
-    BLOCK: tl.constexpr,
+    N, stride_xt, stride_xn,
+    T: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -127,12 +124,8 @@ def _psn_fwd_dot_kernel(
     w_ptr,  # [T, T] contiguous fp32 weight
     b_ptr,  # [T] fp32 bias
     s_ptr,  # [T, N] contiguous spikes out, dtype of x
-    N,
-    stride_xt,
-    stride_xn,
-    T: tl.constexpr,
-    TP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    N, stride_xt, stride_xn,
+    T: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Longer sequences: H = W X on a ``[TP, BLOCK]`` tile as one fp32 product (``tl.dot``, IEEE precision)."""
     pid = tl.program_id(0)
@@ -159,18 +152,10 @@ def _psn_bwd_kernel(
     gx_ptr,  # [T, N] contiguous dL/dX out, dtype of x, written when STORE_GX
     gw_part_ptr,  # [num_programs, T, T] fp32 per-program partial dL/dW, written when STORE_GW
     gb_part_ptr,  # [num_programs, T] fp32 per-program partial dL/db, written when STORE_GB
-    N,
-    stride_xt,
-    stride_xn,
-    stride_gt,
-    stride_gn,
-    alpha,
-    SURROGATE: tl.constexpr,
-    STORE_GX: tl.constexpr,
-    STORE_GW: tl.constexpr,
-    STORE_GB: tl.constexpr,
-    T: tl.constexpr,
-    BLOCK: tl.constexpr,
+    N, stride_xt, stride_xn, stride_gt, stride_gn,  # neurons; the strides of x and dL/dS
+    alpha, SURROGATE: tl.constexpr,  # the surrogate gradient
+    STORE_GX: tl.constexpr, STORE_GW: tl.constexpr, STORE_GB: tl.constexpr,  # the gradients written
+    T: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Short sequences (T < DOT_MIN_T): one block of neurons per program, the input column and dL/dH as
     ``T`` vectors each; dL/dW and dL/db reduced per program (``T * T + T`` block sums)."""
@@ -206,27 +191,11 @@ def _psn_bwd_kernel(
 
 @triton.jit
 def _psn_bwd_dot_kernel(
-    x_ptr,  # [T, N] forward input; x[t, n] at t*stride_xt + n*stride_xn
-    w_ptr,  # [T, T] contiguous fp32 weight
-    b_ptr,  # [T] fp32 bias
-    gs_ptr,  # [T, N] dL/dS at t*stride_gt + n*stride_gn (stride_gn 0: one value per step)
-    gx_ptr,  # [T, N] contiguous dL/dX out, dtype of x, written when STORE_GX
-    gw_part_ptr,  # [num_programs, T, T] fp32 per-program partial dL/dW, written when STORE_GW
-    gb_part_ptr,  # [num_programs, T] fp32 per-program partial dL/db, written when STORE_GB
-    N,
-    n_blocks,
-    stride_xt,
-    stride_xn,
-    stride_gt,
-    stride_gn,
-    alpha,
-    SURROGATE: tl.constexpr,
-    STORE_GX: tl.constexpr,
-    STORE_GW: tl.constexpr,
-    STORE_GB: tl.constexpr,
-    T: tl.constexpr,
-    TP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, gs_ptr, gx_ptr, gw_part_ptr, gb_part_ptr,  # as _psn_bwd_kernel's
+    N, n_blocks, stride_xt, stride_xn, stride_gt, stride_gn,  # neurons, blocks; the strides of x and dL/dS
+    alpha, SURROGATE: tl.constexpr,  # the surrogate gradient
+    STORE_GX: tl.constexpr, STORE_GW: tl.constexpr, STORE_GB: tl.constexpr,  # the gradients written
+    T: tl.constexpr, TP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Longer sequences: ``[TP, BLOCK]`` tiles (TP = T rounded up to a power of two, at least 16) and three
     fp32 products (``tl.dot``, IEEE precision): H = W X, dL/dX = W^T dL/dH and dL/dW += dL/dH X^T. Each program

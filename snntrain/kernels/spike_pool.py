@@ -71,6 +71,20 @@ MAX_WINDOW = 64
 
 
 @triton.jit
+def _pixel_tile(P, C, H, W, WIDE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's tile of ``BLOCK_P`` pixels (of ``P`` = N x H x W, row-major) x ``BLOCK_C`` channels: each pixel's
+    sample, row and column, the channels, and the masks of both (64-bit indices when ``WIDE``)."""
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    if WIDE:
+        p = p.to(tl.int64)
+        c = c.to(tl.int64)
+    col = p % W
+    t = p // W
+    return t // H, t % H, col, c, p < P, c < C
+
+
+@triton.jit
 def _max_pool_fwd_kernel(
     x_ptr,  # [N, C, H, W] input, any strides (sx_*)
     y_ptr,  # [N, C, Ho, Wo] window maxima, x's dtype (strides sy_*)
@@ -82,17 +96,7 @@ def _max_pool_fwd_kernel(
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
     STORE_POS: tl.constexpr, WIDE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    if WIDE:
-        p = p.to(tl.int64)
-        c = c.to(tl.int64)
-    p_ok = p < P
-    c_ok = c < C
-    ow = p % Wo
-    t = p // Wo
-    oh = t % Ho
-    n = t // Ho
+    n, oh, ow, c, p_ok, c_ok = _pixel_tile(P, C, Ho, Wo, WIDE, BLOCK_P, BLOCK_C)
     x_c = c[None, :] * sx_c
     x_n = n * sx_n
     h0 = oh * SH - PH
@@ -131,17 +135,7 @@ def _max_pool_bwd_kernel(
     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
     WIDE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    q = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    if WIDE:
-        q = q.to(tl.int64)
-        c = c.to(tl.int64)
-    q_ok = q < Q
-    c_ok = c < C
-    iw = q % W
-    t = q // W
-    ih = t % H
-    n = t // H
+    n, ih, iw, c, q_ok, c_ok = _pixel_tile(Q, C, H, W, WIDE, BLOCK_P, BLOCK_C)
     g_c = c[None, :] * sg_c
     p_c = c[None, :] * sp_c
     g_n = n * sg_n
