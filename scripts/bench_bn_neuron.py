@@ -135,7 +135,8 @@ def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
 
 
 def capture(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
+    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream (for the profiler's replays;
+    timings go through :func:`bench_utils.graph_ms`)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -149,8 +150,10 @@ def capture(fn):
 
 
 def graph_ms(fn, quick):
-    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost."""
-    return bu.bench_ms(capture(fn).replay, quick)
+    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost;
+    NaN where ``fn`` cannot be captured (a provider that synchronises with the host)."""
+    ms, note = bu.graph_ms(fn, quick)
+    return float("nan") if note else ms
 
 
 def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: float, replays: int = 20) -> list[dict]:
@@ -212,11 +215,7 @@ def time_fn(run, x, gs, quick):
     fwd_bwd()
     out = {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
     for mode, fn in (("fwd graph", fwd), ("fwd+bwd graph", fwd_bwd)):
-        try:
-            out[mode] = graph_ms(fn, quick)
-        except Exception:  # noqa: BLE001 - a provider that synchronises with the host cannot be captured
-            torch.cuda.synchronize()
-            out[mode] = float("nan")
+        out[mode] = graph_ms(fn, quick)
     return out
 
 
@@ -443,8 +442,6 @@ def main() -> None:
         return
     deadline = time.time() + args.budget
     if args.sweep or args.kernels:
-        import csv
-
         if args.sweep:
             rows, name = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes)), "sweep"
         else:
@@ -452,11 +449,7 @@ def main() -> None:
             print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
             rows, name = kernel_times(tuple(args.formats), tuple(args.dtypes), copy_gbps), "kernels"
         if rows:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            with open(Path(args.out, f"{NAME}_{name}.csv"), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            bu.write_rows(rows, args.out, f"{NAME}_{name}")
         return
     copy_gbps = bu.copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)

@@ -193,34 +193,26 @@ def run_ours(provider: str, quick: bool, deadline: float, skipped: list[str]) ->
                 continue
             rows += rows_for(provider, bench, label, shape, expanded, dname, times)
             if backend == "triton" and label in ("T4", "T32"):
-                ms = graph_ms(module, shape, dtype, quick)
+                ms, note = graph_ms(module, shape, dtype, quick)
                 rows.append(bu.Row(bench, "lif", "fwd+bwd", "ours-triton-graph", dname, shape_text(shape, expanded),
                                    ms, min_bytes(shape, dtype.itemsize, "fwd+bwd", expanded),
-                                   note=f"{label} CUDA-graph replay: GPU time without host overhead"))
+                                   note=note or f"{label} CUDA-graph replay: GPU time without host overhead"))
     return rows
 
 
-def graph_ms(module, shape, dtype, quick) -> float:
-    """fwd+bwd captured once in a CUDA graph and replayed: the GPU time of the same work,
-    without the per-call host cost (and a check that a training step can be captured)."""
+def graph_ms(module, shape, dtype, quick) -> tuple[float, str]:
+    """fwd+bwd captured once in a CUDA graph and replayed (:func:`bench_utils.graph_ms`): the GPU time of the
+    same work, without the per-call host cost (and a check that a training step can be captured: NaN and a note
+    where it cannot)."""
     leaf, x = make_input(shape, dtype, False)
 
     def step():
         return torch.autograd.grad(module(x).sum(), leaf)[0]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = bu.bench_ms(graph.replay, quick)
-    graph = leaf = x = None  # (not del: step() refers to them)
+    ms, note = bu.graph_ms(step, quick)
+    leaf = x = None  # (not del: step() refers to them)
     torch.cuda.empty_cache()
-    return ms
+    return (float("nan"), f"not captured: {note}") if note else (ms, "")
 
 
 # ----------------------------------------------------------------------------

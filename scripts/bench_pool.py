@@ -35,7 +35,6 @@ the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_s
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import sys
@@ -95,20 +94,6 @@ def make_input(op, shape, dtype, fmt, seed=0):
     return x.requires_grad_(), gy
 
 
-def capture(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def time_fn(run, x, gy, quick, graph_only=False):
     """{mode: ms}: eager (host launches included) and CUDA-graph replays (GPU time only)."""
     def fwd():
@@ -129,12 +114,10 @@ def time_fn(run, x, gy, quick, graph_only=False):
     for mode, fn in (("fwd graph", fwd), ("fwd+bwd graph", fwd_bwd)):
         if graph_only and mode == "fwd graph":
             continue
-        try:
-            out[mode] = bu.bench_ms(capture(fn).replay, quick)
-        except Exception:  # noqa: BLE001 - a provider that synchronises with the host cannot be captured
-            traceback.print_exc()
-            torch.cuda.synchronize()
-            out[mode] = float("nan")
+        ms, note = bu.graph_ms(fn, quick)
+        if note:  # a provider that synchronises with the host cannot be captured
+            print(f"{mode}: {note}", flush=True)
+        out[mode] = float("nan") if note else ms
     return out
 
 
@@ -236,11 +219,7 @@ def main() -> None:
     if args.sweep:
         rows = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes), copy_gbps)
         if rows:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            with open(Path(args.out, f"{NAME}_sweep.csv"), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            bu.write_rows(rows, args.out, f"{NAME}_sweep")
         return
     skipped: list[str] = []
     rows = run(args.quick, deadline, tuple(args.formats), tuple(args.dtypes), skipped)
