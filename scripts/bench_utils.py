@@ -264,10 +264,18 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     print(f"plot: {path}")
 
 
-def finish(rows: list[Row], copy_gbps: float, out: str | os.PathLike, name: str, title: str) -> None:
+def finish(rows: list[Row], copy_gbps: float, out: str | os.PathLike, name: str, title: str,
+           extra: Sequence[dict] | None = None) -> None:
+    """Fill in the rows' bandwidths, device and date, write them (:func:`write_rows`; ``extra[i]``: more columns
+    of ``rows[i]``, after the :class:`Row` ones, which keep their values), plot them and print a table."""
+    if extra is not None and len(extra) != len(rows):
+        raise ValueError(f"extra needs one dict per row: got {len(extra)} for {len(rows)} rows")
     fill(rows, copy_gbps)
     out = Path(out)
-    csv_path, jsonl_path = write_rows(rows, out, name)
+    written: list[Row | dict] = list(rows)
+    if extra is not None:
+        written = [{**asdict(r), **{k: v for k, v in e.items() if k not in asdict(r)}} for r, e in zip(rows, extra)]
+    csv_path, jsonl_path = write_rows(written, out, name)
     plot(rows, out / f"{name}.png", title)
     print_table(rows, copy_gbps)
     print(f"csv: {csv_path}  jsonl: {jsonl_path}")
