@@ -214,3 +214,17 @@ def test_result_writer_writes_csv_and_json_lines_in_one_schema(tmp_path):
     assert lines[0]["error"] == ["failed"] and got[0]["error"] == '["failed"]'  # lists as JSON text in the CSV
     assert json.loads((tmp_path / "k.jsonl").read_text())["gpu"] == "H200"  # the row's own device
     assert json.loads((tmp_path / "s.jsonl").read_text())["gpu"] == bu.gpu_name()
+
+
+def test_every_benchmark_is_registered_exists_and_has_its_section():
+    """scripts/benchmarks.py: every scripts/bench_*.py is registered (and every other script a tool or the harness),
+    every registered script exists, and its section heading is in docs/benchmarks.md."""
+    reg = load("benchmarks")
+    registered = {b.script for b in reg.BENCHMARKS.values()}
+    assert {p.name for p in SCRIPTS.glob("bench_*.py")} - {"bench_utils.py"} == registered
+    assert all((SCRIPTS / s).is_file() for s in registered | set(reg.TOOLS))
+    headings = reg.section_headings()
+    assert all(b.section in headings for b in reg.BENCHMARKS.values())
+    assert reg.problems() == []
+    listing = reg.listing()
+    assert all(f"scripts/{b.script}" in listing for b in reg.BENCHMARKS.values())
