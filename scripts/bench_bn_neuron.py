@@ -134,21 +134,6 @@ def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
     return fwd, fwd_bwd
 
 
-def capture(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream (for the profiler's replays;
-    timings go through :func:`bench_utils.graph_ms`)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def graph_ms(fn, quick):
     """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost;
     NaN where ``fn`` cannot be captured (a provider that synchronises with the host)."""
@@ -168,7 +153,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                 weighted: dict[str, float] = {}
                 for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
                     _fwd, fwd_bwd = sweep_layer(B, C, H, W, expanded, steps_t, DTYPES[dname], fmt)
-                    graph = capture(fwd_bwd)
+                    graph, _outs = bu.capture([fwd_bwd])
                     for _ in range(5):
                         graph.replay()
                     torch.cuda.synchronize()
@@ -190,7 +175,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                         rows.append({"dtype": dname, "format": fmt, "network": net,
                                      "layer": shape_text(B, C, H, W, expanded), "layers": n, "kernel": name,
                                      "us": round(us, 2)})
-                    del _fwd, fwd_bwd, graph
+                    del _fwd, fwd_bwd, graph, _outs
                     torch.cuda.empty_cache()
                 print(f"{dname} {fmt}: kernels over every layer of both networks (us):")
                 for name, us in sorted(weighted.items(), key=lambda kv: -kv[1]):

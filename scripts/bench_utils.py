@@ -83,18 +83,38 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
+def capture(calls: Sequence[Callable[[], object]], stream: torch.cuda.Stream | None = None,
+            warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, list]:
+    """``calls`` run ``warmup`` times on ``stream`` (a new side stream when None: compilation, lazily built backward
+    graphs, the allocator), then captured once, in order, in one CUDA graph on the same stream. Returns the graph
+    and the calls' outputs (keep them alive while replaying, so each call writes its own memory)."""
+    if stream is None:
+        stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [c() for c in calls]
+    torch.cuda.synchronize()
+    return graph, outs
+
+
 def graph_ms(calls: Callable[[], object] | Sequence[Callable[[], object]], quick: bool = False,
              stream: torch.cuda.Stream | None = None, warmup: int = 3,
              timer: Callable[[Callable[[], object]], float] | None = None) -> tuple[float, str]:
     """Milliseconds per call of ``calls`` (one callable or several) captured in one CUDA graph and replayed:
     the GPU time without the host's launch cost. Returns ``(ms, note)``.
 
-    The calls run ``warmup`` times on ``stream`` (a new side stream when None; compilation, lazily built
-    backward graphs, the allocator), then once inside the capture on the same stream, every output kept alive
-    until the timing ends (so each call writes its own memory). The replays are timed by ``timer``
-    (default :func:`bench_ms` with ``quick``) and divided by the number of calls. If the calls cannot be
-    captured (a provider that synchronises with the host, or no CUDA), they are timed eagerly the same way and
-    ``note`` says so (``"eager timing (<error>)"``); otherwise ``note`` is empty."""
+    The calls are captured by :func:`capture` (``warmup`` runs on ``stream`` first), every output kept alive until
+    the timing ends. The replays are timed by ``timer`` (default :func:`bench_ms` with ``quick``) and divided by
+    the number of calls. If the calls cannot be captured (a provider that synchronises with the host, or no CUDA),
+    they are timed eagerly the same way and ``note`` says so (``"eager timing (<error>)"``); otherwise ``note``
+    is empty."""
     calls = [calls] if callable(calls) else list(calls)
     if not calls:
         raise ValueError("graph_ms needs at least one call to time, got none")
@@ -102,19 +122,7 @@ def graph_ms(calls: Callable[[], object] | Sequence[Callable[[], object]], quick
         def timer(fn: Callable[[], object]) -> float:
             return bench_ms(fn, quick)
     try:
-        if stream is None:
-            stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                for c in calls:
-                    c()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            outs = [c() for c in calls]
-        torch.cuda.synchronize()
+        graph, outs = capture(calls, stream, warmup)
     except Exception as err:  # noqa: BLE001 - time it eagerly instead, and say so in the note
         if torch.cuda.is_available():
             torch.cuda.synchronize()
