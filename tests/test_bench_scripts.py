@@ -228,3 +228,9 @@ def test_every_benchmark_is_registered_exists_and_has_its_section():
     assert reg.problems() == []
     listing = reg.listing()
     assert all(f"scripts/{b.script}" in listing for b in reg.BENCHMARKS.values())
+
+
+def test_the_runner_refuses_an_unknown_benchmark_naming_the_registered_ones():
+    reg = load("benchmarks")
+    with pytest.raises(SystemExit, match="unknown benchmark 'nope'; registered: neurons, "):
+        reg.main(["nope"])
