@@ -33,16 +33,17 @@ pass reads dL/dy and X and writes dX; for the stride-0 stem dL/dy is summed over
 ``roofline`` = (bytes / copy bandwidth) / time, with the copy bandwidth (clone of 1 GiB)
 measured in the same run.
 
-Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
+Writes ``DIR/bench_bn_neuron.csv``, ``.jsonl``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
 
 ``--sweep`` times the launch sizes of :mod:`snntrain.kernels.norm_neuron_tuning` instead (tile elements
 and warps of the fused forward and backward, the channels a channels-last tile holds, the programs per SM of the
 statistics and backward kernels, :data:`SWEEP_CONFIGS`): every BN-neuron
 layer of SEW-ResNet-18 at 224 (batch 32, T=4) and of the event network (128x128 frames, batch 16, T=16),
 forward + backward as CUDA-graph replays, each shape weighted by its number of layers; prints a table
-per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` (each layer's time and the networks' totals).
+per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` and ``.jsonl`` (each layer's time and the
+networks' totals).
 ``--kernels`` prints the GPU time of each kernel of the same layers' forward + backward (the profiler over
-replays of its CUDA graph) and writes ``DIR/bench_bn_neuron_kernels.csv``.
+replays of its CUDA graph) and writes ``DIR/bench_bn_neuron_kernels.csv`` and ``.jsonl``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ fwd+bwd = the sum. ``roofline`` = achieved GB/s over the copy bandwidth measured
 the same run (a 1 GiB clone). Targets: fwd >= 0.75 and bwd >= 0.60 on every shape of a
 and b; channels-first >= 3x faster than torch-permute.
 
-Writes DIR/layer_norm.csv, DIR/layer_norm.png (with matplotlib) and
+Writes DIR/layer_norm.csv, DIR/layer_norm.jsonl, DIR/layer_norm.png (with matplotlib) and
 DIR/layer_norm.md (the summary as a markdown table for docs/benchmarks.md), and
 prints a compact summary last. The ``sweep`` rows time ours with one launch heuristic
 (``snntrain.kernels.layer_norm.TUNING``) changed, next to the default.

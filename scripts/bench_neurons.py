@@ -45,7 +45,7 @@ measured in a child process of this script (``--worker``); rows are merged here.
 an importable spikingjelly those providers are skipped and ours still run. ``--budget``
 bounds the whole run (child processes get what is left).
 
-Writes ``DIR/bench_neurons.csv``, ``.png`` (via scripts/bench_utils.py) and
+Writes ``DIR/bench_neurons.csv``, ``.jsonl``, ``.png`` (via scripts/bench_utils.py) and
 ``DIR/bench_neurons.md`` (the compact table and the target checks, for docs/benchmarks.md).
 
 ``--suite psn`` measures the parallel spiking neurons instead (:func:`psn_suite`): PSN, MaskedPSN and
