@@ -28,8 +28,9 @@ with the copy bandwidth (clone of 1 GiB) measured in the same run.
 
 The ``note`` column gives the MB the forward keeps for the backward (autograd's saved tensors, the input
 included where it is saved). Writes ``DIR/bench_pool.csv``, ``.jsonl`` and ``.png``. ``--sweep`` times the
-launch sizes of :mod:`snntrain.kernels.spike_pool_tuning` instead (tile elements, channels per channels-last tile, warps) on
-the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_sweep.csv`` and ``.jsonl``.
+launch sizes of :mod:`snntrain.kernels.spike_pool_tuning` instead (tile elements, channels per channels-last
+tile, warps) on the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_sweep.csv`` and
+``.jsonl``.
 """
 
 from __future__ import annotations
