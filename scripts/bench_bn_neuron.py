@@ -33,16 +33,17 @@ pass reads dL/dy and X and writes dX; for the stride-0 stem dL/dy is summed over
 ``roofline`` = (bytes / copy bandwidth) / time, with the copy bandwidth (clone of 1 GiB)
 measured in the same run.
 
-Writes ``DIR/bench_bn_neuron.csv``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
+Writes ``DIR/bench_bn_neuron.csv``, ``.jsonl``, ``.png`` and ``DIR/bench_bn_neuron.md`` (compact table).
 
 ``--sweep`` times the launch sizes of :mod:`snntrain.kernels.norm_neuron_tuning` instead (tile elements
 and warps of the fused forward and backward, the channels a channels-last tile holds, the programs per SM of the
 statistics and backward kernels, :data:`SWEEP_CONFIGS`): every BN-neuron
 layer of SEW-ResNet-18 at 224 (batch 32, T=4) and of the event network (128x128 frames, batch 16, T=16),
 forward + backward as CUDA-graph replays, each shape weighted by its number of layers; prints a table
-per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` (each layer's time and the networks' totals).
+per dtype and format and writes ``DIR/bench_bn_neuron_sweep.csv`` and ``.jsonl`` (each layer's time and the
+networks' totals).
 ``--kernels`` prints the GPU time of each kernel of the same layers' forward + backward (the profiler over
-replays of its CUDA graph) and writes ``DIR/bench_bn_neuron_kernels.csv``.
+replays of its CUDA graph) and writes ``DIR/bench_bn_neuron_kernels.csv`` and ``.jsonl``.
 """
 
 from __future__ import annotations
@@ -134,23 +135,11 @@ def sweep_layer(B, C, H, W, expanded, steps_t, dtype, fmt):
     return fwd, fwd_bwd
 
 
-def capture(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def graph_ms(fn, quick):
-    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost."""
-    return bu.bench_ms(capture(fn).replay, quick)
+    """Median ms of ``fn`` captured in a CUDA graph and replayed: the GPU time without the host's launch cost;
+    NaN where ``fn`` cannot be captured (a provider that synchronises with the host)."""
+    ms, note = bu.graph_ms(fn, quick)
+    return float("nan") if note else ms
 
 
 def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: float, replays: int = 20) -> list[dict]:
@@ -165,7 +154,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                 weighted: dict[str, float] = {}
                 for net, B, C, H, W, expanded, steps_t, n in SWEEP_SHAPES:
                     _fwd, fwd_bwd = sweep_layer(B, C, H, W, expanded, steps_t, DTYPES[dname], fmt)
-                    graph = capture(fwd_bwd)
+                    graph, _outs = bu.capture([fwd_bwd])
                     for _ in range(5):
                         graph.replay()
                     torch.cuda.synchronize()
@@ -187,7 +176,7 @@ def kernel_times(formats: tuple[str, ...], dtypes: tuple[str, ...], copy_gbps: f
                         rows.append({"dtype": dname, "format": fmt, "network": net,
                                      "layer": shape_text(B, C, H, W, expanded), "layers": n, "kernel": name,
                                      "us": round(us, 2)})
-                    del _fwd, fwd_bwd, graph
+                    del _fwd, fwd_bwd, graph, _outs
                     torch.cuda.empty_cache()
                 print(f"{dname} {fmt}: kernels over every layer of both networks (us):")
                 for name, us in sorted(weighted.items(), key=lambda kv: -kv[1]):
@@ -212,11 +201,7 @@ def time_fn(run, x, gs, quick):
     fwd_bwd()
     out = {"fwd": bu.bench_ms(fwd, quick), "fwd+bwd": bu.bench_ms(fwd_bwd, quick, grad_to_none=[x])}
     for mode, fn in (("fwd graph", fwd), ("fwd+bwd graph", fwd_bwd)):
-        try:
-            out[mode] = graph_ms(fn, quick)
-        except Exception:  # noqa: BLE001 - a provider that synchronises with the host cannot be captured
-            torch.cuda.synchronize()
-            out[mode] = float("nan")
+        out[mode] = graph_ms(fn, quick)
     return out
 
 
@@ -443,8 +428,6 @@ def main() -> None:
         return
     deadline = time.time() + args.budget
     if args.sweep or args.kernels:
-        import csv
-
         if args.sweep:
             rows, name = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes)), "sweep"
         else:
@@ -452,11 +435,7 @@ def main() -> None:
             print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)
             rows, name = kernel_times(tuple(args.formats), tuple(args.dtypes), copy_gbps), "kernels"
         if rows:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            with open(Path(args.out, f"{NAME}_{name}.csv"), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            bu.write_rows(rows, args.out, f"{NAME}_{name}")
         return
     copy_gbps = bu.copy_bandwidth()
     print(f"copy bandwidth {copy_gbps:.0f} GB/s on {bu.gpu_name()}", flush=True)

@@ -27,7 +27,9 @@ With ``--rounds N`` every case and device count runs N times, the device counts 
 and the speed-up is the median of the rounds' (each round's N-GPU rate over its one-GPU rate), with its range:
 the host's speed drifts between runs, and a single pair of runs can land on either side of a target.
 
-Writes ``<out>/bench_ddp.json`` and prints a table with the speed-up over one GPU.
+Writes ``<out>/bench_ddp.csv`` and ``.jsonl`` (one row per case, device count and round; the speed-ups' medians
+over the rounds in ``bench_ddp_median.csv`` and ``.jsonl``) and prints a table with the speed-up over
+one GPU.
 
 ``--bare`` adds, per device count, the bare step of the ``sew18`` case beside the command line: the same
 network, loss and AdamW update with the gradients' all-reduce (:func:`snntrain.distributed.all_reduce_gradients`)
@@ -40,7 +42,8 @@ time, three rounds (the median is reported). Compare it with ``cuda_graph=true``
 ``--comm`` measures the link instead: an NCCL all-reduce over all visible GPUs of a buffer the size
 of a model's gradients (``--comm-mb``, default 47 MB: SEW-ResNet-18's fp32 gradients) in fp32 and
 bf16, the median of 20 after 5 warm-up, with its bus bandwidth (NCCL's definition: 2 (n-1)/n x bytes
-/ time) and ``nvidia-smi topo -m``; written to ``<out>/bench_comm.json``.
+/ time) and ``nvidia-smi topo -m``; written to ``<out>/bench_comm.csv`` and ``.jsonl`` (one row per dtype; the
+topology in the ``topology`` column).
 
     python scripts/bench_ddp.py --out $OUT --comm
 """
@@ -58,6 +61,9 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_utils as bu  # noqa: E402
 
 CASES = {
     "sew18": ["task=classify", "data=synthetic", "data.image_size=224", "data.batch_size=32", "data.num_val=128",
@@ -140,7 +146,6 @@ def run_case(case: str, devices: int, steps: int, epochs: int, backend: str, pre
 
 
 def _bare_worker(rank: int, world: int, port: int, precision: str, steps: int, queue) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_train import case_input, sew_model
     from snntrain.distributed import _SigtermFlag, all_reduce_gradients
     from snntrain.nn import set_backend
@@ -259,10 +264,9 @@ def comm(out: Path, megabytes: float) -> None:
     mp.start_processes(_comm_worker, args=(world, port, megabytes, queue), nprocs=world, start_method="spawn")
     rows = queue.get()
     topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
-    info = {"gpu": torch.cuda.get_device_name(), "gpus": world, "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "date": time.strftime("%Y-%m-%d"),
-            "rows": rows, "topology": topo}
-    (out / "bench_comm.json").write_text(json.dumps(info, indent=2))
+    info = {"gpu": torch.cuda.get_device_name(), "gpus": world,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "topology": topo}
+    bu.write_rows(rows, out, "bench_comm", **info)
     print(topo)
     print(f"all-reduce over {world} x {info['gpu']}, NCCL {info['nccl']}")
     for r in rows:
@@ -306,9 +310,9 @@ def main() -> None:
         rows += [bare(n, args.precision) for n in args.devices]
     medians = speedups(rows, min(args.devices))
     info = {"gpu": torch.cuda.get_device_name() if args.accelerator == "gpu" else "cpu",
-            "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "rows": rows, "median_over_rounds": medians}
-    (out / "bench_ddp.json").write_text(json.dumps(info, indent=2))
+            "gpus": torch.cuda.device_count(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    csv_path, jsonl_path = bu.write_rows(rows, out, "bench_ddp", gpu=info["gpu"], gpus=info["gpus"])
+    bu.write_rows(medians, out, "bench_ddp_median", gpu=info["gpu"], gpus=info["gpus"])
     print(f"\nGPU: {info['gpu']} x {info['gpus']}  torch {info['torch']}  date {info['date']}")
     print(f"{'case':9s} {'provider':28s} {'GPUs':>4s} {'images/s':>10s} {'speed-up':>9s} "
           f"{'same val metrics on all ranks':>30s}")
@@ -324,7 +328,7 @@ def main() -> None:
         for m in medians:
             print(f"{m['case']:9s} {m['provider']:28s} {m['devices']:4d} {m['images_per_s']:10.1f} "
                   f"{m['speedup']:9.2f} ({m['speedup_min']:.2f}-{m['speedup_max']:.2f})")
-    print(f"json: {out / 'bench_ddp.json'}")
+    print(f"csv: {csv_path}  jsonl: {jsonl_path}")
 
 
 if __name__ == "__main__":

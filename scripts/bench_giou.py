@@ -198,26 +198,21 @@ def timed(loss_fn, pred, target, mode: str, quick: bool) -> float:
 
 
 def timed_graph(loss_fn, pred, target, mode: str, quick: bool) -> float:
-    """Forward (and backward) captured in one CUDA graph, replays timed: the GPU time without the host."""
+    """Forward (and backward) captured in one CUDA graph, replays timed (:func:`bench_utils.graph_ms`): the GPU
+    time without the host; an error where it cannot be captured (recorded as the provider's failure)."""
     p = pred.detach().clone().requires_grad_()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            loss = loss_fn(p, target)
-            if mode != "fwd":
-                loss.backward()
-            p.grad = None
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def step():
+        p.grad = None
         loss = loss_fn(p, target)
         if mode != "fwd":
             loss.backward()
-    graph.replay()
-    torch.cuda.synchronize()
-    ms = bu.bench_ms(graph.replay, quick=quick)
-    del graph, loss, p
+        return loss
+
+    ms, note = bu.graph_ms(step, quick)
+    p.grad = None
+    if note:
+        raise RuntimeError(f"cannot be captured in a CUDA graph: {note}")
     return ms
 
 

@@ -36,7 +36,7 @@ fwd+bwd = the sum. ``roofline`` = achieved GB/s over the copy bandwidth measured
 the same run (a 1 GiB clone). Targets: fwd >= 0.75 and bwd >= 0.60 on every shape of a
 and b; channels-first >= 3x faster than torch-permute.
 
-Writes DIR/layer_norm.csv, DIR/layer_norm.png (with matplotlib) and
+Writes DIR/layer_norm.csv, DIR/layer_norm.jsonl, DIR/layer_norm.png (with matplotlib) and
 DIR/layer_norm.md (the summary as a markdown table for docs/benchmarks.md), and
 prints a compact summary last. The ``sweep`` rows time ours with one launch heuristic
 (``snntrain.kernels.layer_norm.TUNING``) changed, next to the default.
@@ -213,34 +213,13 @@ def bench_ms(fn: Callable[[], object]) -> float:
 
 
 def time_calls(calls: list[Callable], stream: torch.cuda.Stream) -> tuple[float, str]:
-    """Milliseconds per call: all calls in one CUDA graph, replays timed by do_bench."""
+    """Milliseconds per call: all calls in one CUDA graph, replays timed by do_bench (:func:`bench_utils.graph_ms`,
+    eager timing noted where the calls cannot be captured)."""
     if DRY:
         for c in calls:
             c()
         return 1e-3, ""
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # compile, lazily built backward graphs, allocator warm-up
-            for c in calls:
-                c()
-    torch.cuda.synchronize()
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            # Keep every output alive during capture so that each call writes its own memory
-            # (a reused block could let L2 absorb the writes of the next call).
-            outs = [c() for c in calls]
-        torch.cuda.synchronize()
-        ms = bench_ms(graph.replay) / len(calls)
-        del graph, outs
-        return ms, ""
-    except Exception as err:  # noqa: BLE001 - fall back to eager timing, say so in the note
-        torch.cuda.synchronize()
-
-        def run():
-            for c in calls:
-                c()
-
-        return bench_ms(run) / len(calls), f"eager timing ({type(err).__name__})"
+    return bu.graph_ms(calls, stream=stream, warmup=2, timer=bench_ms)
 
 
 def on(stream):
@@ -553,7 +532,7 @@ def main() -> None:
 
     bu.fill(rows_, copy_gbps)
     out = Path(args.out)
-    bu.write_csv(rows_, out / "layer_norm.csv")
+    bu.write_rows(rows_, out, "layer_norm")
     bu.plot([r for r in rows_ if not r.benchmark.startswith("sweep-") and r.provider not in REFERENCE],
             out / "layer_norm.png", "layer-norm")
     text, md, fails = summarize(rows_)
@@ -561,7 +540,8 @@ def main() -> None:
         f"GPU: {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, launch floor in a graph "
         f"{floor1:.1f} us (1 tiny kernel) / {floor2:.1f} us (2)\n\n" + "\n".join(md) + "\n"
     )
-    print(f"\ncsv: {out / 'layer_norm.csv'}   markdown: {out / 'layer_norm.md'}   total {time.time() - START:.0f}s")
+    print(f"\ncsv: {out / 'layer_norm.csv'}   jsonl: {out / 'layer_norm.jsonl'}   markdown: {out / 'layer_norm.md'}   "
+          f"total {time.time() - START:.0f}s")
     if skipped:
         print(f"skipped (time budget {args.budget:.0f}s): " + "; ".join(skipped))
     for line in sweep_lines(rows_):

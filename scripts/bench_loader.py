@@ -24,8 +24,9 @@ files progressive or CMYK JPEGs or PNGs (which the GPU path decodes on the CPU, 
     python scripts/bench_loader.py --out DIR [--images 4096] [--batch 32] [--size 224] [--precision bf16]
         [--paths cpu gpu dali] [--train-runs | --no-train-runs] [--device cpu --quick]
 
-Writes ``bench_loader.csv``, ``bench_loader.json`` (rates, ratios against the targets, fallback counts,
-host milliseconds per batch) and ``bench_loader.png``. ``--device cpu --quick`` is a dry run on a machine
+Writes ``bench_loader.csv`` and ``.jsonl`` (the rows), ``bench_loader_run.csv`` and ``.jsonl`` (one row for the
+run: rates, ratios against the targets, fallback counts, host milliseconds per batch, the training runs) and
+``bench_loader.png``. ``--device cpu --quick`` is a dry run on a machine
 without a GPU (tiny model, eager, no targets).
 """
 
@@ -374,8 +375,7 @@ def main() -> None:
     xdtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # the batches every path delivers
     rows: list[bench_utils.Row] = []
     report: dict = {"folder": folder, "args": {k: v for k, v in vars(args).items() if k != "deadline"},
-                    "cores": os.cpu_count(), "gpu": bench_utils.gpu_name(), "torch": torch.__version__,
-                    "date": time.strftime("%Y-%m-%d"), "alone": {}, "fed": {}, "host_ms": {}, "fallbacks": {}}
+                    "cores": os.cpu_count(), "alone": {}, "fed": {}, "host_ms": {}, "fallbacks": {}}
 
     def add(bench: str, provider: str, seconds: float, note: str = "") -> float:
         rate = args.batch / seconds
@@ -476,9 +476,9 @@ def main() -> None:
     report["seconds"] = round(time.time() - start, 1)
     copy_gbps = bench_utils.copy_bandwidth(1 << 28) if device.type == "cuda" else 0.0
     bench_utils.finish(rows, copy_gbps, out, "bench_loader", "Image-folder loading")
-    (out / "bench_loader.json").write_text(json.dumps(report, indent=2))
+    _csv, jsonl = bench_utils.write_rows([report], out, "bench_loader_run")
     print(json.dumps({k: v for k, v in report.items() if k not in ("args", "folder")}, indent=1))
-    print(f"json: {out / 'bench_loader.json'}  ({report['seconds']} s)")
+    print(f"run: {jsonl}  ({report['seconds']} s)")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ measured in a child process of this script (``--worker``); rows are merged here.
 an importable spikingjelly those providers are skipped and ours still run. ``--budget``
 bounds the whole run (child processes get what is left).
 
-Writes ``DIR/bench_neurons.csv``, ``.png`` (via scripts/bench_utils.py) and
+Writes ``DIR/bench_neurons.csv``, ``.jsonl``, ``.png`` (via scripts/bench_utils.py) and
 ``DIR/bench_neurons.md`` (the compact table and the target checks, for docs/benchmarks.md).
 
 ``--suite psn`` measures the parallel spiking neurons instead (:func:`psn_suite`): PSN, MaskedPSN and
@@ -56,7 +56,6 @@ ours against SpikingJelly's module of the same name, into ``DIR/bench_neurons_ps
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -193,34 +192,26 @@ def run_ours(provider: str, quick: bool, deadline: float, skipped: list[str]) ->
                 continue
             rows += rows_for(provider, bench, label, shape, expanded, dname, times)
             if backend == "triton" and label in ("T4", "T32"):
-                ms = graph_ms(module, shape, dtype, quick)
+                ms, note = graph_ms(module, shape, dtype, quick)
                 rows.append(bu.Row(bench, "lif", "fwd+bwd", "ours-triton-graph", dname, shape_text(shape, expanded),
                                    ms, min_bytes(shape, dtype.itemsize, "fwd+bwd", expanded),
-                                   note=f"{label} CUDA-graph replay: GPU time without host overhead"))
+                                   note=note or f"{label} CUDA-graph replay: GPU time without host overhead"))
     return rows
 
 
-def graph_ms(module, shape, dtype, quick) -> float:
-    """fwd+bwd captured once in a CUDA graph and replayed: the GPU time of the same work,
-    without the per-call host cost (and a check that a training step can be captured)."""
+def graph_ms(module, shape, dtype, quick) -> tuple[float, str]:
+    """fwd+bwd captured once in a CUDA graph and replayed (:func:`bench_utils.graph_ms`): the GPU time of the
+    same work, without the per-call host cost (and a check that a training step can be captured: NaN and a note
+    where it cannot)."""
     leaf, x = make_input(shape, dtype, False)
 
     def step():
         return torch.autograd.grad(module(x).sum(), leaf)[0]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = bu.bench_ms(graph.replay, quick)
-    graph = leaf = x = None  # (not del: step() refers to them)
+    ms, note = bu.graph_ms(step, quick)
+    leaf = x = None  # (not del: step() refers to them)
     torch.cuda.empty_cache()
-    return ms
+    return (float("nan"), f"not captured: {note}") if note else (ms, "")
 
 
 # ----------------------------------------------------------------------------
@@ -554,13 +545,15 @@ def _sj_node(entry, dev):
 
 
 def run_generated(args) -> None:
-    """``--suite families`` / ``api-lif``: rows as JSON lines in ``<out>/bench_neuron_families.jsonl`` /
-    ``bench_neuron_api_lif.jsonl`` and a summary."""
+    """``--suite families`` / ``api-lif``: rows in ``<out>/bench_neuron_families.csv`` and ``.jsonl`` /
+    ``bench_neuron_api_lif.csv`` and ``.jsonl`` (:func:`bench_utils.write_rows`; the JSON lines appended as each
+    is measured) and a summary."""
     smoke = args.smoke
     dev = torch.device("cpu") if smoke else bu.device()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{GEN_NAME if args.suite == 'families' else API_LIF_NAME}.jsonl"
+    name = GEN_NAME if args.suite == "families" else API_LIF_NAME
+    path = out / f"{name}.jsonl"
     step_shape = SMOKE_SHAPE if smoke else GEN_SHAPE
     channels = step_shape[1]
     gpu = "cpu (smoke: not a measurement)" if smoke else bu.gpu_name()
@@ -579,8 +572,7 @@ def run_generated(args) -> None:
             row = {"bench": bench, "family": family, "provider": provider, "dtype": dname, "T": T,
                    "shape": list(shape), "error": f"{type(err).__name__}: {msg}", "gpu": gpu}
         rows.append(row)
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        bu.append_row(row, out, name)
         shown = f"{row['ms']:.3f} ms, peak {row['peak_mib']} MiB" if "ms" in row else row["error"]
         print(f"{bench} {family:22s} {provider:12s} {dname} T={T:2d}: {shown}", flush=True)
 
@@ -636,6 +628,7 @@ def run_generated(args) -> None:
                 record("api_lif", "LIF", "hand-written", dname, T, lambda: (LIF(backend="triton").to(dev), None))
                 record("bn_api_lif", "BN+LIF", "api", dname, T, lambda: bn(ApiLIF(backend="triton")), bn_step)
                 record("bn_api_lif", "BN+LIF", "hand-written", dname, T, lambda: bn(LIF(backend="triton")), bn_step)
+    bu.write_rows(rows, out, name)
     print(f"\n{len(rows)} rows: {path}" + ("  (smoke: CPU interpreter timings, a check of the script only)"
                                               if smoke else ""))
     for line in generated_summary(rows):
@@ -805,16 +798,15 @@ def psn_suite(out: Path, quick: bool, deadline: float) -> None:
     """PSN, MaskedPSN, SlidingPSN forward+backward: ours (the Triton kernels, and the torch backend) against
     SpikingJelly 2.0.0's module of the same name, whose one implementation (``torch.addmm`` and its surrogate
     function) is its fastest; 16-bit rows run SpikingJelly's module converted to that dtype (it multiplies in
-    the input's dtype), ours with fp32 parameters. Writes ``<out>/bench_neurons_psn.jsonl`` (one JSON object per
-    measurement), the CSV and plot of :func:`bench_utils.finish`, and prints the target checks (ours at least
+    the input's dtype), ours with fp32 parameters. Writes ``<out>/bench_neurons_psn.csv`` and ``.jsonl`` (one row
+    per measurement: the kernel row of :func:`bench_utils.finish` with the neuron, T, peak memory and spike count;
+    the JSON lines appended as each is measured), the plot, and prints the target checks (ours at least
     2x faster, at most 0.5x the peak memory)."""
-    import json
-
     copy_gbps = bu.copy_bandwidth()
     print(f"GPU {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s, torch {torch.__version__}; PSN suite, "
           f"k={PSN_K}, atan surrogate", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{PSN_NAME}.jsonl").write_text("")
+    (out / f"{PSN_NAME}.jsonl").unlink(missing_ok=True)
     lines: list[dict] = []
     rows: list[bu.Row] = []
     checks: list[str] = []
@@ -846,8 +838,7 @@ def psn_suite(out: Path, quick: bool, deadline: float) -> None:
                             "shape": list(shape), "mode": "fwd+bwd", "ms": ms, "peak_mib": peak, "spikes": count,
                             "gpu": bu.gpu_name()}
                     lines.append(line)
-                    with open(out / f"{PSN_NAME}.jsonl", "a") as f:
-                        f.write(json.dumps(line) + "\n")
+                    bu.append_row(line, out, PSN_NAME)
                     rows.append(bu.Row("neurons/psn", neuron.lower(), "fwd+bwd", provider, dname,
                                        shape_text(shape, False), ms, min_bytes(shape, dtype.itemsize, "fwd+bwd", False),
                                        note=f"T{T} peak={peak:.0f}MiB spikes={count}"))
@@ -861,7 +852,7 @@ def psn_suite(out: Path, quick: bool, deadline: float) -> None:
                 ours = sj = None
                 torch.cuda.empty_cache()
     if rows:
-        bu.finish(rows, copy_gbps, out, PSN_NAME, "Parallel spiking neurons, forward+backward")
+        bu.finish(rows, copy_gbps, out, PSN_NAME, "Parallel spiking neurons, forward+backward", extra=lines)
     print("\n== targets ==")
     for c in checks:
         print(c)

@@ -27,15 +27,15 @@ pool ``fwd`` = E_in + E_out, ``fwd+bwd`` = 2 E_in + 2 E_out. ``roofline`` = (byt
 with the copy bandwidth (clone of 1 GiB) measured in the same run.
 
 The ``note`` column gives the MB the forward keeps for the backward (autograd's saved tensors, the input
-included where it is saved). Writes ``DIR/bench_pool.csv`` and ``.png``. ``--sweep`` times the launch sizes of
-:mod:`snntrain.kernels.spike_pool_tuning` instead (tile elements, channels per channels-last tile, warps) on
-the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_sweep.csv``.
+included where it is saved). Writes ``DIR/bench_pool.csv``, ``.jsonl`` and ``.png``. ``--sweep`` times the
+launch sizes of :mod:`snntrain.kernels.spike_pool_tuning` instead (tile elements, channels per channels-last
+tile, warps) on the max-pool cases, fwd+bwd as CUDA-graph replays, and writes ``DIR/bench_pool_sweep.csv`` and
+``.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import os
 import sys
@@ -95,20 +95,6 @@ def make_input(op, shape, dtype, fmt, seed=0):
     return x.requires_grad_(), gy
 
 
-def capture(fn):
-    """``fn`` captured in a CUDA graph after three warm-up calls on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def time_fn(run, x, gy, quick, graph_only=False):
     """{mode: ms}: eager (host launches included) and CUDA-graph replays (GPU time only)."""
     def fwd():
@@ -129,12 +115,10 @@ def time_fn(run, x, gy, quick, graph_only=False):
     for mode, fn in (("fwd graph", fwd), ("fwd+bwd graph", fwd_bwd)):
         if graph_only and mode == "fwd graph":
             continue
-        try:
-            out[mode] = bu.bench_ms(capture(fn).replay, quick)
-        except Exception:  # noqa: BLE001 - a provider that synchronises with the host cannot be captured
-            traceback.print_exc()
-            torch.cuda.synchronize()
-            out[mode] = float("nan")
+        ms, note = bu.graph_ms(fn, quick)
+        if note:  # a provider that synchronises with the host cannot be captured
+            print(f"{mode}: {note}", flush=True)
+        out[mode] = float("nan") if note else ms
     return out
 
 
@@ -236,11 +220,7 @@ def main() -> None:
     if args.sweep:
         rows = sweep(args.quick, deadline, tuple(args.formats), tuple(args.dtypes), copy_gbps)
         if rows:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            with open(Path(args.out, f"{NAME}_sweep.csv"), "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows(rows)
+            bu.write_rows(rows, args.out, f"{NAME}_sweep")
         return
     skipped: list[str] = []
     rows = run(args.quick, deadline, tuple(args.formats), tuple(args.dtypes), skipped)

@@ -19,15 +19,14 @@ processes stay the same for every validation, as in a run. Models are freshly in
     python scripts/bench_report.py --out DIR [--tasks classify detect] [--repeats 8] [--batches N]
         [--train-batches 2] [--ckpt classify=<file.ckpt>] [-- key=value ...]     # Hydra overrides for both tasks
 
-Prints a table and writes ``bench_report.csv`` and ``bench_report.json`` into ``--out``.
+Prints a table and writes ``bench_report.csv`` and ``bench_report.jsonl`` into ``--out`` (the schema of
+``scripts/bench_utils.write_rows``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_utils as bu  # noqa: E402
 
 VARIANTS = ("none", "firing-rates", "report")
 
@@ -119,7 +121,7 @@ def main() -> None:
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench_results", help="folder for bench_report.csv / .json")
+    p.add_argument("--out", default="bench_results", help="folder for bench_report.csv / .jsonl")
     p.add_argument("--tasks", nargs="+", default=["classify", "detect"], choices=["classify", "detect"])
     p.add_argument("--repeats", type=int, default=8, help="timed validations per variant (after one warm-up)")
     p.add_argument("--batches", type=int, default=None, help="validation batches per run (default: all)")
@@ -162,12 +164,8 @@ def main() -> None:
     for row in rows:
         print(f"{row['task']:10s} {row['variant']:14s} {row['median_s']:10.4f} {row['min_s']:10.4f} "
               f"{row['vs_none']:+9.1%} {row['vs_none_paired']:+9.1%} {row['vs_firing_rates']:+9.1%}")
-    with open(out / "bench_report.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "bench_report.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    print(f"written {out / 'bench_report.csv'} and bench_report.json")
+    csv_path, jsonl_path = bu.write_rows(rows, out, "bench_report")
+    print(f"written {csv_path} and {jsonl_path}")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,9 @@ together and timed in N rounds that take turns, each row then the median over th
     python scripts/bench_train.py --out DIR [--cases sew18-224 sew18-32 ...] [--providers ...]
         [--precisions fp32 bf16] [--steps 20] [--rounds 1] [--profile]
 
-Writes ``bench_train.csv``, ``bench_train.json`` (one line per row, written as each case
-finishes, so a run cut short keeps what it measured) and ``bench_train.png``.
+Writes ``bench_train.csv``, ``bench_train.jsonl`` (one line per row, appended as each case
+finishes, so a run cut short keeps what it measured; the schema of ``scripts/bench_utils.write_rows``) and
+``bench_train.png``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ from typing import NamedTuple
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_utils as bu  # noqa: E402
+
 CASES = {
     "sew18-224": {"size": 224, "batch": 32, "stem": "imagenet"},
     # the same step with ALIF (LIF with an adaptive threshold: a second state), generated from its step function
@@ -110,6 +114,7 @@ TRANSFORMER_CASES = {
     "qkformer-10-384": {"model": {"name": "qkformer", "variant": "qkformer_10_384"}, "size": 224, "batch": 32},
 }
 CASES.update(TRANSFORMER_CASES)
+NAME = "bench_train"
 
 
 def case_T(case: str) -> int:
@@ -578,7 +583,6 @@ def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
 
 def command_line(case: str, provider: str, precision: str, args, pythonpath: str | None = None) -> dict:
     """``python -m snntrain`` on the case: the rate its speed monitor logs for the last epoch."""
-    import csv
 
     mode = ("reduce-overhead" if provider.endswith("reduce-overhead") else
             "default" if provider == "cli-compile-graph" else "null")
@@ -879,10 +883,7 @@ def spikingjelly_transformer(case: str, precision: str, args, provider: str) -> 
 
 
 def save(rows: list[dict], out: Path) -> None:
-    with open(out / "bench_train.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
-        w.writeheader()
-        w.writerows(rows)
+    bu.write_rows(rows, out, NAME)
     try:
         import matplotlib
 
@@ -949,7 +950,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    log = open(out / "bench_train.json", "a")
+    (out / f"{NAME}.jsonl").unlink(missing_ok=True)  # this run's rows, appended as each case finishes
     def bench(case: str, prov: str, prec: str) -> Callable[[], Bench | None]:
         make = resnet18 if prov.startswith("resnet18") else relu_floor if prov.startswith("relu") else ours
         return lambda: make(case, prov, prec)
@@ -993,8 +994,7 @@ def main() -> None:
             floor_ratios(case_rows)
             for r in case_rows:
                 rows.append(r)
-                log.write(json.dumps(r) + "\n")
-                log.flush()
+                bu.append_row(r, out, NAME)
     if rows:
         save(rows, out)
         print_rows(rows)

@@ -1,8 +1,11 @@
-"""Shared benchmark harness: one CSV schema, the copy-bandwidth ceiling, tables and plots.
+"""Shared benchmark harness: one timer, one result schema, the copy-bandwidth ceiling, tables and plots.
 
-Every ``scripts/bench_*.py`` builds :class:`Row` objects and hands them to
-:func:`finish`, which prints a table, writes ``<out>/<name>.csv`` and, when
-matplotlib is importable, ``<out>/<name>.png``.
+Every ``scripts/bench_*.py`` writes its results with :func:`write_rows`: ``<out>/<name>.csv`` and
+``<out>/<name>.jsonl`` (one JSON object per row), each row carrying the common fields :data:`COMMON`
+(``gpu``, ``date``, ``command``, ``torch``, ``triton``) beside its own columns. The kernel benchmarks build
+:class:`Row` objects and hand them to :func:`finish`, which also prints a table and, when matplotlib is
+importable, writes ``<out>/<name>.png``. CUDA-graph timings go through :func:`graph_ms`. The registered
+benchmarks are listed in ``scripts/benchmarks.py``.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import csv
 import datetime as _dt
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -35,6 +39,10 @@ copy_gbps  device-to-device copy bandwidth measured in the same process
 roofline   (bytes / copy_gbps) / time: 1.0 means at the copy ceiling
 gpu        device name
 date       ISO date of the run
+note       remarks (e.g. "eager timing (...)" where a CUDA graph could not be captured)
+command    the command line of the run
+torch      torch version
+triton     triton version
 """
 
 
@@ -73,6 +81,60 @@ def device() -> torch.device:
 
 def gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def capture(calls: Sequence[Callable[[], object]], stream: torch.cuda.Stream | None = None,
+            warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, list]:
+    """``calls`` run ``warmup`` times on ``stream`` (a new side stream when None: compilation, lazily built backward
+    graphs, the allocator), then captured once, in order, in one CUDA graph on the same stream. Returns the graph
+    and the calls' outputs (keep them alive while replaying, so each call writes its own memory)."""
+    if stream is None:
+        stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            for c in calls:
+                c()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        outs = [c() for c in calls]
+    torch.cuda.synchronize()
+    return graph, outs
+
+
+def graph_ms(calls: Callable[[], object] | Sequence[Callable[[], object]], quick: bool = False,
+             stream: torch.cuda.Stream | None = None, warmup: int = 3,
+             timer: Callable[[Callable[[], object]], float] | None = None) -> tuple[float, str]:
+    """Milliseconds per call of ``calls`` (one callable or several) captured in one CUDA graph and replayed:
+    the GPU time without the host's launch cost. Returns ``(ms, note)``.
+
+    The calls are captured by :func:`capture` (``warmup`` runs on ``stream`` first), every output kept alive until
+    the timing ends. The replays are timed by ``timer`` (default :func:`bench_ms` with ``quick``) and divided by
+    the number of calls. If the calls cannot be captured (a provider that synchronises with the host, or no CUDA),
+    they are timed eagerly the same way and ``note`` says so (``"eager timing (<error>)"``); otherwise ``note``
+    is empty."""
+    calls = [calls] if callable(calls) else list(calls)
+    if not calls:
+        raise ValueError("graph_ms needs at least one call to time, got none")
+    if timer is None:
+        def timer(fn: Callable[[], object]) -> float:
+            return bench_ms(fn, quick)
+    try:
+        graph, outs = capture(calls, stream, warmup)
+    except Exception as err:  # noqa: BLE001 - time it eagerly instead, and say so in the note
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+        def run() -> None:
+            for c in calls:
+                c()
+
+        return timer(run) / len(calls), f"eager timing ({type(err).__name__})"
+    ms = timer(graph.replay) / len(calls)
+    del graph, outs
+    return ms, ""
 
 
 def bench_ms(fn: Callable[[], object], quick: bool = False, grad_to_none: Sequence[torch.Tensor] | None = None) -> float:
@@ -114,13 +176,62 @@ def print_table(rows: list[Row], copy_gbps: float) -> None:
     sys.stdout.flush()
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
+#: the fields every result row carries beside its own columns (see :func:`write_rows`)
+COMMON = ("gpu", "date", "command", "torch", "triton")
+
+
+def run_info() -> dict[str, str]:
+    """The common fields of this run: the device, the ISO date, the command line and the versions."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = ""
+    return {"gpu": gpu_name(), "date": _dt.date.today().isoformat(),
+            "command": shlex.join(["python", *sys.argv]), "torch": torch.__version__, "triton": triton_version}
+
+
+def as_dicts(rows: Sequence[Row | dict], **common: object) -> list[dict]:
+    """``rows`` (:class:`Row` or dicts) as dicts in the one result schema: each row's own columns, then the
+    common fields (:func:`run_info`, updated with ``common``) it does not set itself."""
+    info = {**run_info(), **common}
+    out = []
+    for r in rows:
+        d = asdict(r) if isinstance(r, Row) else dict(r)
+        for k, v in info.items():
+            if d.get(k) in (None, ""):
+                d[k] = v
+        out.append(d)
+    return out
+
+
+def append_row(row: Row | dict, out: str | os.PathLike, name: str, **common: object) -> None:
+    """Append one row to ``<out>/<name>.jsonl`` as it is measured (a run cut short keeps what it had);
+    :func:`write_rows` at the end rewrites the file with every row of the run."""
+    path = Path(out) / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Row)])
+    with open(path, "a") as f:
+        f.write(json.dumps(as_dicts([row], **common)[0], default=str) + "\n")
+
+
+def write_rows(rows: Sequence[Row | dict], out: str | os.PathLike, name: str, **common: object) -> tuple[Path, Path]:
+    """Write ``rows`` to ``<out>/<name>.csv`` and ``<out>/<name>.jsonl`` in the one result schema
+    (:func:`as_dicts`; extra keyword arguments are common fields of this run, e.g. ``gpus=2``). The CSV's
+    columns are every row's columns in order of first appearance; lists and dicts are written as JSON text."""
+    dicts = as_dicts(rows, **common)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, jsonl_path = out / f"{name}.csv", out / f"{name}.jsonl"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for d in dicts for k in d)))
         w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+        for d in dicts:
+            w.writerow({k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v for k, v in d.items()})
+    with open(jsonl_path, "w") as f:
+        for d in dicts:
+            f.write(json.dumps(d, default=str) + "\n")
+    return csv_path, jsonl_path
 
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
@@ -161,13 +272,21 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
     print(f"plot: {path}")
 
 
-def finish(rows: list[Row], copy_gbps: float, out: str | os.PathLike, name: str, title: str) -> None:
+def finish(rows: list[Row], copy_gbps: float, out: str | os.PathLike, name: str, title: str,
+           extra: Sequence[dict] | None = None) -> None:
+    """Fill in the rows' bandwidths, device and date, write them (:func:`write_rows`; ``extra[i]``: more columns
+    of ``rows[i]``, after the :class:`Row` ones, which keep their values), plot them and print a table."""
+    if extra is not None and len(extra) != len(rows):
+        raise ValueError(f"extra needs one dict per row: got {len(extra)} for {len(rows)} rows")
     fill(rows, copy_gbps)
     out = Path(out)
-    write_csv(rows, out / f"{name}.csv")
+    written: list[Row | dict] = list(rows)
+    if extra is not None:
+        written = [{**asdict(r), **{k: v for k, v in e.items() if k not in asdict(r)}} for r, e in zip(rows, extra)]
+    csv_path, jsonl_path = write_rows(written, out, name)
     plot(rows, out / f"{name}.png", title)
     print_table(rows, copy_gbps)
-    print(f"csv: {out / f'{name}.csv'}")
+    print(f"csv: {csv_path}  jsonl: {jsonl_path}")
 
 
 # ----------------------------------------------------------------------------- peer worker processes

@@ -29,13 +29,13 @@ epoch of WIDER FACE train (12,880 images) plus the validation pass (3,226 images
 
     python scripts/bench_widerface.py --out DIR [--steps 20] [--backends triton torch] [--T 4]
 
-Writes ``DIR/bench_widerface.json`` and prints a table.
+Writes ``DIR/bench_widerface.csv`` and ``.jsonl`` (one row per case; the epoch estimates in
+``bench_widerface_estimates.csv`` and ``.jsonl``) and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -45,6 +45,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_utils as bu  # noqa: E402
+
 WIDER_TRAIN_IMAGES = 12880
 WIDER_VAL_IMAGES = 3226
 
@@ -271,12 +274,11 @@ def main() -> None:
                                   "val_every_n_epochs": every, "max_epochs": cfg["trainer"]["max_epochs"],
                                   "run_hours": minutes * cfg["trainer"]["max_epochs"] / 60})
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    result = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "T": cfg["T"],
-              "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "rows": rows,
-              "epoch_estimates": estimates}
+    result = {"gpu": gpu, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "T": cfg["T"]}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_widerface.json").write_text(json.dumps(result, indent=2))
+    bu.write_rows(rows, out, "bench_widerface", gpu=gpu, T=cfg["T"])
+    if estimates:
+        bu.write_rows(estimates, out, "bench_widerface_estimates", gpu=gpu, T=cfg["T"])
     print(f"\nGPU: {gpu}  torch {torch.__version__}  date {result['date']}  T={cfg['T']}")
     print(f"{'case':10s} {'backend':7s} {'prec':5s} {'batch':>5s} {'ms/step':>9s} {'images/s':>9s} {'peak GiB':>8s}")
     for r in rows:

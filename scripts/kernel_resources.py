@@ -1,25 +1,76 @@
-"""Build a Triton kernel for a GPU target without a GPU and read its resource usage.
+"""Registers, spills and machine-code digests of snntrain's Triton kernels, compiled for a GPU target without a GPU.
 
-Shared by ``scripts/giou_resources.py`` and ``scripts/layer_norm_resources.py``. A kernel
-is specialised the way Triton's launcher would specialise the given argument values
-(pointers 16-byte aligned, integers equal to 1 folded, multiples of 16 marked), compiled
-with Triton's compiler API (``ASTSource``, not a stable interface) and measured with the
-``cuobjdump`` shipped in Triton's NVIDIA backend.
+    python scripts/kernel_resources.py --family neuron [--arch 90] [--only lif|bn|ln]
+    python scripts/kernel_resources.py --family layer_norm [--arch 90] [--sms 132] [--dtype float16]
+                                       [--set NAME=VALUE ...] [--shape 4096x512 --shape 4x32x256x14x14:-3 ...]
+    python scripts/kernel_resources.py --family giou [--arch 90] [--runtime-stride]
+    python scripts/kernel_resources.py --family attention [--arch 90]
+
+A kernel is specialised the way Triton's launcher would specialise the given argument values (pointers 16-byte
+aligned, integers equal to 1 folded, multiples of 16 marked), compiled with Triton's compiler API (``ASTSource``,
+not a stable interface) and measured with the ``cuobjdump`` shipped in Triton's NVIDIA backend. Per kernel build:
+registers per thread, the spill stack (bytes per thread; > 0 means spills), shared memory, resident programs per
+SM and ``sass``, a digest of the machine code (equal digests: the same code; a change to the kernels' source that
+must not change the generated code, such as moving ``@triton.jit`` helpers between modules, keeps every digest).
+
+``neuron``: runs the host code of ``snntrain.kernels.lif``, ``bn_neuron`` and ``ln_neuron`` on meta tensors with
+the kernel launches intercepted, so every kernel is built with exactly the launch plan, constexprs and argument
+specialisations the host would use, for a few cases (LIF and PLIF, fp32 and bf16, one chunk and several, the
+batch-norm and layer-norm fused kernels in both memory formats and with a stride-0 time axis; forward and
+backward).
+
+``layer_norm``: the same for ``snntrain.kernels.layer_norm`` (forward, then backward with dW and dB), with how many
+global loads are vectorised; ``--set`` overrides fields of ``TUNING`` (for example ``--set bwd_stages=3``) to check
+a variant before timing it.
+
+``giou``: builds the forward (fused and loss-only multi-program in every tuned configuration, and the single
+program), the hand-written backward in every tuned configuration and the fused mode's scale kernel with the flags
+the host code passes for the benchmark cases (contiguous boxes, so the row stride is the constant 4), in fp32 and
+bf16: registers (and so programs per SM), local memory (spills), shared memory, bar.sync count (reductions and
+layout conversions through shared memory; ``loop bar.sync`` counts those inside the forward's grid-stride loop,
+which stall every iteration) and the global loads and stores by width (``v4.b32`` = 16 bytes per thread, ``b16`` =
+one 16-bit value). Last, the fp64 forward: its divisions (``div.rn.f64`` is IEEE division) and whether eps is the
+exact double. ``--runtime-stride`` builds the loads with a runtime row stride instead, as for a non-contiguous
+input.
+
+``attention``: the host code of ``snntrain.kernels.spike_attention`` for the attention shapes of the variants
+(Spikformer's CIFAR model, QKFormer's and the Spike-driven Transformer's ImageNet last stage, an event model at
+T = 16 with PLIF), training step: ``K^T V``, the fused product-neuron forward with its checkpoints, its backward.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
+import struct
 import subprocess
+import sys
 import tempfile
 from collections import Counter
+from pathlib import Path
 
-import triton
-import triton.backends.nvidia as nvidia_backend
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.backends.nvidia as nvidia_backend  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from snntrain.kernels import bn_neuron as BN  # noqa: E402
+from snntrain.kernels import giou as G  # noqa: E402
+from snntrain.kernels import giou_tuning as GT  # noqa: E402
+from snntrain.kernels import layer_norm as LNK  # noqa: E402
+from snntrain.kernels import layer_norm_tuning as LT  # noqa: E402
+from snntrain.kernels import lif as L  # noqa: E402
+from snntrain.kernels import ln_neuron as LN  # noqa: E402
+from snntrain.kernels import spike_attention as A  # noqa: E402
+from snntrain.kernels.norm_neuron_base import F_GRAD_WB  # noqa: E402
+
+META = torch.device("meta")
+GRADS = L.F_GRAD_X | L.F_GRAD_V_INIT | L.F_GRAD_K
 
 _TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
                  "int32": "i32", "int64": "i64", "bool": "i1"}
@@ -101,3 +152,356 @@ def access_widths(ptx: str, op: str) -> str:
     """Counts of ``op`` (e.g. ``ld.global``) by width suffix in the PTX, e.g. ``v4.b32x2 b16x8``."""
     c = Counter(m.replace(op + ".", "") for m in re.findall(op + r"(?:\.[a-z0-9]+)+", ptx))
     return " ".join(f"{k}x{v}" for k, v in sorted(c.items()))
+
+
+class Capture:
+    """Stands in for ``wrap``: records each launch instead of running it."""
+
+    launches: list = []
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: Capture.launches.append((self.fn, grid, a, kw))
+
+
+def _parser(family: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(prog=f"kernel_resources.py --family {family}",
+                                   description=f"Registers, spills and SASS digests of the {family} kernels.")
+
+# ------------------------------------------------------------------------------------------------------------ attention
+
+ATTENTION_CASES = [  # label, T, B, N, heads, D, dtype, neuron kind
+    ("spikformer_cifar10: T4 B64 N64 12x32 bf16 LIF", 4, 64, 64, 12, 32, torch.bfloat16, "lif"),
+    ("qkformer_10_384 stage 3: T4 B32 N196 6x64 bf16 LIF", 4, 32, 196, 6, 64, torch.bfloat16, "lif"),
+    ("spikformer_s: T4 B32 N196 12x32 fp32 LIF", 4, 32, 196, 12, 32, torch.float32, "lif"),
+    ("event model: T16 B16 N64 8x32 bf16 PLIF", 16, 16, 64, 8, 32, torch.bfloat16, "plif"),
+    ("event model: T16 B16 N64 4x64 bf16 LIF", 16, 16, 64, 4, 64, torch.bfloat16, "lif"),
+]
+
+
+def attention_cases():
+    for label, T, B, N, H, D, dtype, kind in ATTENTION_CASES:
+        w = torch.zeros((), device=META) if kind == "plif" else None
+        flags, k, k_tensor = A.neuron_flags(kind, 2.0, w, 0.0, True, True, "sigmoid")
+        flags |= A.F_SAVE_CKPT | (A.F_GRAD_K if kind == "plif" else 0)
+        params = [k, 0.5, 0.0, 4.0, 0.125]
+        qkv = torch.empty((T, B, N, 3 * H * D), dtype=dtype, device=META)
+        q, kk, v = qkv.split(H * D, dim=-1)
+        Capture.launches.clear()
+        kv = A._kv_host(kk, v, H, launch=True, wrap=Capture)
+        _s, ckpt = A._fwd_host(q, kv, k_tensor, params, flags, H, launch=True, wrap=Capture)
+        gs = torch.empty(q.shape, dtype=dtype, device=META)
+        A._bwd_host(q, kv, ckpt, k_tensor, gs, params, flags, H, launch=True, wrap=Capture)
+        yield label, list(Capture.launches)
+
+
+def attention_main(argv: list[str]) -> None:
+    """The spiking-attention kernels (``snntrain.kernels.spike_attention``)."""
+    ap = _parser("attention")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    args = ap.parse_args(argv)
+    seen = {}
+    for label, launches in attention_cases():
+        print(f"{label}:")
+        for fn, grid, a, kw in launches:
+            consts = {k: v for k, v in kw.items() if k.isupper()}
+            key = (fn.fn.__name__, tuple(sorted(consts.items())), kw.get("num_warps"),
+                   tuple(type(v) if v is None else getattr(v, "dtype", v) for v in a))
+            if key not in seen:
+                values = dict(zip(fn.arg_names, a))
+                values.update(kw)
+                warps = values.pop("num_warps", 4)
+                kernel = compile_kernel(fn, values, {"num_warps": warps}, args.arch)
+                usage = resource_usage(kernel)
+                seen[key] = {"warps": warps, "regs": usage["regs"], "spill B/thread": usage["stack"],
+                             "smem": usage["shared"], "programs/SM": programs_per_sm(usage["regs"], warps,
+                                                                                     usage["shared"]),
+                             "sass": sass_digest(kernel)}
+            print(f"  {fn.fn.__name__.removeprefix('_'):18s} grid {str(tuple(grid)):14s} {consts}\n"
+                  f"  {'':18s} {seen[key]}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------- giou
+
+def giou_stats(fn, args: dict, num_warps: int, arch: int) -> dict:
+    """Compile ``fn`` with argument values like the launcher would specialise them; return resource usage."""
+    kernel = compile_kernel(fn, args, {"num_warps": num_warps}, arch)
+    ptx = kernel.asm["ptx"]
+    usage = resource_usage(kernel)
+    # The forward's grid-stride loop: from its back-edge target label to the branch back to it.
+    loop_sync = 0
+    for label in re.findall(r"\n(\$L__BB\d+_\d+):", ptx):
+        start = ptx.index(label + ":")
+        back = ptx.find("bra.uni \t" + label + ";", start)
+        back = back if back >= 0 else ptx.find("bra \t" + label + ";", start)
+        if back > start:
+            loop_sync = max(loop_sync, ptx[start:back].count("bar.sync"))
+    return {
+        "regs": usage["regs"],
+        "local": usage["local"],
+        "shared": usage["shared"],
+        "bar.sync": ptx.count("bar.sync"),
+        "loop bar.sync": loop_sync,
+        "programs/SM": programs_per_sm(usage["regs"], num_warps),
+        "loads": access_widths(ptx, "ld.global"),
+        "stores": access_widths(ptx, "st.global"),
+        "sass": sass_digest(kernel),
+    }
+
+
+def giou_fwd_args(dt: str, **over) -> dict:
+    n = 1 << 24
+    a = dict(pred_ptr=dt, target_ptr=dt, weight_ptr=dt, loss_ptr="fp32", count_ptr="i32", gpred_ptr=dt,
+             gtarget_ptr=dt, flags_ptr="i8", N=n, stride_p=4, stride_t=4, stride_w=0, n_bucket=n, EPS=1e-7,
+             REDUCTION=2, HAS_WEIGHT=False, LTRB=False, FUSED_PRED=True, FUSED_TARGET=False, SINGLE=False,
+             STORE_DENOM=False, PRESCALE=False, FLAGS=True, FLAG_ROWS=G.FLAG_ROWS, SKIP_PAD=True, ROW4_P=True,
+             ROW4_T=True, FP64=False, INT64=False, BLOCK=1024)
+    a.update(over)
+    return a
+
+
+def giou_bwd_args(dt: str, **over) -> dict:
+    n = 1 << 24
+    a = dict(grad_out_ptr="fp32", denom_ptr="fp32", pred_ptr=dt, target_ptr=dt, weight_ptr=dt, gpred_ptr=dt,
+             gtarget_ptr=dt, gweight_ptr=dt, N=n, stride_p=4, stride_t=4, stride_w=0, stride_go=0, n_bucket=n,
+             EPS=1e-7, REDUCTION=2, HAS_WEIGHT=False, LTRB=False, NEED_PRED=True, NEED_TARGET=False,
+             NEED_WEIGHT=False, SKIP_PAD=True, ROW4_P=True, ROW4_T=True, FP64=False, INT64=False, BLOCK=256)
+    a.update(over)
+    return a
+
+
+def giou_main(argv: list[str]) -> None:
+    """The GIoU kernels (``snntrain.kernels.giou``)."""
+    ap = _parser("giou")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--runtime-stride", action="store_true", help="row stride as a runtime value (ROW4_* off)")
+    args = ap.parse_args(argv)
+    arch = args.arch
+    row4 = not args.runtime_stride
+    single_block, single_warps = 4096, 16
+    fwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in GT.FWD_CONFIGS]
+    bwd_cfgs = [(c.kwargs["BLOCK"], c.num_warps) for c in GT.BWD_CONFIGS]
+    for dt in ("fp32", "bf16"):
+        cases = []
+        for b, w in fwd_cfgs:
+            cases.append((f"fwd fused mean, multi-program, BLOCK {b} w{w}", G._giou_fwd_kernel,
+                          giou_fwd_args(dt, BLOCK=b), w))
+        for b, w in fwd_cfgs:
+            cases.append((f"fwd loss only, multi-program, BLOCK {b} w{w}", G._giou_fwd_kernel,
+                          giou_fwd_args(dt, BLOCK=b, FUSED_PRED=False, FLAGS=False), w))
+        cases.append(("fwd fused mean, single program (prescale)", G._giou_fwd_kernel,
+                      giou_fwd_args(dt, N=8192, n_bucket=0, SINGLE=True, PRESCALE=True, FLAGS=False, SKIP_PAD=False,
+                               BLOCK=single_block), single_warps))
+        for b, w in bwd_cfgs:
+            cases.append((f"bwd kernel, BLOCK {b} w{w}", G._giou_bwd_kernel, giou_bwd_args(dt, BLOCK=b), w))
+        cases.append((f"scale (fused backward), {G.SCALE_GROUPS} x {G.FLAG_ROWS} rows", G._giou_scale_kernel,
+                      dict(g_ptr=dt, flags_ptr="i8", grad_out_ptr="fp32", denom_ptr="fp32", n_elem=1 << 26,
+                           n_flags=(1 << 24) // G.FLAG_ROWS, MEAN=True, FP64=False, INT64=False,
+                           GROUPS=G.SCALE_GROUPS, FLAG_ROWS=G.FLAG_ROWS), GT.SCALE_WARPS))
+        for label, fn, a, warps in cases:
+            if "ROW4_P" in a and not row4:
+                a.update(ROW4_P=False, ROW4_T=False)
+            print(f"{dt:5s} {label}: {giou_stats(fn, a, warps, arch)}", flush=True)
+    # fp64: a precision path. IEEE divisions, and eps as the exact double (not rounded to fp32).
+    a = giou_fwd_args("fp64", FP64=True, BLOCK=256)
+    a.update(loss_ptr="fp64")
+    ptx = compile_kernel(G._giou_fwd_kernel, a, {"num_warps": 4}, arch).asm["ptx"]
+    divs = Counter(re.findall(r"\b(div\.[a-z]+\.f\d\d|rcp\.[a-z.]+f\d\d)", ptx))
+    exact = "0d" + struct.pack(">d", 1e-7).hex().upper()
+    print(f"fp64  fwd fused mean, BLOCK 256 w4: divisions {dict(divs)}; eps {exact} (exact 1e-7) in the PTX: "
+          f"{exact in ptx}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------- layer_norm
+
+LAYER_NORM_SHAPES = ["4096x512", "4096x4096", "4096x16384", "401408x32", "401408x64", "401408x256", "401408x512",
+          "4x32x32x56x56:-3", "4x32x64x56x56:-3", "4x32x128x28x28:-3", "4x32x256x14x14:-3", "4x32x512x7x7:-3"]
+
+
+def layer_norm_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
+    """Compile ``fn`` with argument values specialised like the launcher would; return resource usage."""
+    values = dict(zip(fn.arg_names, args))
+    values.update(kwargs)
+    options = {"num_warps": values.pop("num_warps", 4)}
+    if "maxnreg" in values:
+        options["maxnreg"] = values.pop("maxnreg")
+    kernel = compile_kernel(fn, values, options, arch)
+    ptx = kernel.asm["ptx"]
+    usage = resource_usage(kernel)
+    n_vec = len(re.findall(r"ld[.]global(?:[.]\w+)*[.]v\d", ptx))
+    n_all = len(re.findall(r"ld[.]global", ptx))
+    n_async = len(re.findall(r"cp[.]async[.]c", ptx))
+    return {
+        "warps": options["num_warps"],
+        **({"maxnreg": options["maxnreg"]} if "maxnreg" in options else {}),
+        "regs": usage["regs"],
+        "spill B/thread": usage["stack"],
+        "smem": usage["shared"],
+        "programs/SM": programs_per_sm(usage["regs"], options["num_warps"], usage["shared"]),
+        "vector loads": f"{n_vec}/{n_all}" + (f" +{n_async} cp.async" if n_async else ""),
+        "sass": sass_digest(kernel),
+    }
+
+
+def parse_shape(text: str) -> tuple[tuple[int, ...], int]:
+    shape, _, dim = text.partition(":")
+    return tuple(int(v) for v in shape.split("x")), int(dim or -1)
+
+
+def layer_norm_main(argv: list[str]) -> None:
+    """The layer-norm kernels (``snntrain.kernels.layer_norm``)."""
+    ap = _parser("layer_norm")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--sms", type=int, default=132, help="SM count the launch plan assumes (H100/H200 SXM: 132)")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--shape", action="append", help="AxB[:dim] (dim -1 rows, -3 channels-first); repeatable")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override a TUNING field")
+    args = ap.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        old = getattr(LNK.TUNING, name)
+        setattr(LNK.TUNING, name, type(old)(eval(value)) if not isinstance(old, bool) else value in ("1", "True"))
+    LT.sm_count = lambda _device: args.sms
+    LT.direct_launch = lambda: True  # as in an eager call (launch options such as maxnreg apply)
+    dtype = getattr(torch, args.dtype)
+    launches = Capture.launches
+    for text in args.shape or LAYER_NORM_SHAPES:
+        shape, dim = parse_shape(text)
+        x = torch.empty(shape, device="meta", dtype=dtype)
+        w = torch.empty(shape[dim], device="meta", dtype=dtype)
+        launches.clear()
+        _y, mean, rstd = LNK._fwd_host(x, w, w, dim, 1e-5, wrap=Capture)
+        LNK._bwd_host(x, x, w, w, mean, rstd, dim, True, True, wrap=Capture)
+        print(f"{text} {args.dtype}:")
+        for fn, grid, a, kw in launches:
+            consts = {k: v for k, v in kw.items() if k.isupper() and k not in ("HAS_W", "HAS_B")}
+            name = fn.fn.__name__ if hasattr(fn, "fn") else fn.__name__
+            st = layer_norm_stats(fn, a, kw, args.arch)
+            print(f"  {name.removeprefix('_ln_'):22s} grid {str(tuple(grid)):14s} {consts}\n"
+                  f"  {'':22s} {st}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------------------------- neuron
+
+def _flags(kind, surrogate="sigmoid", v_reset=0.0, detach=False, decay=True):
+    w = torch.zeros((), device=META) if kind == "plif" else None
+    flags, k, k_tensor = L.neuron_flags(kind, 2.0, w, v_reset, decay, detach, surrogate)
+    return flags, [k, 1.0, 0.0 if v_reset is None else v_reset, 4.0], k_tensor
+
+
+def lif_cases():
+    """(label, launches) of the multi-step neuron: forward with checkpoints, then the backward."""
+    cases = [
+        ("LIF sigmoid hard fp32 [32, 64, 65536]", "lif", {}, (32, 64, 65536), torch.float32, False, False),
+        ("LIF sigmoid hard bf16 [32, 64, 65536]", "lif", {}, (32, 64, 65536), torch.bfloat16, False, False),
+        ("PLIF atan soft detach fp32 [4, 32, 64, 3136], v_init, state and membrane", "plif",
+         dict(surrogate="atan", v_reset=None, detach=True), (4, 32, 64, 3136), torch.float32, True, False),
+        ("IF piecewise_quadratic bf16 [8, 32, 8192], expanded dS", "if", dict(surrogate="piecewise_quadratic"),
+         (8, 32, 8192), torch.bfloat16, False, True),
+        ("PLIF sigmoid hard, no decay_input, bf16 [16, 32, 4096]", "plif", dict(decay=False), (16, 32, 4096),
+         torch.bfloat16, False, False),
+    ]
+    for label, kind, opts, shape, dtype, full, expanded_gs in cases:
+        flags, params, k_tensor = _flags(kind, **opts)
+        x = torch.empty(shape, dtype=dtype, device=META)
+        v_init = torch.empty(shape[1:], device=META) if full else None
+        flags |= L.F_SAVE_CKPT | ((L.F_RETURN_STATE | L.F_RETURN_MEMBRANE) if full else 0)
+        Capture.launches.clear()
+        _spikes, v_final, ckpt, v_seq = L._fwd_host(x, v_init, k_tensor, params, flags, launch=True, wrap=Capture)
+        gs = torch.empty((), dtype=dtype, device=META).expand(shape) if expanded_gs else torch.empty_like(x)
+        L._bwd_host(x, ckpt, v_init, k_tensor, gs, v_final if full else None, v_seq if full else None, params,
+                    flags | GRADS, launch=True, wrap=Capture)
+        yield label, list(Capture.launches)
+
+
+def norm_cases(norm: str):
+    """(label, launches) of the fused batch-norm or layer-norm neuron, training step."""
+    cases = [
+        ("LIF atan detach (SEW default) fp32 NCHW [4, 32, 64, 56, 56]", "lif", dict(surrogate="atan", detach=True),
+         (4, 32, 64, 56, 56), torch.float32, None, False),
+        ("PLIF sigmoid bf16 channels-last [4, 32, 128, 28, 28]", "plif", {}, (4, 32, 128, 28, 28), torch.bfloat16,
+         None, True),
+        ("LIF atan detach fp32 [32, 64, 112, 112] with steps=4 (stride-0 time)", "lif",
+         dict(surrogate="atan", detach=True), (32, 64, 112, 112), torch.float32, 4, False),
+        ("PLIF atan soft fp32 NCHW [16, 8, 256, 14, 14] (checkpoints)", "plif", dict(surrogate="atan", v_reset=None),
+         (16, 8, 256, 14, 14), torch.float32, None, False),
+        ("PLIF sigmoid, no decay_input, fp32 NCHW [4, 8, 32, 28, 28]", "plif", dict(decay=False),
+         (4, 8, 32, 28, 28), torch.float32, None, False),
+    ]
+    for label, kind, opts, shape, dtype, steps, cl in cases:
+        flags, params, k_tensor = _flags(kind, **opts)
+        params = params + [1e-5]
+        x = torch.empty(shape, dtype=dtype, device=META)
+        if cl:
+            x = x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, shape[:2])
+        T = steps or shape[0]
+        C = shape[-3]
+        w = torch.empty(C, device=META)
+        flags |= L.F_SAVE_CKPT
+        Capture.launches.clear()
+        gs = torch.empty((T, *shape[-4:]), dtype=dtype, device=META)
+        if norm == "bn":
+            flags |= BN.F_BATCH_STATS
+            _s, mean, rstd, _var, ckpt = BN._bn_fwd_host(x, w, w, w, w, k_tensor, T, params, flags, True,
+                                                         wrap=Capture)
+            BN._bn_bwd_host(x, w, w, mean, rstd, ckpt, k_tensor, gs, T, params, flags | GRADS | F_GRAD_WB, True,
+                            wrap=Capture)
+        else:
+            _s, ckpt = LN._ln_fwd_host(x, w, w, k_tensor, T, params, flags, True, wrap=Capture)
+            LN._ln_bwd_host(x, w, w, ckpt, k_tensor, gs, T, params, flags | GRADS | F_GRAD_WB, True, wrap=Capture)
+        yield f"{norm}: {label}", list(Capture.launches)
+
+
+def neuron_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
+    values = dict(zip(fn.arg_names, args))
+    values.update(kwargs)
+    warps = values.pop("num_warps", 4)
+    kernel = compile_kernel(fn, values, {"num_warps": warps}, arch)
+    usage = resource_usage(kernel)
+    return {"warps": warps, "regs": usage["regs"], "spill B/thread": usage["stack"], "smem": usage["shared"],
+            "programs/SM": programs_per_sm(usage["regs"], warps, usage["shared"]), "sass": sass_digest(kernel)}
+
+
+def neuron_main(argv: list[str]) -> None:
+    """The neuron kernels (``snntrain.kernels.lif``, ``bn_neuron``, ``ln_neuron``)."""
+    ap = _parser("neuron")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--only", choices=["lif", "bn", "ln"], help="one family only")
+    args = ap.parse_args(argv)
+    groups = {"lif": lif_cases, "bn": lambda: norm_cases("bn"), "ln": lambda: norm_cases("ln")}
+    seen = {}
+    for name, cases in groups.items():
+        if args.only not in (None, name):
+            continue
+        for label, launches in cases():
+            print(f"{label}:")
+            for fn, grid, a, kw in launches:
+                consts = {k: v for k, v in kw.items() if k.isupper()}
+                key = (fn.fn.__name__, tuple(sorted((k, v) for k, v in consts.items() if k != "num_warps")),
+                       kw.get("num_warps"), tuple(type(v) if v is None else getattr(v, "dtype", v) for v in a))
+                if key not in seen:
+                    seen[key] = neuron_stats(fn, a, kw, args.arch)
+                print(f"  {fn.fn.__name__.removeprefix('_'):24s} grid {str(tuple(grid)):16s} {consts}\n"
+                      f"  {'':24s} {seen[key]}", flush=True)
+
+
+FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+    ap.add_argument("--family", choices=list(FAMILIES), help="which kernels")
+    ap.add_argument("-h", "--help", action="store_true")
+    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.family is None:
+        ap.print_help()
+        if not args.help:
+            sys.exit("kernel_resources.py: give --family " + "|".join(FAMILIES))
+        return
+    FAMILIES[args.family](rest + (["--help"] if args.help else []))
+
+
+if __name__ == "__main__":
+    main()

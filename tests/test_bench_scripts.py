@@ -5,6 +5,7 @@ dry run."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 def load(name: str):
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (dataclasses look their module up there)
     spec.loader.exec_module(module)
     return module
 
@@ -146,7 +148,6 @@ def test_bench_pool_dry_run(tmp_path):
     import csv
     import os
     import subprocess
-    import sys
 
     env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
     res = subprocess.run([sys.executable, str(SCRIPTS / "bench_pool.py"), "--dry-run", "--quick", "--dtypes", "bf16",
@@ -173,3 +174,77 @@ def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):
     kinds = {type(m) for m in alif.modules()} & {ALIF, LIF}
     assert kinds == {ALIF} and any(isinstance(m, LIF) for m in lif.modules())
     assert "model.neuron.type=ALIF" in module.cli_overrides("sew18-224-alif", "bf16", 10)
+
+
+def test_graph_timer_times_eagerly_and_says_so_where_nothing_can_be_captured(monkeypatch):
+    """scripts/bench_utils.graph_ms: calls that cannot be captured in a CUDA graph (here: no CUDA at all) are
+    timed eagerly, every call once per timed run, the time divided by the number of calls, and the note says so."""
+    bu = load("bench_utils")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def no_capture(*args, **kwargs):
+        raise RuntimeError("no CUDA")
+
+    monkeypatch.setattr(torch.cuda, "Stream", no_capture)
+    ran: list[int] = []
+    timed: list[int] = []
+
+    def timer(fn):
+        before = len(ran)
+        fn()
+        timed.append(len(ran) - before)
+        return 6.0
+
+    ms, note = bu.graph_ms([lambda: ran.append(0), lambda: ran.append(1), lambda: ran.append(2)], timer=timer)
+    assert ms == pytest.approx(2.0) and note == "eager timing (RuntimeError)"
+    assert timed == [3] and ran == [0, 1, 2]
+    ms, note = bu.graph_ms(lambda: ran.append(3), timer=timer)  # one callable
+    assert ms == pytest.approx(6.0) and note.startswith("eager timing")
+    with pytest.raises(ValueError, match="at least one call"):
+        bu.graph_ms([], timer=timer)
+
+
+def test_result_writer_writes_csv_and_json_lines_in_one_schema(tmp_path):
+    """scripts/bench_utils.write_rows: kernel rows and a system benchmark's dicts alike give <name>.csv and
+    <name>.jsonl with their own columns first, then the common fields; a row's own value of a common field wins."""
+    import csv
+    import json
+
+    bu = load("bench_utils")
+    kernel = bu.Row("neurons/tutorial", "lif", "fwd", "ours-triton", "bf16", "4x8", 0.5, 1000, gpu="H200")
+    system = {"case": "sew18", "devices": 2, "images_per_s": 1850.0, "error": ["failed"]}
+    for name, rows, own in (("k", [kernel], ["benchmark", "op", "mode", "provider", "dtype", "shape", "ms", "bytes"]),
+                            ("s", [system], ["case", "devices", "images_per_s", "error"])):
+        csv_path, jsonl_path = bu.write_rows(rows, tmp_path, name, gpus=2)
+        assert (csv_path, jsonl_path) == (tmp_path / f"{name}.csv", tmp_path / f"{name}.jsonl")
+        with open(csv_path) as f:
+            reader = csv.DictReader(f)
+            header, got = reader.fieldnames, list(reader)
+        lines = [json.loads(line) for line in jsonl_path.read_text().splitlines()]
+        assert header[:len(own)] == own and set(bu.COMMON) | {"gpus"} <= set(header)
+        assert list(lines[0]) == header and len(got) == len(lines) == 1
+        assert lines[0]["torch"] == torch.__version__ and lines[0]["command"].startswith("python ")
+        assert lines[0]["gpus"] == 2 and lines[0]["date"]
+    assert lines[0]["error"] == ["failed"] and got[0]["error"] == '["failed"]'  # lists as JSON text in the CSV
+    assert json.loads((tmp_path / "k.jsonl").read_text())["gpu"] == "H200"  # the row's own device
+    assert json.loads((tmp_path / "s.jsonl").read_text())["gpu"] == bu.gpu_name()
+
+
+def test_every_benchmark_is_registered_exists_and_has_its_section():
+    """scripts/benchmarks.py: every scripts/bench_*.py is registered (and every other script a tool or the harness),
+    every registered script exists, and its section heading is in docs/benchmarks.md."""
+    reg = load("benchmarks")
+    registered = {b.script for b in reg.BENCHMARKS.values()}
+    assert {p.name for p in SCRIPTS.glob("bench_*.py")} - {"bench_utils.py"} == registered
+    assert all((SCRIPTS / s).is_file() for s in registered | set(reg.TOOLS))
+    headings = reg.section_headings()
+    assert all(b.section in headings for b in reg.BENCHMARKS.values())
+    assert reg.problems() == []
+    listing = reg.listing()
+    assert all(f"scripts/{b.script}" in listing for b in reg.BENCHMARKS.values())
+
+
+def test_the_runner_refuses_an_unknown_benchmark_naming_the_registered_ones():
+    reg = load("benchmarks")
+    with pytest.raises(SystemExit, match="unknown benchmark 'nope'; registered: neurons, "):
+        reg.main(["nope"])

@@ -36,7 +36,7 @@ so each thread loads a whole box with one vector instruction (16 bytes for fp32,
 8 bytes for fp16/bf16) and a warp reads one contiguous run; with a runtime stride the
 compiler cannot prove the alignment and falls back to one load per coordinate, which
 for 16-bit boxes costs more instructions than the memory system needs.
-``scripts/giou_resources.py`` shows the vector widths of the sm_90 builds.
+``scripts/kernel_resources.py --family giou`` shows the vector widths of the sm_90 builds.
 
 Reductions (``none`` / ``sum`` / ``mean``) stay on the device: a small problem
 (``N <= SINGLE_MAX``) is reduced by one program in one launch; a larger one runs a

@@ -34,7 +34,7 @@ else:
     # Forward blocks are multiples of FLAG_ROWS. Few boxes per thread (BLOCK 256, 4 warps: 2)
     # keep the registers low (fused forward on sm_90: 40 fp32 / 45 bf16, so 12 / 11 programs of
     # 4 warps per SM, against 4 at BLOCK 1024); more boxes per thread give each warp more loads
-    # in flight. scripts/giou_resources.py prints each configuration's build.
+    # in flight. scripts/kernel_resources.py --family giou prints each configuration's build.
     FWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w)
                    for b, w in ((256, 4), (512, 4), (512, 8), (1024, 4), (1024, 8))]
     BWD_CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 4), (1024, 8))]

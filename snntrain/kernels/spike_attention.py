@@ -73,7 +73,7 @@ __all__ = ["spike_kv", "ssa_neuron", "ssa_neuron_fwd", "ssa_neuron_bwd", "spike_
 
 #: Elements of a program's ``tokens x head channels`` tile: at least 16 tokens (``tl.dot``), fewer with larger heads;
 #: the backward keeps a chunk's membranes (4 steps, 8 for T > 4) in registers: a quarter of the forward's tile
-#: (``scripts/attention_resources.py``: no spills on sm_90).
+#: (``scripts/kernel_resources.py --family attention``: no spills on sm_90).
 TILE = 2048
 KV_BLOCK_N = 64
 WARPS = 4
