@@ -500,12 +500,7 @@ def _measure(module, shape, dtype, dev, smoke: bool, reset=None) -> tuple[float,
         return statistics.median(times), None, count
     step()  # compile, warm up
     leaf.grad = None
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    peak = bu.peak_mib(step)
     leaf.grad = None
     ms = bu.bench_ms(step, grad_to_none=[leaf])
     leaf = None  # (not del: step() refers to it)
@@ -782,12 +777,7 @@ def _psn_measure(module, shape, dtype, quick) -> tuple[float, float, int]:
     step()  # compile and warm up
     leaf.grad = None
     module.zero_grad(set_to_none=False)  # parameter gradients stay allocated, as in training
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    peak = bu.peak_mib(step)
     ms = bu.bench_ms(step, quick, grad_to_none=[leaf])
     leaf = x = None  # (not del: step() refers to them)
     torch.cuda.empty_cache()

@@ -696,6 +696,17 @@ def sj_network(case: str) -> torch.nn.Module:
     return net
 
 
+def sj_precision(net, precision: str, note: str):
+    """A SpikingJelly network ready for ``precision``: bf16 through its precision API
+    (``neuron_storage="bf16"``, its autocast context), fp32 as it is; with the row's note saying which."""
+    if precision != "bf16":
+        return net, autocast(precision), note
+    from spikingjelly.activation_based.precision import PrecisionConfig, prepare_model_for_precision
+
+    art = prepare_model_for_precision(net, "cuda", PrecisionConfig(neuron_storage="bf16"))
+    return art.model, art.autocast_context(), note + ", precision API neuron_storage=bf16"
+
+
 def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly") -> dict:
     """SpikingJelly 2.0's step of the case's network (:func:`sj_network`, its Triton LIF), eager or, for
     ``spikingjelly-compile``, with the network under ``torch.compile`` (default mode)."""
@@ -706,16 +717,7 @@ def spikingjelly(case: str, precision: str, args, provider: str = "spikingjelly"
     c = CASES[case]
     net = sj_network(case)
     static = c.get("model", {}).get("name") == "ms_resnet"  # takes the image and averages over T itself
-    net = net.cuda()
-    ctx = autocast(precision)
-    note = "SJ_LIF_CUDA_IMPLEMENTATION=triton"
-    if precision == "bf16":
-        from spikingjelly.activation_based.precision import PrecisionConfig, prepare_model_for_precision
-
-        art = prepare_model_for_precision(net, "cuda", PrecisionConfig(neuron_storage="bf16"))
-        net = art.model
-        ctx = art.autocast_context()
-        note += ", precision API neuron_storage=bf16"
+    net, ctx, note = sj_precision(net.cuda(), precision, "SJ_LIF_CUDA_IMPLEMENTATION=triton")
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
     steps = case_T(case)
@@ -851,16 +853,8 @@ def spikingjelly_transformer(case: str, precision: str, args, provider: str) -> 
     kwargs = {"num_classes": CLASSES, "T": case_T(case)}
     if c["size"] != 224 and c["model"]["variant"] != "spikformer_cifar10":
         kwargs.update(img_size_h=c["size"], img_size_w=c["size"])
-    net = build(**kwargs).cuda()
-    ctx = autocast(precision)
-    note = f"SJ_LIF_CUDA_IMPLEMENTATION={os.environ.get('SJ_LIF_CUDA_IMPLEMENTATION', '')}"
-    if precision == "bf16":
-        from spikingjelly.activation_based.precision import PrecisionConfig, prepare_model_for_precision
-
-        art = prepare_model_for_precision(net, "cuda", PrecisionConfig(neuron_storage="bf16"))
-        net = art.model
-        ctx = art.autocast_context()
-        note += ", precision API neuron_storage=bf16"
+    net, ctx, note = sj_precision(build(**kwargs).cuda(), precision,
+                                  f"SJ_LIF_CUDA_IMPLEMENTATION={os.environ.get('SJ_LIF_CUDA_IMPLEMENTATION', '')}")
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
     x, y = case_input(case, torch.Generator(device="cuda").manual_seed(0))
     forward = torch.compile(net) if provider == "spikingjelly-compile" else net

@@ -145,6 +145,17 @@ def bench_ms(fn: Callable[[], object], quick: bool = False, grad_to_none: Sequen
                           return_mode="median"))
 
 
+def peak_mib(fn: Callable[[], object]) -> float:
+    """MiB that one call of ``fn`` allocates at its peak above what was allocated before it (after a
+    synchronisation, so earlier work's memory is settled)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """GB/s of ``x.clone()`` on a ``nbytes`` tensor, counting bytes read plus written."""
     x = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
