@@ -13,8 +13,8 @@ T = 4 and 16 on ``[T, 64, 256, 256]`` (the tutorial's ``[T, 64, 65536]`` with 25
 bf16, with the peak memory each allocates beyond its input; ``api-lif`` the StepNeuron LIF against
 the hand-written LIF kernel at T = 4 and 32, alone and after a training-mode batch norm (``NormNeuron``:
 folded into the generated kernels, against today's fused batch-norm LIF op). ``--smoke`` runs them on
-the CPU on a tiny shape (Triton's interpreter, wall-clock timing, no memory): a check of the script,
-not a measurement.
+a tiny shape (on the GPU where there is one, else in Triton's CPU interpreter; wall-clock timing, no
+memory): a check of the script, not a measurement.
 
 Cases: the SpikingJelly tutorial's ``[T, 64, 65536]`` for T in 4, 8, 16, 32, and the
 neuron inputs of SEW-ResNet-18 on 224x224 ImageNet at batch 32 and T=4 (the stem's
@@ -64,14 +64,17 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-if "--smoke" in sys.argv:  # the CPU check runs the kernels in Triton's interpreter: set before Triton is imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
+
+# the smoke check runs on the GPU where there is one, else the kernels in Triton's interpreter (set before Triton is
+# imported)
+SMOKE_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if "--smoke" in sys.argv and SMOKE_DEVICE.type == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import bench_utils as bu  # noqa: E402
 
@@ -544,14 +547,14 @@ def run_generated(args) -> None:
     ``bench_neuron_api_lif.csv`` and ``.jsonl`` (:func:`bench_utils.write_rows`; the JSON lines appended as each
     is measured) and a summary."""
     smoke = args.smoke
-    dev = torch.device("cpu") if smoke else bu.device()
+    dev = SMOKE_DEVICE if smoke else bu.device()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = GEN_NAME if args.suite == "families" else API_LIF_NAME
     path = out / f"{name}.jsonl"
     step_shape = SMOKE_SHAPE if smoke else GEN_SHAPE
     channels = step_shape[1]
-    gpu = "cpu (smoke: not a measurement)" if smoke else bu.gpu_name()
+    gpu = f"{SMOKE_DEVICE.type} (smoke: not a measurement)" if smoke else bu.gpu_name()
     rows: list[dict] = []
 
     def record(bench, family, provider, dname, T, fn, one_step=step_shape):
@@ -624,7 +627,7 @@ def run_generated(args) -> None:
                 record("bn_api_lif", "BN+LIF", "api", dname, T, lambda: bn(ApiLIF(backend="triton")), bn_step)
                 record("bn_api_lif", "BN+LIF", "hand-written", dname, T, lambda: bn(LIF(backend="triton")), bn_step)
     bu.write_rows(rows, out, name)
-    print(f"\n{len(rows)} rows: {path}" + ("  (smoke: CPU interpreter timings, a check of the script only)"
+    print(f"\n{len(rows)} rows: {path}" + ("  (smoke: tiny shapes, a check of the script only)"
                                               if smoke else ""))
     for line in generated_summary(rows):
         print(line)
@@ -674,7 +677,7 @@ def main() -> None:
                             "the generated neuron families against SpikingJelly; api-lif: the StepNeuron LIF against "
                             "the hand-written LIF kernel")
         p.add_argument("--family", action="append", help="only this family (repeatable; with --suite families)")
-        p.add_argument("--smoke", action="store_true", help="with --suite families/api-lif: a tiny CPU run (a check)")
+        p.add_argument("--smoke", action="store_true", help="with --suite families/api-lif: a tiny run (a check; the CPU interpreter without a GPU)")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
     if args.suite in ("families", "api-lif"):

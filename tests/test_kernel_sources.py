@@ -15,7 +15,6 @@ import importlib
 import pkgutil
 
 import pytest
-import triton
 from triton.language import constexpr
 from triton.runtime.jit import JITFunction
 
@@ -72,14 +71,12 @@ def test_every_kernel_compiles_from_its_copied_source(module):
     assert not found, "\n".join(found)
 
 
-def test_the_check_finds_a_helper_reached_through_a_module():
-    """The check itself: a kernel calling a helper as ``module.helper`` is reported."""
-    import types
-
-    helpers = types.ModuleType("helpers")
-    scope = {"tl": triton.language, "helpers": helpers, "triton": triton}
-    exec("def add_one(x):\n    return x + 1\n", scope)
-    helpers.add_one = triton.jit(scope["add_one"])
-    exec("def kernel(p):\n    helpers.add_one(p)\n", scope)
-    kernel = triton.jit(scope["kernel"])
+def test_the_check_finds_a_helper_reached_through_a_module(tmp_path, monkeypatch):
+    """The check itself: a kernel calling a helper as ``module.helper`` is reported (the kernels are written to
+    files: ``@triton.jit`` reads a function's source from its file)."""
+    (tmp_path / "check_helpers.py").write_text("import triton\n\n\n@triton.jit\ndef add_one(x):\n    return x + 1\n")
+    (tmp_path / "check_kernel.py").write_text(
+        "import triton\n\nimport check_helpers as helpers\n\n\n@triton.jit\ndef kernel(p):\n    helpers.add_one(p)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kernel = importlib.import_module("check_kernel").kernel
     assert problems_of(kernel, "kernel") == ["kernel: reads the global 'helpers' (module), which is not copied"]

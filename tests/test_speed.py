@@ -686,6 +686,27 @@ def test_checkpoint_of_a_graphed_optimizer_resumes_without_graphs():
     assert plain.get_last_lr() == [pytest.approx(0.005)]
 
 
+def test_a_plain_sgd_is_made_capturable():
+    """Plain SGD reads a tensor learning rate on the host (a capture fails on it): the graph's preparation switches
+    it to the fused kernel, which steps as before; ``differentiable=True`` is refused with the reason."""
+    from snntrain.tasks.step_graph import prepare_optimizer
+
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(3, 2) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    prepare_optimizer(opts[1], torch.device("cpu"))
+    assert opts[1].param_groups[0]["fused"] is True and opts[1].param_groups[0]["foreach"] is False
+    for _ in range(2):
+        for m, opt in zip(models, opts):
+            opt.zero_grad()
+            m(torch.ones(1, 3)).square().sum().backward()
+            opt.step()
+    torch.testing.assert_close(models[1].weight, models[0].weight)
+    with pytest.raises(ValueError, match="differentiable=True"):
+        prepare_optimizer(torch.optim.SGD(models[0].parameters(), lr=0.1, differentiable=True), torch.device("cpu"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("net, optimizer", [("sew", "sgd"), ("cnn", "adamw")])

@@ -48,8 +48,8 @@ class _Net(nn.Module):
 
 def test_torch_export_and_onnx_run_the_pytorch_loop(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
-    net = _Net("triton").eval()
-    x = torch.randn(5, 2, 4) * 2.0
+    net = _Net("triton").to(DEVICE).eval()
+    x = (torch.randn(5, 2, 4) * 2.0).to(DEVICE)
     with torch.no_grad():
         expected = net(x)
         program = torch.export.export(net, (x,))
@@ -57,8 +57,8 @@ def test_torch_export_and_onnx_run_the_pytorch_loop(tmp_path):
         assert torch.equal(program.module()(x), expected)
         torch.onnx.export(net, (x,), str(tmp_path / "m.onnx"), dynamo=True, opset_version=18)
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
-    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    assert np.abs(out - expected.numpy()).max() < 1e-5
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})
+    assert np.abs(out - expected.cpu().numpy()).max() < 1e-5
 
 
 @pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine"])

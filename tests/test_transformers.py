@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _testing import DEVICE
 from snntrain.models import QKFormer, SpikeDrivenTransformer, Spikformer, build_model
 from snntrain.nn import BaseNeuron, NormNeuron, set_backend
 from snntrain.nn.attention import QKVNeuron
@@ -148,10 +149,10 @@ def test_efficiency_counter_counts_the_attention_neuron_and_token_projections(ba
 
     torch.manual_seed(0)
     model = tiny("spikformer", backend=backend, neuron={"type": "LIF", "v_threshold": 0.2}, attn_v_threshold=0.05)
-    model.train()  # batch statistics: the layers fire
+    model.to(DEVICE).train()  # batch statistics: the layers fire
     counter = ActivityCounter(model, backend="torch").attach()
     with torch.no_grad():
-        model(torch.randn(3, 2, 16, 16))
+        model(torch.randn(3, 2, 16, 16).to(DEVICE))
     report = counter.unpack(counter.totals())
     counter.detach()
     attn = report["spiking"]["blocks.0.attn.attn"]

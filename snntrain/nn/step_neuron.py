@@ -167,6 +167,11 @@ class StepNeuron(nn.Module):
     def _param_tensors(self) -> list[torch.Tensor]:
         return [getattr(self, n) for n in self.param_names]
 
+    def _params_on(self, device: torch.device) -> list[torch.Tensor]:
+        """The parameters on ``device``: a neuron built on the CPU and run on CUDA input (its constants are numbers
+        to the user) reads copies there; the copies are differentiable, so learnable ones still get gradients."""
+        return [p if p.device == device else p.to(device) for p in self._param_tensors()]
+
     # -- the step -----------------------------------------------------------------------------------
 
     def step(self, x, *states_and_params, **params):  # pragma: no cover - every subclass writes it
@@ -191,12 +196,12 @@ class StepNeuron(nn.Module):
             raise ValueError(f"x must be a floating-point tensor [T, ...] with time first, got {what}")
         ct = torch.float64 if x.dtype == torch.float64 else torch.float32
         step_shape = tuple(x.shape[1:])
-        params = self._param_tensors()
+        params = self._params_on(x.device)
         self._check_params(params, step_shape)
         inits = self._initial(init, step_shape)
         # torch.export records the PyTorch loop: a program must not depend on kernels generated in this process
-        if (use_triton(self.backend, x) and not self._fallback and not self.store_v_seq
-                and x.dtype in _KERNEL_DTYPES and not torch.compiler.is_exporting()):
+        if (not torch.compiler.is_exporting() and use_triton(self.backend, x) and not self._fallback
+                and not self.store_v_seq and x.dtype in _KERNEL_DTYPES):
             y, finals = self._triton(x, inits, params, ct, return_state)
         else:
             y, finals = self._torch(x, inits, params, ct, step_shape)
@@ -301,7 +306,7 @@ class StepNeuron(nn.Module):
         and the gradient flows through them)."""
         from ..kernels.step_neuron import bn_step_neuron
 
-        params = self._param_tensors()
+        params = self._params_on(x.device)
         self._check_params(params, tuple(x.shape[1:]))
         key = _kernel_key(self, x.dtype == torch.float64, True)
         return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key)
@@ -319,7 +324,8 @@ class StepNeuron(nn.Module):
                     rows.append(given.to(device=x.device, dtype=ct))
                     continue
                 value = self.states[name]
-                p = self._torch_param(getattr(self, value), ct, step_shape) if isinstance(value, str) else float(value)
+                p = (self._torch_param(getattr(self, value).to(x.device), ct, step_shape) if isinstance(value, str)
+                     else float(value))
                 rows.append(torch.zeros(step_shape, dtype=ct, device=x.device) + p)
             init = torch.stack(rows).contiguous()
         y, final = step_neuron(x, init, [p.contiguous() for p in params], key, return_state)

@@ -25,13 +25,21 @@ import torch
 def prepare_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Make ``optimizer`` capturable, in place: each group's learning rate becomes a one-element tensor on
     ``device`` (a Python number would be baked into the graph; the scheduler fills a tensor in place, so the
-    replays follow the schedule) and optimizers that keep a step count (AdamW) keep it on the device."""
+    replays follow the schedule), optimizers that keep a step count (AdamW) keep it on the device, and a plain
+    SGD runs its fused kernel (the one that reads that tensor on the device)."""
     for group in optimizer.param_groups:
         lr = group["lr"]
         if not (torch.is_tensor(lr) and lr.device == device):
             group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
         if "capturable" in group:
             group["capturable"] = True
+        if isinstance(optimizer, torch.optim.SGD) and not group.get("fused"):
+            # plain SGD reads a tensor learning rate on the host (``alpha=-lr``), which a capture cannot do; the
+            # fused kernel reads it on the device
+            if group.get("differentiable"):
+                raise ValueError("a CUDA graph cannot capture SGD(differentiable=True): it reads the learning rate "
+                                 "on the host; build it with differentiable=False")
+            group["fused"], group["foreach"] = True, False
 
 
 def plain_optimizer_state(state: dict[str, Any], capturable: bool = False) -> dict[str, Any]:
