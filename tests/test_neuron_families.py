@@ -9,6 +9,8 @@ and ``triton`` (the generated kernels; Triton's interpreter without a GPU).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -138,3 +140,35 @@ def test_alif_follows_its_equations(backend, v_reset):
     assert_close(finals["v"], v, what="final v")
     assert_close(finals["a"], a, what="final a")
     assert finals["a"].max() > 0.5  # the threshold did adapt
+
+
+@pytest.mark.parametrize("model", ["sew_resnet", "spikformer"])
+def test_every_type_builds_from_the_config_by_its_name(model, compose_run):
+    """``model.neuron.type=NAME`` alone builds every registered type (the parallel spiking neurons with the ``k`` they
+    require): the config's settings for its default LIF that a type lacks are left out with a warning naming them;
+    a key that no type takes is still refused, and a per-channel type in a transformer is refused with the reason."""
+    from snntrain.models import build_model
+    from snntrain.nn import NEURONS
+
+    for name in NEURONS:
+        if model == "spikformer" and name == "ChannelwisePLIF":
+            continue
+        extra = ["+model.neuron.k=2"] if name in ("MaskedPSN", "SlidingPSN") else []
+        cfg = compose_run(None, f"model={model}", f"model.neuron.type={name}", "debug=tiny", *extra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            net = build_model(cfg.model, backend="torch")
+        types = {type(m) for m in net.modules()}
+        assert NEURONS[name] in types, name
+        notes = [str(w.message) for w in caught if "has no parameter" in str(w.message)]
+        if name == "IF":
+            assert notes and "neuron IF has no parameter tau, decay_input" in notes[0]
+        if name in ("LIF", "PLIF", "ALIF"):
+            assert not notes, notes
+    cfg = compose_run(None, f"model={model}", "model.neuron.type=IF", "+model.neuron.tua=2.0", "debug=tiny")
+    with pytest.raises(ValueError, match="bad parameter for neuron IF: 'tua'; valid parameters: v_threshold"):
+        build_model(cfg.model, backend="torch")
+    if model == "spikformer":
+        cfg = compose_run(None, f"model={model}", "model.neuron.type=ChannelwisePLIF", "debug=tiny")
+        with pytest.raises(ValueError, match="ChannelwisePLIF needs the channel count of every layer"):
+            build_model(cfg.model, backend="torch")

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..backend import check_backend
 from ..nn.layers import MultiStep
-from ..nn.neurons import build_neuron
+from ..nn.neurons import build_neuron, config_neuron
 from ..nn.norm import build_norm2d
 from ..nn.norm_neuron import NormNeuron
 from ..nn.pool import SpikeMaxPool2d
@@ -60,7 +60,7 @@ class LayerFactory:
 
     def __init__(self, neuron: Mapping[str, Any] | None = None, norm: str = "batchnorm",
                  backend: str = "auto", T: int | None = None) -> None:
-        self.neuron_cfg = dict(DEFAULT_NEURON if neuron is None else neuron)
+        self.neuron_cfg = config_neuron(DEFAULT_NEURON if neuron is None else neuron)
         self.norm_name = norm
         self.backend = check_backend(backend)
         self.T = T

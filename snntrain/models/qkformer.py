@@ -177,7 +177,7 @@ class QKFormer(nn.Module):
         self.num_classes = positive_int("num_classes", num_classes)
         one_of("qk_mode", qk_mode, QK_MODES)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
         self.embed1 = EmbedInit(positive_int("in_channels", in_channels), dims[0], pooling, parts)
         self.embed2 = EmbedStage(dims[0], dims[1], pooling[2], parts)
         self.embed3 = EmbedStage(dims[1], dims[2], pooling[3], parts)

@@ -178,7 +178,7 @@ class SpikeDrivenTransformer(nn.Module):
         self.T = positive_int("T", T)
         self.num_classes = positive_int("num_classes", num_classes)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
         self.stem = PatchStem(positive_int("in_channels", in_channels), dim, pooling, parts)
         self.blocks = nn.ModuleList(Block(dim, mlp_ratio, parts) for _ in range(self.depth))
         self.head_neuron = parts.neuron()

@@ -146,7 +146,7 @@ class Spikformer(nn.Module):
         self.T = positive_int("T", T)
         self.num_classes = positive_int("num_classes", num_classes)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
         self.stem = PatchStem(positive_int("in_channels", in_channels), dim, patch, parts)
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, parts, scale) for _ in range(self.depth))
         self.head = nn.Linear(dim, self.num_classes)

@@ -29,6 +29,7 @@ attention neurons fire at ``attn_v_threshold`` (0.5 in all three papers).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,7 +40,7 @@ from torch import nn
 from ..backend import check_backend, use_triton
 from ..validation import number, one_of, positive_int
 from .layers import MultiStep
-from .neurons import BaseNeuron, build_neuron
+from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters
 from .norm import build_norm2d
 from .norm_neuron import NormNeuron
 
@@ -171,11 +172,19 @@ class SpikingParts:
         norm: ``batchnorm`` or ``layernorm``.
         backend: ``auto``, ``torch`` or ``triton``.
         attn_v_threshold: the attention neurons' threshold (None: the neuron settings' own).
+        T: the time steps, for neuron types that take them (the parallel spiking neurons).
     """
 
     def __init__(self, neuron: Mapping[str, Any], norm: str = "batchnorm", backend: str = "auto",
-                 attn_v_threshold: float | None = 0.5) -> None:
-        self.neuron_cfg = dict(neuron)
+                 attn_v_threshold: float | None = 0.5, T: int | None = None) -> None:
+        self.neuron_cfg = config_neuron(neuron)
+        self.T = T
+        kind = self.neuron_cfg.get("type", "LIF")
+        needs = inspect.signature(neuron_class(kind).__init__).parameters.get("channels")
+        if needs is not None and needs.default is inspect.Parameter.empty:
+            raise ValueError(f"neuron type {kind} needs the channel count of every layer, which the transformer "
+                             "families do not have for their token and attention neurons; choose a type without "
+                             "per-channel parameters (LIF, PLIF, ALIF, LearnableThresholdLIF, ...)")
         self.norm = norm
         self.backend = check_backend(backend)
         self.attn_v_threshold = None if attn_v_threshold is None else number("attn_v_threshold", attn_v_threshold)
@@ -185,11 +194,12 @@ class SpikingParts:
         build_norm2d(norm, 1, backend)
 
     def neuron(self, **overrides: Any) -> nn.Module:
-        return build_neuron(**{**self.neuron_cfg, **overrides}, backend=self.backend)
+        return build_neuron(**{**self.neuron_cfg, **overrides}, backend=self.backend, T=self.T)
 
     def attention_neuron(self) -> nn.Module:
         """The neuron after an attention product (threshold ``attn_v_threshold``)."""
-        if self.attn_v_threshold is None:
+        named, takes_any = neuron_parameters(self.neuron_cfg.get("type", "LIF"))
+        if self.attn_v_threshold is None or not (takes_any or "v_threshold" in named):  # PSN: no threshold
             return self.neuron()
         return self.neuron(v_threshold=self.attn_v_threshold)
 

@@ -9,6 +9,9 @@ with :func:`set_backend`); it never changes the state-dict.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -202,16 +205,13 @@ def neuron_class(type: str) -> type[nn.Module]:
     return cls
 
 
-def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | None = None, **kwargs) -> nn.Module:
-    """Build a neuron from config values: ``type`` is a name of :data:`NEURONS` (``IF``, ``LIF``, ``PLIF``, the
-    families of :mod:`snntrain.nn.families`, ``PSN``, ``MaskedPSN``, ``SlidingPSN`` and any type added with
-    :func:`register_neuron`); the other keys are its parameters. ``channels`` (the channel count at the layer,
-    dim 1 of a step), ``T`` (the time steps) and ``backend`` are passed to a type whose constructor names them.
-    The config's ``tau`` is taken as ``init_tau`` by a type with an initial time constant (PLIF,
-    ChannelwisePLIF), as the model config's ``neuron.tau`` documents."""
-    cls = neuron_class(type)
+def neuron_parameters(type: str) -> tuple[list[str], bool]:
+    """``(names, takes_any)``: the parameters :func:`build_neuron` accepts for ``type`` (its constructor's, for a
+    :class:`~snntrain.nn.StepNeuron` also its dynamics' and StepNeuron's options), and whether the constructor
+    takes any keyword besides (the config's ``tau`` is also taken where there is an ``init_tau``)."""
     import inspect
 
+    cls = neuron_class(type)
     params = inspect.signature(cls.__init__).parameters
     named = [n for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -222,6 +222,18 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
         named += [n for n in [*cls.defaults, *base] if n not in named and n != "self"
                   and (n not in base or base[n].kind is not inspect.Parameter.VAR_KEYWORD)]
         takes_any = False
+    return named, takes_any
+
+
+def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | None = None, **kwargs) -> nn.Module:
+    """Build a neuron from config values: ``type`` is a name of :data:`NEURONS` (``IF``, ``LIF``, ``PLIF``, the
+    families of :mod:`snntrain.nn.families`, ``PSN``, ``MaskedPSN``, ``SlidingPSN`` and any type added with
+    :func:`register_neuron`); the other keys are its parameters. ``channels`` (the channel count at the layer,
+    dim 1 of a step), ``T`` (the time steps) and ``backend`` are passed to a type whose constructor names them.
+    The config's ``tau`` is taken as ``init_tau`` by a type with an initial time constant (PLIF,
+    ChannelwisePLIF), as the model config's ``neuron.tau`` documents."""
+    cls = neuron_class(type)
+    named, takes_any = neuron_parameters(type)
     kwargs = dict(kwargs)
     if type == "PLIF" and "tau" in kwargs:  # the config's tau is PLIF's initial time constant
         if "init_tau" in kwargs:
@@ -242,6 +254,30 @@ def build_neuron(type: str = "LIF", *, channels: int | None = None, T: int | Non
         return cls(**kwargs)
     except TypeError as err:
         raise ValueError(f"bad parameter for neuron {type}: {err}; valid parameters: {valid}") from None
+
+
+def config_neuron(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A model config's neuron section (``type`` and parameters) as :func:`build_neuron`'s arguments. The section
+    lists the parameters of the model's default neuron (LIF: ``tau``, ``v_reset``, ``decay_input``, ...), so a key
+    that the chosen type does not take, but another registered type does, is left out with one warning naming it
+    (``model.neuron.type=IF`` needs no ``~model.neuron.tau``); a key that no type takes stays, for
+    :func:`build_neuron` to refuse with the type's parameters."""
+    settings = dict(settings)
+    type = settings.get("type", "LIF")
+    named, takes_any = neuron_parameters(type)
+    if takes_any:
+        return settings
+    accepted = {*named, *(("tau",) if "init_tau" in named else ())}
+    known = {n for name in list(NEURONS) for n in neuron_parameters(name)[0]}
+    dropped = [k for k in settings if k != "type" and k not in accepted and k in known]
+    if dropped:
+        import warnings
+
+        warnings.warn(f"neuron {type} has no parameter {', '.join(dropped)}: the model config's "
+                      f"{'value' if len(dropped) == 1 else 'values'} for its default neuron "
+                      f"{'is' if len(dropped) == 1 else 'are'} not used (valid parameters: {', '.join(named)})",
+                      stacklevel=2)
+    return {k: v for k, v in settings.items() if k not in dropped}
 
 
 def set_backend(module: nn.Module, backend: str) -> nn.Module:
