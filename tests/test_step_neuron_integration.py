@@ -274,3 +274,39 @@ def test_batch_norm_folded_into_a_step_neuron_16_and_32_bit(dtype):
     assert_close(rm1, rm0, rtol=1e-4, atol=1e-5, what="running mean")
     assert_close(rv1, rv0, rtol=1e-4, atol=1e-5, what="running var")
     assert torch.isfinite(gx1).all() and gx1.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["train", "steps", "channels_last", "eval"])
+def test_batch_norm_folded_into_a_step_neuron_bf16_equals_fp32_on_the_same_values(mode):
+    """bf16 input runs the same fp32 arithmetic as fp32 input holding the same values (statistics, the normalised
+    input, the scan, the per-channel sums): the same spikes, running statistics and parameter gradients; dL/dx
+    differs by its rounding to bf16 (and that of dL/dy before the finishing pass)."""
+    torch.manual_seed(3)
+    T, B, C, H, W = 4, 2, 3, 4, 4
+    steps = 3 if mode == "steps" else None
+    x = (torch.randn((B, C, H, W) if steps else (T, B, C, H, W), device=DEVICE) * 2.0 + 0.3).to(torch.bfloat16)
+    if mode == "channels_last":
+        x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(1)
+        norm = nn.BatchNorm2d(C)
+        layer = NormNeuron(norm, ChannelwisePLIF(channels=C, init_tau=2.5, backend="triton"), backend="triton")
+        layer = layer.to(DEVICE)
+        with torch.no_grad():
+            norm.weight.copy_(torch.tensor([1.2, 1.6, 0.8]))
+            norm.bias.copy_(torch.tensor([0.5, 0.3, 0.7]))
+        if mode == "eval":
+            layer.eval()
+        xl = x.to(dtype).requires_grad_()
+        y = layer(xl, steps) if steps else layer(xl)
+        g = torch.linspace(-1.0, 1.0, y.numel(), device=DEVICE).view_as(y).bfloat16().float()  # dL/dS exact in bf16
+        grads = torch.autograd.grad((y.float() * g).sum(), [xl, layer.neuron.w, norm.weight, norm.bias])
+        out.append((y, norm.running_mean.clone(), norm.running_var.clone(), grads))
+    (y0, rm0, rv0, g0), (y1, rm1, rv1, g1) = out
+    assert y1.dtype == torch.bfloat16 and torch.equal(y1.float(), y0) and 0 < y0.sum() < y0.numel()
+    assert torch.equal(rm1, rm0) and torch.equal(rv1, rv0)
+    for name, a, b in zip(["w", "weight", "bias"], g1[1:], g0[1:]):
+        assert_close(a, b, rtol=1e-5, atol=1e-6, what=f"dL/d{name}")
+    assert g1[0].dtype == torch.bfloat16
+    assert_close(g1[0].float(), g0[0], rtol=2e-2, atol=2e-2 * float(g0[0].abs().max()), what="dL/dx")

@@ -17,8 +17,31 @@ is read in place when its neurons form one strided run (contiguous, a stride-0 t
 dense in another order (channels-last maps), the neurons then numbered in memory order and every output
 and gradient laid out like X; other layouts are copied once. Parameters are one-element tensors or
 ``[C]`` tensors over dim 1 of a step ``[B, C, ...]`` (channel ``(n // S) % C`` of neuron ``n`` in that
-numbering); a learnable ``[C]`` parameter's gradient is summed per neuron over T in the kernel and then
-per channel (one reduction of ``N`` values), a scalar one's per program (then in a fixed order).
+numbering); a learnable ``[C]`` parameter's gradient is summed over T in the kernel and stored per program
+where a program's block of neurons lies in one channel (``S`` a multiple of the block), per channel of
+each program where the block is whole rows of channels (channels-last, ``C`` dividing the block), else
+per neuron (:func:`_channel_sums`), then added up per channel in one reduction with every other
+per-channel sum; a scalar one's per program (then in a fixed order).
+
+A batch norm in front (:func:`bn_step_neuron`, spec ``affine``)
+---------------------------------------------------------------
+Bytes counted in tensors of the input's size ``E = T*B*C*H*W`` as in :mod:`snntrain.kernels.bn_neuron`
+(whose statistics and finishing kernels these are), training mode:
+
+* forward: the statistics kernel reads X (1; it folds in the running statistics too), the generated
+  forward reads X, normalises it as it reads (``x * a + b``, ``a``, ``b`` per channel) and writes the
+  outputs (2) = **3 E**;
+* backward: the generated backward reads X and dS and writes dL/dy, the gradient of the normalised input,
+  in X's dtype (3), with the two per-channel sums the norm needs (dL/dy and dL/dy * xhat) summed in
+  registers and stored as the per-channel gradients are: 8 B per program of 256 neurons, ``8 C`` B per
+  program for channels-last rows (2 B per neuron at C = 64), 8 B per neuron otherwise (a bf16 neuron's
+  four steps are 8 B: one E more at T = 4); then one elementwise pass reads dL/dy and X and writes dL/dx
+  over dL/dy (3) = **6 E**.
+
+So 9 E, the hand-written fused op's count (against 13 E for the norm and the neuron unfused), with no
+full-size temporary beyond dL/dx itself. With fixed statistics (eval mode) the backward kernel writes
+``a * dL/dy``, dL/dx, itself (3 E); a stride-0 time axis (``[B, C, H, W]`` repeated over T) is read
+once per element by the statistics, and its dL/dx is summed over T in registers and written once.
 """
 
 from __future__ import annotations
@@ -90,8 +113,10 @@ def _channel_sums(N: int, C: int, S: int, grid: int) -> tuple[int, int, int, int
     """``(CSUM, CB, R, M)``: how the backward stores a per-channel sum (:mod:`~snntrain.kernels.neuron_codegen`'s
     ``_store_channel_sums``), ``M`` values per sum, which ``view(-1, C, R).sum((0, 2))`` adds up per channel. One
     value per program where each block of ``BWD_BLOCK`` neurons lies in one channel (``S`` a multiple of the
-    block), one per channel and program where a block is whole rows of ``C`` channels (channels-last numbering,
-    ``C`` dividing the block), else one per neuron."""
+    block, or one channel in all), one per channel and program where a block is whole rows of ``C`` channels
+    (channels-last numbering, ``C`` dividing the block), else one per neuron."""
+    if C == 1:
+        return CSUM_PROGRAM, 1, 1, grid
     if S % BWD_BLOCK == 0:
         return CSUM_PROGRAM, 1, S // BWD_BLOCK, grid
     if S == 1 and BWD_BLOCK % C == 0:
