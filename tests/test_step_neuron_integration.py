@@ -13,11 +13,14 @@ from snntrain import efficiency as E
 from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, MultiStep, NormNeuron, build_neuron
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
-    """The generated kernels' operators trace without graph breaks, also when the first call is compiled."""
+@pytest.mark.parametrize("per_channel", [(), ("beta", "tau")])
+def test_torch_compile_fullgraph_forward_and_backward(per_channel):
+    """The generated kernels' operators trace without graph breaks, also when the first call is compiled; two
+    per-channel gradients come back as separate tensors (an operator's outputs may not alias)."""
     backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
     torch._dynamo.reset()
-    neuron = ALIF(tau_a=7.0, learnable=("beta", "tau"), backend="triton").to(DEVICE)
+    neuron = ALIF(tau_a=7.0, learnable=("beta", "tau"), per_channel=per_channel, channels=5,
+                  backend="triton").to(DEVICE)
 
     def fn(x):
         return (neuron(x) * torch.linspace(0.5, 1.5, x.shape[-1], device=x.device)).sum()
@@ -66,7 +69,8 @@ def _bn_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     loop) on the same input, in ``dtype`` (the PyTorch one in float64 from the same values): for each, the spikes,
     running statistics, num_batches_tracked and the gradients of the input, PLIF's per-channel w and the norm's
     weight and bias. Modes: ``train``, ``eval``, ``steps`` ([B, C, H, W] input repeated over T: a stride-0 time
-    axis; momentum None), ``channels_last``, ``no_affine``, ``no_running`` (track_running_stats=False: batch
+    axis; momentum None), ``channels_last``, ``no_affine``, ``eval_no_affine`` (no sums to take: dL/dx from the
+    backward kernel alone), ``no_running`` (track_running_stats=False: batch
     statistics in eval too), ``wide`` (16 x 16 maps: each block of the backward in one channel) and
     ``wide_channels_last`` (rows of channels)."""
     torch.manual_seed(0)
@@ -84,7 +88,7 @@ def _bn_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     results = []
     for backend in ("torch", "triton"):
         torch.manual_seed(1)
-        norm = nn.BatchNorm2d(C, affine=mode != "no_affine", momentum=None if mode == "steps" else 0.1,
+        norm = nn.BatchNorm2d(C, affine="no_affine" not in mode, momentum=None if mode == "steps" else 0.1,
                               track_running_stats=mode != "no_running")
         layer = NormNeuron(norm, ChannelwisePLIF(channels=C, init_tau=2.5, backend=backend), backend=backend)
         # the module in float64 for the reference, else float32 (the norm's parameters as in mixed precision)
@@ -96,7 +100,7 @@ def _bn_step_case(mode: str, dtype: torch.dtype, monkeypatch):
                               (norm.bias, 0.2, 0.8)):
                 if t is not None:
                     t.copy_(torch.empty(C, dtype=torch.float64).uniform_(lo, hi, generator=gen))
-        if mode in ("eval", "no_running"):
+        if mode.startswith("eval") or mode == "no_running":
             layer.eval()
         xl = (x.double() if backend == "torch" else x.clone()).requires_grad_()
         y = layer(xl, steps) if steps else layer(xl)  # (the repeat count positionally)
@@ -125,8 +129,8 @@ def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mo
         assert_close(a, b, rtol=1e-9, atol=1e-11, what=f"dL/d{name} (per-channel sums in another order)")
 
 
-@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine", "no_running", "wide",
-                                  "wide_channels_last"])
+@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine", "eval_no_affine",
+                                  "no_running", "wide", "wide_channels_last"])
 def test_batch_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
     """The float32 path runs the kernels end to end (the statistics kernel with the running statistics' update,
     the generated kernels' per-channel sums, dL/dx finished in one elementwise pass, summed over T for a stride-0
@@ -256,7 +260,7 @@ def test_cuda_graph_capture_of_a_training_step():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_norm_folded_into_a_step_neuron_16_and_32_bit(dtype):
-    """fp32 statistics (on CUDA, torch.batch_norm_stats of the input as it is) and the fp32 normalised input inside
+    """fp32 statistics (the statistics kernel, of the input as it is) and the fp32 normalised input inside
     the kernels, where the unfused path rounds the norm's output to the input dtype: the same running statistics,
     nearly every spike the same, gradients finite."""
     torch.manual_seed(2)

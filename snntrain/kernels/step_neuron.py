@@ -174,7 +174,7 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     extra = {}
     if spec.affine:
         extra = dict(NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
-        norm_bufs = (rows[-2], rows[-1]) if norm_sums else (rows, rows)
+        norm_bufs = (rows[-2], rows[-1]) if norm_sums else affine[:1] * 2  # (not stored without NORM_SUMS)
     wrap(compiled.module.bwd_kernel)[(grid,)](
         xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *(bufs[j] for j in learn),
         *(norm_bufs if spec.affine else ()), T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
@@ -182,8 +182,9 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=BWD_BLOCK, num_warps=BWD_WARPS,
     )
     per_channel = rows.view(rows.shape[0], -1, C, R).sum(dim=(1, 3)) if rows.shape[0] else rows
+    separate = rows.shape[0] > 1  # the operator's outputs may not alias one another
     for q, j in enumerate(channel):
-        grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype)
+        grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype, copy=separate)
     for j in learn:
         if not spec.per_channel[j]:
             grads[j] = bufs[j].sum().reshape(params[j].shape).to(params[j].dtype)
