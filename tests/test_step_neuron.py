@@ -256,6 +256,36 @@ def test_channels_last_maps_are_read_in_place_with_per_channel_parameters():
         assert_close(a, b, what=f"dL/d{name}")
 
 
+@pytest.mark.parametrize("layout, csum", [("short_runs", "CSUM_NEURON"), ("run", "CSUM_PROGRAM"),
+                                           ("channels_last", "CSUM_ROWS"), ("one_channel", "CSUM_PROGRAM")])
+def test_per_channel_sums_in_each_layout_of_the_backward(layout, csum, monkeypatch):
+    """The backward stores a per-channel gradient per program where a block of neurons lies in one channel, per
+    channel of each program where a block is whole rows of channels (channels-last), else per neuron; each way
+    gives autograd's gradients."""
+    from snntrain.kernels import neuron_codegen, step_neuron
+
+    T, B, C, H, W = 3, 2, {"channels_last": 4, "one_channel": 1}.get(layout, 3), 4, 5
+    if layout == "run":  # H * W a multiple of the backward's block
+        H, W = 16, step_neuron.BWD_BLOCK // 16
+    torch.manual_seed(11)
+    neuron = AdaptiveLIF(learnable=("tau", "beta"), per_channel=("tau", "beta"), channels=C).to(DEVICE)
+    with torch.no_grad():
+        neuron.tau.copy_(torch.linspace(1.5, 4.0, C))
+    x = torch.randn(T, B, C, H, W, dtype=torch.float64, device=DEVICE) * 1.5 + 0.6
+    if layout == "channels_last":
+        x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    chosen = []
+    pick = step_neuron._channel_sums
+    monkeypatch.setattr(step_neuron, "_channel_sums", lambda *a: chosen.append(pick(*a)[0]) or pick(*a))
+    weights = _weights(neuron, x, 5)
+    y_ref, _f, g_ref = _grads(neuron, x, {}, "torch", [neuron.tau, neuron.beta], weights)
+    y, _f, g = _grads(neuron, x, {}, "triton", [neuron.tau, neuron.beta], weights)
+    assert chosen == [getattr(neuron_codegen, csum)]
+    assert torch.equal(y, y_ref) and 0 < y.sum() < y.numel()
+    for name, a, b in zip(["x", "tau", "beta"], g, g_ref):
+        assert_close(a, b, what=f"dL/d{name}")
+
+
 class _TakesT(torch.nn.Module):
     def __init__(self, T: int, channels: int, scale: float = 1.0) -> None:
         super().__init__()

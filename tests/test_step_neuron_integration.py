@@ -13,11 +13,14 @@ from snntrain import efficiency as E
 from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, MultiStep, NormNeuron, build_neuron
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
-    """The generated kernels' operators trace without graph breaks, also when the first call is compiled."""
+@pytest.mark.parametrize("per_channel", [(), ("beta", "tau")])
+def test_torch_compile_fullgraph_forward_and_backward(per_channel):
+    """The generated kernels' operators trace without graph breaks, also when the first call is compiled; two
+    per-channel gradients come back as separate tensors (an operator's outputs may not alias)."""
     backend = "inductor" if DEVICE.type == "cuda" else "aot_eager"
     torch._dynamo.reset()
-    neuron = ALIF(tau_a=7.0, learnable=("beta", "tau"), backend="triton").to(DEVICE)
+    neuron = ALIF(tau_a=7.0, learnable=("beta", "tau"), per_channel=per_channel, channels=5,
+                  backend="triton").to(DEVICE)
 
     def fn(x):
         return (neuron(x) * torch.linspace(0.5, 1.5, x.shape[-1], device=x.device)).sum()
@@ -61,16 +64,23 @@ def test_torch_export_and_onnx_run_the_pytorch_loop(tmp_path):
     assert np.abs(out - expected.cpu().numpy()).max() < 1e-5
 
 
-@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine"])
-def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mode, monkeypatch):
-    """NormNeuron(BatchNorm2d, StepNeuron) under Triton folds the norm into the neuron's generated kernels; float64
-    against the unfused PyTorch path: the same spikes, running statistics and gradients (input, the norm's weight
-    and bias, the neuron's per-channel parameter), in training (batch statistics) and in eval mode."""
+def _bn_step_case(mode: str, dtype: torch.dtype, monkeypatch):
+    """The Triton NormNeuron(BatchNorm2d, ChannelwisePLIF) and the unfused PyTorch one (norm, then the step as a
+    loop) on the same input, in ``dtype`` (the PyTorch one in float64 from the same values): for each, the spikes,
+    running statistics, num_batches_tracked and the gradients of the input, PLIF's per-channel w and the norm's
+    weight and bias. Modes: ``train``, ``eval``, ``steps`` ([B, C, H, W] input repeated over T: a stride-0 time
+    axis; momentum None), ``channels_last``, ``no_affine``, ``eval_no_affine`` (no sums to take: dL/dx from the
+    backward kernel alone), ``no_running`` (track_running_stats=False: batch
+    statistics in eval too), ``wide`` (16 x 16 maps: each block of the backward in one channel) and
+    ``wide_channels_last`` (rows of channels)."""
     torch.manual_seed(0)
     T, B, C, H, W = 5, 3, 4, 3, 2
+    if mode.startswith("wide"):
+        T, B, C, H, W = 3, 2, 2, 16, 16
     steps = 3 if mode == "steps" else None
     x = torch.randn((B, C, H, W) if steps else (T, B, C, H, W), dtype=torch.float64, device=DEVICE) * 2.0 + 0.3
-    if mode == "channels_last":
+    x = x.to(dtype)
+    if mode.endswith("channels_last"):
         x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
     folded = []
     fused_step = NormNeuron._fused_step
@@ -78,32 +88,65 @@ def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mo
     results = []
     for backend in ("torch", "triton"):
         torch.manual_seed(1)
-        norm = nn.BatchNorm2d(C, affine=mode != "no_affine", momentum=None if mode == "steps" else 0.1)
+        norm = nn.BatchNorm2d(C, affine="no_affine" not in mode, momentum=None if mode == "steps" else 0.1,
+                              track_running_stats=mode != "no_running")
         layer = NormNeuron(norm, ChannelwisePLIF(channels=C, init_tau=2.5, backend=backend), backend=backend)
-        layer = layer.to(device=DEVICE, dtype=torch.float64)
+        # the module in float64 for the reference, else float32 (the norm's parameters as in mixed precision)
+        layer = layer.to(device=DEVICE, dtype=torch.float64 if backend == "torch" else max(dtype, torch.float32,
+                                                                                           key=lambda d: d.itemsize))
+        gen = torch.Generator().manual_seed(2)
         with torch.no_grad():
-            norm.running_mean.uniform_(-0.5, 0.5)
-            norm.running_var.uniform_(0.5, 2.0)
-            if norm.affine:
-                norm.weight.uniform_(0.5, 1.5)
-                norm.bias.uniform_(-0.3, 0.3)
-        if mode == "eval":
+            for t, lo, hi in ((norm.running_mean, -0.5, 0.5), (norm.running_var, 0.5, 2.0), (norm.weight, 1.0, 2.0),
+                              (norm.bias, 0.2, 0.8)):
+                if t is not None:
+                    t.copy_(torch.empty(C, dtype=torch.float64).uniform_(lo, hi, generator=gen))
+        if mode.startswith("eval") or mode == "no_running":
             layer.eval()
-        xl = x.clone().requires_grad_()
+        xl = (x.double() if backend == "torch" else x.clone()).requires_grad_()
         y = layer(xl, steps) if steps else layer(xl)  # (the repeat count positionally)
         leaves = [xl, layer.neuron.w] + ([norm.weight, norm.bias] if norm.affine else [])
         g = torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float64, device=DEVICE).view_as(y)
-        results.append((y, norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked),
-                        torch.autograd.grad((y * g).sum(), leaves)))
-    (y0, rm0, rv0, n0, g0), (y1, rm1, rv1, n1, g1) = results
+        stats = [norm.running_mean.clone(), norm.running_var.clone()] if norm.track_running_stats else []
+        results.append((y, stats, int(norm.num_batches_tracked or 0),
+                        torch.autograd.grad((y * g.to(y.dtype)).sum(), leaves)))
     assert folded == [1]  # the Triton layer folded the norm into the neuron's kernels; the PyTorch one did not
+    return results
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine", "no_running", "wide",
+                                  "wide_channels_last"])
+def test_batch_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mode, monkeypatch):
+    """NormNeuron(BatchNorm2d, StepNeuron) under Triton folds the norm into the neuron's generated kernels; float64
+    against the unfused PyTorch path: the same spikes, running statistics and gradients (input, the norm's weight
+    and bias, the neuron's per-channel parameter), in training (batch statistics) and in eval mode."""
+    (y0, s0, n0, g0), (y1, s1, n1, g1) = _bn_step_case(mode, torch.float64, monkeypatch)
     assert 0 < y0.sum() < y0.numel()
-    assert torch.equal(y1, y0)
-    assert_close(rm1, rm0, what="running mean")
-    assert_close(rv1, rv0, what="running var")
+    assert torch.equal(y1, y0.to(y1.dtype)) or y1.dtype != torch.float64
+    for a, b, what in zip(s1, s0, ("running mean", "running var")):
+        assert_close(a, b, what=what)
     assert n1 == n0
     for name, a, b in zip(["x", "w", "weight", "bias"], g1, g0):
         assert_close(a, b, rtol=1e-9, atol=1e-11, what=f"dL/d{name} (per-channel sums in another order)")
+
+
+@pytest.mark.parametrize("mode", ["train", "eval", "steps", "channels_last", "no_affine", "eval_no_affine",
+                                  "no_running", "wide", "wide_channels_last"])
+def test_batch_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
+    """The float32 path runs the kernels end to end (the statistics kernel with the running statistics' update,
+    the generated kernels' per-channel sums, dL/dx finished in one elementwise pass, summed over T for a stride-0
+    time axis): the same spikes as the float64 reference on the same values, the running statistics and the
+    gradients within float32 rounding."""
+    (y0, s0, n0, g0), (y1, s1, n1, g1) = _bn_step_case(mode, torch.float32, monkeypatch)
+    assert 0 < y0.sum() < y0.numel()
+    assert y1.dtype == torch.float32 and torch.equal(y1, y0.float())
+    if mode.endswith("channels_last"):
+        assert y1.stride()[2] == 1 and g1[0].stride()[2] == 1  # spikes and dL/dx laid out like the input
+    for a, b, what in zip(s1, s0, ("running mean", "running var")):
+        assert_close(a.double(), b, rtol=1e-5, atol=1e-6, what=what)
+    assert n1 == n0
+    for name, a, b in zip(["x", "w", "weight", "bias"], g1, g0):
+        assert a.dtype == torch.float32
+        assert_close(a.double(), b, rtol=1e-4, atol=1e-5 * float(b.abs().max()), what=f"dL/d{name}")
 
 
 def test_efficiency_report_counts_step_neuron_spikes():
@@ -217,7 +260,7 @@ def test_cuda_graph_capture_of_a_training_step():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batch_norm_folded_into_a_step_neuron_16_and_32_bit(dtype):
-    """fp32 statistics (on CUDA, torch.batch_norm_stats of the input as it is) and the fp32 normalised input inside
+    """fp32 statistics (the statistics kernel, of the input as it is) and the fp32 normalised input inside
     the kernels, where the unfused path rounds the norm's output to the input dtype: the same running statistics,
     nearly every spike the same, gradients finite."""
     torch.manual_seed(2)
@@ -235,3 +278,39 @@ def test_batch_norm_folded_into_a_step_neuron_16_and_32_bit(dtype):
     assert_close(rm1, rm0, rtol=1e-4, atol=1e-5, what="running mean")
     assert_close(rv1, rv0, rtol=1e-4, atol=1e-5, what="running var")
     assert torch.isfinite(gx1).all() and gx1.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["train", "steps", "channels_last", "eval"])
+def test_batch_norm_folded_into_a_step_neuron_bf16_equals_fp32_on_the_same_values(mode):
+    """bf16 input runs the same fp32 arithmetic as fp32 input holding the same values (statistics, the normalised
+    input, the scan, the per-channel sums): the same spikes, running statistics and parameter gradients; dL/dx
+    differs by its rounding to bf16 (and that of dL/dy before the finishing pass)."""
+    torch.manual_seed(3)
+    T, B, C, H, W = 4, 2, 3, 4, 4
+    steps = 3 if mode == "steps" else None
+    x = (torch.randn((B, C, H, W) if steps else (T, B, C, H, W), device=DEVICE) * 2.0 + 0.3).to(torch.bfloat16)
+    if mode == "channels_last":
+        x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(1)
+        norm = nn.BatchNorm2d(C)
+        layer = NormNeuron(norm, ChannelwisePLIF(channels=C, init_tau=2.5, backend="triton"), backend="triton")
+        layer = layer.to(DEVICE)
+        with torch.no_grad():
+            norm.weight.copy_(torch.tensor([1.2, 1.6, 0.8]))
+            norm.bias.copy_(torch.tensor([0.5, 0.3, 0.7]))
+        if mode == "eval":
+            layer.eval()
+        xl = x.to(dtype).requires_grad_()
+        y = layer(xl, steps) if steps else layer(xl)
+        g = torch.linspace(-1.0, 1.0, y.numel(), device=DEVICE).view_as(y).bfloat16().float()  # dL/dS exact in bf16
+        grads = torch.autograd.grad((y.float() * g).sum(), [xl, layer.neuron.w, norm.weight, norm.bias])
+        out.append((y, norm.running_mean.clone(), norm.running_var.clone(), grads))
+    (y0, rm0, rv0, g0), (y1, rm1, rv1, g1) = out
+    assert y1.dtype == torch.bfloat16 and torch.equal(y1.float(), y0) and 0 < y0.sum() < y0.numel()
+    assert torch.equal(rm1, rm0) and torch.equal(rv1, rv0)
+    for name, a, b in zip(["w", "weight", "bias"], g1[1:], g0[1:]):
+        assert_close(a, b, rtol=1e-5, atol=1e-6, what=f"dL/d{name}")
+    assert g1[0].dtype == torch.bfloat16
+    assert_close(g1[0].float(), g0[0], rtol=2e-2, atol=2e-2 * float(g0[0].abs().max()), what="dL/dx")

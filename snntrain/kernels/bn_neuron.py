@@ -70,9 +70,9 @@ from .norm_neuron_base import (
     _state_before,
     _tile,
 )
-from .op_utils import PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
+from .op_utils import FLOAT_DTYPES, PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd"]
+__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "bn_stats", "bn_input_grad"]
 
 #: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`) and ``F_GRAD_WB``
 #: (:mod:`snntrain.kernels.norm_neuron_base`): batch statistics (training mode).
@@ -498,25 +498,10 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
     cl = sc < ss
     out = []
     if flags & F_BATCH_STATS:
-        bs, bc = tuning.bn_tiles(C, S, cl, tuning.STATS_TILE, tuning.FWD_CL_CHANNELS)
-        groups, tpp = tuning.tile_groups(B, S, bs, cdiv(C, bc), x.device, tuning.STATS_PROGRAMS_PER_SM)
-        g0 = B * groups
-        plan.part_shape = (g0, 3, C)
         update = bool(flags & F_UPDATE_RUNNING)
-        finish = ("mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else
-                                           ("mean", "mean", "mean")))
-        momentum = params[5] if update else 0.0
-        opts = dict(UPDATE=update, COUNT_BATCH=update and nbt)
-        sem = _semaphores(cdiv(C, bc), fuse, x.device)
-        out.append(Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
-                           ("x", "part", 1 if expanded else T, C, S, groups, tpp, st, sb, sc, ss,
-                            *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
-                           dict(FINISH=sem is not None, **opts, BLOCK_R=tuning.finish_rows(bc),
-                                BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.STATS_WARPS)))
-        if sem is None:
-            out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, tuning.FINISH_C),),
-                               ("part", *finish, g0, C, eps, momentum),
-                               dict(**opts, BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
+        plan.part_shape, stats = _stats_launches(x.device, 1 if expanded else T, B, C, S, (st, sb, sc, ss), eps,
+                                                 params[5] if update else 0.0, update, nbt, fuse)
+        out += stats
     bs, bc = tuning.bn_tiles(C, S, cl, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
     s_tiles = cdiv(S, bs)
     so = base._spike_strides(plan)
@@ -532,6 +517,29 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
     # an eager call's float32 tensors, views of one allocation: mean, rstd, var, partials, checkpoints
     plan.ws = (stats, stats, stats, 3 * stats * plan.part_shape[0] if stats else 0, math.prod(plan.ckpt_shape))
     return plan
+
+
+def _stats_launches(device: torch.device, steps: int, B: int, C: int, S: int, strides: tuple[int, ...], eps: float,
+                    momentum: float, update: bool, nbt: bool, fuse: bool) -> tuple[tuple[int, int, int], list]:
+    """The partial sums' shape and the launches of the batch statistics of ``x`` (``steps`` steps of ``[B, C, S]``
+    at ``strides``): into ``mean``, ``rstd`` and ``var``, with ``update`` folding them into ``rm``, ``rv`` (and
+    counting the batch in ``nbt`` with ``nbt``) with the float ``momentum``; ``fuse``: see :func:`_semaphores`."""
+    st, sb, sc, ss = strides
+    bs, bc = tuning.bn_tiles(C, S, sc < ss, tuning.STATS_TILE, tuning.FWD_CL_CHANNELS)
+    groups, tpp = tuning.tile_groups(B, S, bs, cdiv(C, bc), device, tuning.STATS_PROGRAMS_PER_SM)
+    g0 = B * groups
+    finish = ("mean", "rstd", "var", *(("rm", "rv", "nbt" if nbt else "rm") if update else ("mean", "mean", "mean")))
+    opts = dict(UPDATE=update, COUNT_BATCH=update and nbt)
+    sem = _semaphores(cdiv(C, bc), fuse, device)
+    out = [Planned(_bn_stats_kernel, (g0, cdiv(C, bc)),
+                   ("x", "part", steps, C, S, groups, tpp, st, sb, sc, ss,
+                    *((sem, *finish, eps, momentum) if sem is not None else ("part",) * 7 + (0.0, 0.0))),
+                   dict(FINISH=sem is not None, **opts, BLOCK_R=tuning.finish_rows(bc), BLOCK_S=bs, BLOCK_C=bc,
+                        num_warps=tuning.STATS_WARPS))]
+    if sem is None:
+        out.append(Planned(_bn_stats_finish_kernel, (cdiv(C, tuning.FINISH_C),), ("part", *finish, g0, C, eps, momentum),
+                           dict(**opts, BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
+    return (g0, 3, C), out
 
 
 _BN_FWD_PLANS = PlanCache()
@@ -819,3 +827,125 @@ def _check_count(count: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor |
     if base._needs_ckpt(x, weight, bias, k_tensor) or traced(x, weight, bias, k_tensor):
         raise ValueError("count= counts spikes during inference: call bn_neuron under torch.no_grad() or "
                          "torch.inference_mode(), outside torch.compile")
+
+
+# ----------------------------------------------------------------------------
+# The batch norm in front of other kernels (a generated neuron's, :mod:`snntrain.kernels.step_neuron`)
+# ----------------------------------------------------------------------------
+
+
+class _StatsPlan:
+    """The launches of :func:`bn_stats` for one layout: whether x is copied, the float32 workspace's parts (mean,
+    rstd, unbiased variance, partial sums) and the launches."""
+
+    __slots__ = ("copy", "ws", "launches")
+
+
+_STATS_PLANS = PlanCache()
+_DX_PLANS = PlanCache()
+
+
+def _stats_plan(x: Tensor, T: int | None, eps: float, momentum: float, update: bool, nbt: bool,
+                fuse: bool) -> _StatsPlan:
+    xk, B, C, H, W, strides = base._map(x, T)
+    base._check_size(B, C, H * W)
+    plan = _StatsPlan()
+    plan.copy = xk is not x
+    if B * C * H * W == 0:
+        part_shape, plan.launches = (0, 3, C), ()
+    else:
+        part_shape, launches = _stats_launches(x.device, 1 if T is not None else x.shape[0], B, C, H * W, strides,
+                                               eps, momentum, update, nbt, fuse)
+        plan.launches = tuple(launches)
+    plan.ws = (C, C, C, math.prod(part_shape))
+    return plan
+
+
+def bn_stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, *, training: bool,
+             momentum: float | Tensor, eps: float, T: int | None = None,
+             num_batches_tracked: Tensor | None = None) -> tuple[Tensor, Tensor, bool]:
+    """``(mean, rstd, batch)``: the per-channel mean and ``1 / sqrt(var + eps)`` (float32; float64 for float64
+    input) that :class:`torch.nn.BatchNorm2d` normalises ``x`` with, and whether they are the batch's (training,
+    or no running statistics: the gradient then flows through them, :func:`bn_input_grad`).
+
+    ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (each element counted once). Batch statistics come
+    from one pass of the statistics kernel (fp32 sums of any input dtype; channels-last read in place) which, in
+    training with float32 running statistics and a float ``momentum``, also folds them into the running
+    statistics and counts the batch in ``num_batches_tracked``; other running statistics are folded in here with
+    ``momentum`` (a float or a 0-dim tensor, as :func:`bn_neuron`'s), float64 input takes ``torch.var_mean``.
+    Eager calls only (outside ``torch.compile``)."""
+    batch = training or running_mean is None or running_var is None
+    if not batch:
+        return running_mean.to(torch.float32 if x.dtype != torch.float64 else x.dtype, copy=True), \
+            torch.rsqrt(running_var.to(torch.float32 if x.dtype != torch.float64 else x.dtype) + eps), False
+    B, C, H, W = x.shape[-4:]
+    n = (1 if T is not None else x.shape[0]) * B * H * W
+    if n <= 1 and training:
+        raise ValueError(f"batch norm needs more than 1 value per channel in training, got input shape "
+                         f"{tuple(x.shape)}")
+    update = training and running_mean is not None and running_var is not None
+    if x.dtype == torch.float64:
+        var, mean = torch.var_mean(x if T is not None else x.flatten(0, 1), dim=(0, 2, 3), correction=0)
+        rstd = torch.rsqrt(var + eps)
+        var = var * (n / max(n - 1, 1))
+        in_kernel = False
+    else:
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"x has dtype {x.dtype}; the batch statistics kernel takes float32, float16 or bfloat16")
+        in_kernel = update and type(momentum) is float and running_mean.dtype == running_var.dtype == torch.float32
+        count = in_kernel and num_batches_tracked is not None
+        key = (x.shape, x.stride(), x.device, T, eps, momentum if in_kernel else 0.0, in_kernel, count)
+        plan = _STATS_PLANS.get(key)
+        if plan is None:
+            plan = _STATS_PLANS.put(key, _stats_plan(x, T, eps, momentum if in_kernel else 0.0, in_kernel, count,
+                                                     True))
+        mean, rstd, var, part = torch.empty(sum(plan.ws), dtype=torch.float32, device=x.device).split_with_sizes(
+            plan.ws)
+        if not plan.launches:
+            mean.zero_()
+            rstd.fill_(1.0 / math.sqrt(eps))
+            var.zero_()
+        tensors = {"x": x.contiguous() if plan.copy else x, "part": part, "mean": mean, "rstd": rstd, "var": var,
+                   "rm": running_mean, "rv": running_var, "nbt": num_batches_tracked}
+        with profiled("snntrain::bn_stats"):
+            for planned in plan.launches:
+                planned(direct, tensors)
+    with torch.no_grad():
+        if update and not in_kernel:
+            running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+            running_var.lerp_(var.to(running_var.dtype), momentum)
+        if training and num_batches_tracked is not None and not (in_kernel and count):
+            num_batches_tracked.add_(1)
+    return mean, rstd, True
+
+
+def bn_input_grad(x: Tensor, grad: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor | None, sum_g: Tensor,
+                  sum_gx: Tensor, T: int | None = None) -> Tensor:
+    """dL/dx of a training-mode batch norm ``y = (x - mean) * rstd * weight + bias`` (batch statistics) from
+    ``grad`` = dL/dy (``x``'s shape and dtype, or one step's, summed over T, for ``[B, C, H, W]`` input with
+    ``T``) and the per-channel sums of dL/dy (``sum_g``) and of dL/dy * (x - mean) * rstd (``sum_gx``), all
+    float32: one elementwise pass (:func:`_bn_dx_kernel`) that reads dL/dy and x and writes dL/dx over dL/dy.
+    Returns dL/dx (``grad`` itself, or a copy of it where its H and W do not form one run)."""
+    H, W = grad.shape[-2:]
+    sh, sw = grad.stride()[-2:]
+    if H > 1 and W > 1 and sh != W * sw:
+        grad = grad.contiguous()
+    if grad.numel() == 0:
+        return grad
+    key = (x.shape, x.stride(), grad.stride(), x.device, T, weight is None)
+    planned = _DX_PLANS.get(key)
+    if planned is None:
+        xk, B, C, H, W, (st, sb, sc, ss) = base._map(x, T)
+        S = H * W
+        steps = 1 if T is not None else x.shape[0]
+        bs, bc = tuning.bn_tiles(C, S, sc < ss, tuning.FWD_TILE, tuning.FWD_CL_CHANNELS)
+        s_tiles = cdiv(S, bs)
+        planned = _DX_PLANS.put(key, (xk is not x, Planned(
+            _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
+            ("x", "mean", "rstd", "weight", "sum_g", "sum_gx", "grad", steps, B, C, S, s_tiles, st, sb, sc, ss,
+             *base._strides(grad, T is not None), 1.0 / (steps * B * S)),
+            dict(HAS_W=weight is not None, BATCH_STATS=True, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS))))
+    copy, launch = planned
+    launch(direct, {"x": x.contiguous() if copy else x, "mean": mean, "rstd": rstd,
+                    "weight": weight if weight is not None else mean, "sum_g": sum_g, "sum_gx": sum_gx, "grad": grad})
+    return grad

@@ -13,8 +13,11 @@ reverse-time backward loop.
 * ``bwd_kernel``: walks the chunks in reverse, recomputes the chunk's states from its checkpoint (the
   same ``_step``), then runs ``_step_bwd`` step by step backwards. dL/dX is written in the input's
   dtype, dL/d(initial states) when asked; a learnable scalar parameter's gradient is summed per program
-  into a partial-sum row (summed in a fixed order afterwards), a per-channel parameter's per neuron over
-  T (summed per channel afterwards, one reduction pass).
+  into a partial-sum row (summed in a fixed order afterwards). Per-channel sums (a per-channel
+  parameter's gradient; with ``affine`` the batch norm's sums of dL/dy and dL/dy * xhat) are summed over
+  T in registers and stored as the host picks (``CSUM``, :func:`_store_channel_sums`): one value per
+  program where its block lies in one channel, one per channel where the block is whole rows of ``CB``
+  channels (channels-last numbering), else one per neuron; the host then adds them up per channel.
 
 Neuron ``n`` of a step ``[B, C, S...]`` (row-major) has channel ``(n // S) % C``: per-channel parameters
 are loaded once per neuron. Every multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (the
@@ -34,7 +37,7 @@ from .neuron_graph import Graph
 __all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 3
+CODEGEN_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,24 @@ class KernelSpec:
     inits: tuple[float | str, ...]  # per state: its initial value, a number or a parameter's name
     fp64: bool  # compute in fp64 (fp64 input), else fp32
     affine: bool = False  # the input is x * a[c] + b[c] (a batch norm folded in front of the neuron)
+
+
+#: Per-channel sums as the backward stores them (``CSUM``): one value per neuron, per program (the
+#: program's block lies in one channel), or per channel of each program (the block is whole rows of ``CB``
+#: channels, the channels-last numbering).
+CSUM_NEURON, CSUM_PROGRAM, CSUM_ROWS = 0, 1, 2
+
+_STORE_CHANNEL_SUMS = (
+    "@triton.jit",
+    "def _store_channel_sums(ptr, acc, offs, mask, pid, CSUM: tl.constexpr, CB: tl.constexpr, BLOCK: tl.constexpr):",
+    '    """The per-neuron sums ``acc`` of a block (zero where masked), stored as ``CSUM`` says."""',
+    f"    if CSUM == {CSUM_NEURON}:",
+    "        tl.store(ptr + offs, acc, mask=mask)",
+    f"    elif CSUM == {CSUM_PROGRAM}:",
+    "        tl.store(ptr + pid, tl.sum(acc, axis=0))",
+    "    else:",
+    "        tl.store(ptr + pid * CB + tl.arange(0, CB), tl.sum(tl.reshape(acc, [BLOCK // CB, CB]), axis=0))",
+)
 
 
 def _fmt(v: float) -> str:
@@ -169,6 +190,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
     bwd_r = _renamed(bwd, dict(zip(["x", *spec.states, *spec.params], step_args)))
     out += _emit_function("_step_bwd", bwd_r, step_args + g_args, ct)
     out.append("")
+    out += [*_STORE_CHANNEL_SUMS, ""]
     any_channel = any(spec.per_channel) or spec.affine
     aff = spec.affine
 
@@ -257,15 +279,19 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
           if aff else []),
         "    gy_ptr,  # [T, N] dL/dy at t*stride_gt + n*stride_gn (strides may be 0), read when HAS_GY",
         "    gfinal_ptr,  # [K, N] dL/d(final states), read when HAS_GFINAL",
-        "    gx_ptr,  # [T, N] contiguous dL/dx out, dtype of x",
+        "    gx_ptr,  # [T, N] contiguous dL/dx out, dtype of x ([N], summed over T, when SUM_T)",
         "    ginit_ptr,  # [K, N] dL/d(initial states) out, written when STORE_GINIT",
         *[f"    {p},  # dL/d{spec.params[j]!r}: "
-          f"{'[N] per neuron (summed over T)' if spec.per_channel[j] else '[num_programs] per-program sums'}"
+          f"{'per-channel sums as CSUM says' if spec.per_channel[j] else '[num_programs] per-program sums'}"
           for p, j in zip(gp_ptrs, L)],
-        *(["    sg_ptr,  # [N] sum over T of dL/dy (y = x * a + b, the neuron's input)",
-           "    sgx_ptr,  # [N] sum over T of dL/dy * (x - mean) * rstd"] if aff else []),
+        *(["    sg_ptr,  # sums of dL/dy (y = x * a + b, the neuron's input) as CSUM says, when NORM_SUMS",
+           "    sgx_ptr,  # likewise of dL/dy * (x - mean) * rstd"] if aff else []),
         "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
         "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
+        "    CSUM: tl.constexpr, CB: tl.constexpr,  # how per-channel sums are stored (_store_channel_sums)",
+        *(["    NORM_SUMS: tl.constexpr,  # store the norm's two sums",
+           "    SUM_T: tl.constexpr,  # x's time axis has stride 0: dL/dx summed over T, stored once",
+           "    GX_SCALED: tl.constexpr,  # store a * dL/dy (dL/dx of a norm with fixed statistics)"] if aff else []),
         *_KERNEL_START,
         *param_loads("    "),
         *init_states("    "),
@@ -277,7 +303,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         *[f"    acc{j} = tl.zeros([BLOCK], {ct})" for j in L],
         *([f"    am = tl.load(mean_ptr + ch, mask=mask, other=0.0).to({ct})",
            f"    ar = tl.load(rstd_ptr + ch, mask=mask, other=0.0).to({ct})",
-           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if aff else []),
+           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})",
+           f"    gsum = tl.zeros([BLOCK], {ct})"] if aff else []),
         "    x_base = x_ptr + offs * stride_xn",
         "    if HAS_GY:",
         "        gy_base = gy_ptr + offs * stride_gn",
@@ -312,15 +339,29 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "            m = offs < tl.where(valid, N, 0)",
         f"            r = _step_bwd(xs[j], {', '.join([f'ss{i}[j]' for i in range(K)] + P)}, gys[j], "
         f"{', '.join(f'gs{i}' for i in range(K))})",
-        "            tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, r[0].to(out_dtype), mask=m)",
+        *(["            if SUM_T:",
+           "                gsum += tl.where(m, r[0], 0.0)",
+           "            else:",
+           "                gx = r[0]",
+           "                if GX_SCALED:",
+           "                    gx = mul_rn(gx, aa, NO_FMA_)",
+           "                tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, gx.to(out_dtype), mask=m)"] if aff else
+          ["            tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, r[0].to(out_dtype), mask=m)"]),
         *[f"            gs{i} = tl.where(valid, r[{1 + i}], gs{i})" for i in range(K)],
         *[f"            acc{j} += tl.where(m, r[{1 + K + q}], 0.0)" for q, j in enumerate(L)],
-        *(["            sg += tl.where(m, r[0], 0.0)", "            sgx += tl.where(m, r[0] * xhs[j], 0.0)"]
-          if aff else []),
-        *(["    tl.store(sg_ptr + offs, sg, mask=mask)", "    tl.store(sgx_ptr + offs, sgx, mask=mask)"] if aff else []),
+        *(["            if NORM_SUMS:",
+           "                sg += tl.where(m, r[0], 0.0)",
+           "                sgx += tl.where(m, r[0] * xhs[j], 0.0)"] if aff else []),
+        *(["    if SUM_T:",
+           "        if GX_SCALED:",
+           "            gsum = mul_rn(gsum, aa, NO_FMA_)",
+           "        tl.store(gx_ptr + offs, gsum.to(out_dtype), mask=mask)",
+           "    if NORM_SUMS:",
+           "        _store_channel_sums(sg_ptr, sg, offs, mask, pid, CSUM, CB, BLOCK)",
+           "        _store_channel_sums(sgx_ptr, sgx, offs, mask, pid, CSUM, CB, BLOCK)"] if aff else []),
         "    if STORE_GINIT:",
         *[f"        tl.store(ginit_ptr + {i} * N64 + offs, gs{i}, mask=mask)" for i in range(K)],
-        *[(f"    tl.store(gp{j}_ptr + offs, acc{j}, mask=mask)" if spec.per_channel[j]
+        *[(f"    _store_channel_sums(gp{j}_ptr, acc{j}, offs, mask, pid, CSUM, CB, BLOCK)" if spec.per_channel[j]
            else f"    tl.store(gp{j}_ptr + pid, tl.sum(acc{j}, axis=0))") for j in L],
         "",
     ]

@@ -17,8 +17,31 @@ is read in place when its neurons form one strided run (contiguous, a stride-0 t
 dense in another order (channels-last maps), the neurons then numbered in memory order and every output
 and gradient laid out like X; other layouts are copied once. Parameters are one-element tensors or
 ``[C]`` tensors over dim 1 of a step ``[B, C, ...]`` (channel ``(n // S) % C`` of neuron ``n`` in that
-numbering); a learnable ``[C]`` parameter's gradient is summed per neuron over T in the kernel and then
-per channel (one reduction of ``N`` values), a scalar one's per program (then in a fixed order).
+numbering); a learnable ``[C]`` parameter's gradient is summed over T in the kernel and stored per program
+where a program's block of neurons lies in one channel (``S`` a multiple of the block), per channel of
+each program where the block is whole rows of channels (channels-last, ``C`` dividing the block), else
+per neuron (:func:`_channel_sums`), then added up per channel in one reduction with every other
+per-channel sum; a scalar one's per program (then in a fixed order).
+
+A batch norm in front (:func:`bn_step_neuron`, spec ``affine``)
+---------------------------------------------------------------
+Bytes counted in tensors of the input's size ``E = T*B*C*H*W`` as in :mod:`snntrain.kernels.bn_neuron`
+(whose statistics and finishing kernels these are), training mode:
+
+* forward: the statistics kernel reads X (1; it folds in the running statistics too), the generated
+  forward reads X, normalises it as it reads (``x * a + b``, ``a``, ``b`` per channel) and writes the
+  outputs (2) = **3 E**;
+* backward: the generated backward reads X and dS and writes dL/dy, the gradient of the normalised input,
+  in X's dtype (3), with the two per-channel sums the norm needs (dL/dy and dL/dy * xhat) summed in
+  registers and stored as the per-channel gradients are: 8 B per program of 256 neurons, ``8 C`` B per
+  program for channels-last rows (2 B per neuron at C = 64), 8 B per neuron otherwise (a bf16 neuron's
+  four steps are 8 B: one E more at T = 4); then one elementwise pass reads dL/dy and X and writes dL/dx
+  over dL/dy (3) = **6 E**.
+
+So 9 E, the hand-written fused op's count (against 13 E for the norm and the neuron unfused), with no
+full-size temporary beyond dL/dx itself. With fixed statistics (eval mode) the backward kernel writes
+``a * dL/dy``, dL/dx, itself (3 E); a stride-0 time axis (``[B, C, H, W]`` repeated over T) is read
+once per element by the statistics, and its dL/dx is summed over T in registers and written once.
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ import math
 import torch
 from torch import Tensor
 
+from .bn_neuron import bn_input_grad
 from .lif import (
     BWD16_BLOCK,
     BWD16_WARPS,
@@ -40,6 +64,7 @@ from .lif import (
     _permuted,
     _time_major,
 )
+from .neuron_codegen import CSUM_NEURON, CSUM_PROGRAM, CSUM_ROWS
 from .neuron_jit import lookup
 from .neuron_step import chunk_steps
 from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
@@ -94,13 +119,30 @@ def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, fl
     return y, final, ckpt
 
 
+def _channel_sums(N: int, C: int, S: int, grid: int, block: int) -> tuple[int, int, int, int]:
+    """``(CSUM, CB, R, M)``: how the backward stores a per-channel sum (:mod:`~snntrain.kernels.neuron_codegen`'s
+    ``_store_channel_sums``), ``M`` values per sum, which ``view(-1, C, R).sum((0, 2))`` adds up per channel. One
+    value per program where each ``block`` of neurons lies in one channel (``S`` a multiple of the
+    block, or one channel in all), one per channel and program where a block is whole rows of ``C`` channels
+    (channels-last numbering, ``C`` dividing the block), else one per neuron."""
+    if C == 1:
+        return CSUM_PROGRAM, 1, 1, grid
+    if S % block == 0:
+        return CSUM_PROGRAM, 1, S // block, grid
+    if S == 1 and block % C == 0:
+        return CSUM_ROWS, C, 1, grid * C
+    return CSUM_NEURON, 1, S, N
+
+
 def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor], grad_y: Tensor | None,
               grad_final: Tensor | None, key: str, flags: int, launch: bool,
               wrap=direct, affine: tuple[Tensor, ...] | None = None, sums: list | None = None,
-              ) -> tuple[Tensor, Tensor, list[Tensor]]:
+              sum_t: bool = False, scaled: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
     """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(a, b, mean, rstd)`` ([C] fp32, spec
-    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b``, and ``sums`` receives the per-channel
-    sums of it and of it times ``(x - mean) * rstd`` (what a batch norm's backward needs)."""
+    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
+    gradient of x through a norm with fixed statistics; ``sum_t``: x's time axis has stride 0, and dL/dx is one
+    step's, summed over T), and ``sums``, where given, receives the per-channel sums of it and of it times
+    ``(x - mean) * rstd`` (what a batch norm's backward needs)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -109,13 +151,14 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     ct = torch.float64 if spec.fp64 else torch.float32
     dev = x.device
     order = _neuron_order(x, None)
-    grad_x = _empty(x.shape, order, 1, x.dtype, dev)
+    grad_x = _empty(step if sum_t else x.shape, order, 0 if sum_t else 1, x.dtype, dev)
     store_ginit = bool(flags & F_GRAD_INIT)
     grad_init = _empty((K, *step) if store_ginit else (0,), order, 1, ct, dev)
     block, warps = (BWD_BLOCK, BWD_WARPS) if x.element_size() >= 4 else (BWD16_BLOCK, BWD16_WARPS)
     grid = cdiv(N, block)
     learn = [j for j, flag in enumerate(spec.learnable) if flag]
-    bufs = [torch.empty((N,) if spec.per_channel[j] else (grid,), dtype=ct, device=dev) for j in learn]
+    channel = [j for j in learn if spec.per_channel[j]]
+    bufs = {j: torch.empty((grid,), dtype=ct, device=dev) for j in learn if not spec.per_channel[j]}
     grads = [torch.empty(p.shape if spec.learnable[j] else (0,), dtype=p.dtype, device=dev)
              for j, p in enumerate(params)]
     if not launch:
@@ -125,29 +168,39 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         grad_init.zero_()
         for j in learn:
             grads[j].zero_()
+        if sums is not None:
+            sums[:] = [torch.zeros(x.shape[2], dtype=ct, device=dev) for _ in range(2)]
         return grad_x, grad_init, grads
     C, S = _channels(x, (*spec.per_channel, spec.affine), order)
+    csum, cb, R, M = _channel_sums(N, C, S, grid, block)
+    # every per-channel sum in one buffer, added up per channel by one reduction
+    norm_sums = sums is not None
+    rows = torch.empty((len(channel) + 2 * norm_sums, M), dtype=ct, device=dev)
+    bufs.update(zip(channel, rows))
     xk, stride_xt, stride_xn = _time_major(x, order)
     if init is not None:
         init = _permuted(init, order, 1).contiguous()
-    norm_sums = [torch.empty((N,), dtype=ct, device=dev) for _ in range(2)] if spec.affine else []
     gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y, order)
     gfinal = None if grad_final is None else _permuted(grad_final, order, 1).to(ct).contiguous()
+    extra = {}
+    if spec.affine:
+        extra = dict(NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
+        norm_bufs = (rows[-2], rows[-1]) if norm_sums else affine[:1] * 2  # (not stored without NORM_SUMS)
     wrap(compiled.module.bwd_kernel)[(grid,)](
-        xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *bufs, *norm_sums,
-        T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
+        xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *(bufs[j] for j in learn),
+        *(norm_bufs if spec.affine else ()), T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
         HAS_INIT=init is not None, HAS_GY=gy is not None, HAS_GFINAL=gfinal is not None, STORE_GINIT=store_ginit,
-        CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps,
+        CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps,
     )
-    for j, buf in zip(learn, bufs):
-        p = params[j]
-        if spec.per_channel[j]:  # per neuron -> per channel: n = (outer * C + channel) * S + inner
-            g = buf.view(-1, C, S).sum(dim=(0, 2))
-        else:
-            g = buf.sum()
-        grads[j] = g.reshape(p.shape).to(p.dtype)
-    if sums is not None:
-        sums[:] = [buf.view(-1, C, S).sum(dim=(0, 2)) for buf in norm_sums]
+    per_channel = rows.view(rows.shape[0], -1, C, R).sum(dim=(1, 3)) if rows.shape[0] else rows
+    separate = rows.shape[0] > 1  # the operator's outputs may not alias one another
+    for q, j in enumerate(channel):
+        grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype, copy=separate)
+    for j in learn:
+        if not spec.per_channel[j]:
+            grads[j] = bufs[j].sum().reshape(params[j].shape).to(params[j].dtype)
+    if norm_sums:
+        sums[:] = [per_channel[-2], per_channel[-1]]
     return grad_x, grad_init, grads
 
 
@@ -236,49 +289,64 @@ class _EagerStepNeuron(torch.autograd.Function):
 
 class _EagerBNStepNeuron(torch.autograd.Function):
     """A batch norm folded into a generated neuron (spec ``affine``): the neuron's input is ``x * a + b`` with
-    ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels; the backward kernel
-    gives dL/dy of that input and its per-channel sums, from which a few elementwise operations make dL/dx
-    (through the batch statistics in training)."""
+    ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels. The backward kernel
+    gives dL/dy of that input and its per-channel sums; with batch statistics one elementwise pass
+    (:func:`~snntrain.kernels.bn_neuron.bn_input_grad`) turns dL/dy into dL/dx in place, with fixed
+    statistics the kernel writes ``a * dL/dy`` itself. ``x`` is ``[T, B, C, ...]``, or ``[B, C, H, W]`` with
+    ``T`` (read as a stride-0 time axis; its gradient is summed over T in the kernel)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mean, rstd, key, flags, batch_stats, *params):
-        a = rstd * weight.to(rstd.dtype)
-        b = bias.to(rstd.dtype) - mean * a
+    def forward(ctx, x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params):
+        a = rstd if weight is None else rstd * weight.to(rstd.dtype)
+        b = torch.mul(mean, a).neg_() if bias is None else torch.addcmul(bias.to(rstd.dtype), mean, a, value=-1.0)
+        xt = x if T is None else x.expand(T, *x.shape)
         with profiled("snntrain::step_neuron_fwd"):
-            y, _final, ckpt = _fwd_host(x, None, list(params), key, flags, launch=True, affine=(a, b))
-        ctx.save_for_backward(x, ckpt, a, b, mean, rstd, *params)
-        ctx.key, ctx.flags, ctx.batch_stats = key, flags, batch_stats
-        ctx.w_dtype, ctx.b_dtype = weight.dtype, bias.dtype
+            y, _final, ckpt = _fwd_host(xt, None, list(params), key, flags, launch=True, affine=(a, b))
+        ctx.save_for_backward(x, weight, ckpt, *params)
+        ctx.a, ctx.b, ctx.mean, ctx.rstd = a, b, mean, rstd
+        ctx.T, ctx.key, ctx.flags, ctx.batch_stats = T, key, flags, batch_stats
+        ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.set_materialize_grads(False)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, ckpt, a, b, mean, rstd, *params = ctx.saved_tensors
-        sums: list = []
-        with profiled("snntrain::step_neuron_bwd"):
-            grad_in, _gi, grads = _bwd_host(x, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
-                                            affine=(a, b, mean, rstd), sums=sums)
-        s_g, s_gx = sums  # per channel: sum of dL/dy, sum of dL/dy * xhat
-        view = (1, 1, -1) + (1,) * (x.dim() - 3)
-        if ctx.batch_stats:  # dL/dx through the batch's mean and variance
-            m = x.numel() // x.shape[2]
-            xhat = (x.to(a.dtype) - mean.view(view)) * rstd.view(view)
-            grad_x = (grad_in.to(a.dtype) - (s_g / m).view(view) - xhat * (s_gx / m).view(view)) * a.view(view)
-        else:
-            grad_x = grad_in.to(a.dtype) * a.view(view)
+        x, weight, ckpt, *params = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         spec = lookup(ctx.key).spec
+        if grad_y is None:
+            return (None,) * 9 + tuple(None for _ in params)
+        batch, T, mean, rstd = ctx.batch_stats, ctx.T, ctx.mean, ctx.rstd
+        sums: list | None = [] if need_w or need_b or (need_x and batch) else None
+        xt = x if T is None else x.expand(T, *x.shape)
+        with profiled("snntrain::step_neuron_bwd"):
+            grad_x, _gi, grads = _bwd_host(xt, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
+                                           affine=(ctx.a, ctx.b, mean, rstd), sums=sums, sum_t=T is not None,
+                                           scaled=not batch)
+            s_g, s_gx = sums if sums is not None else (None, None)
+            if need_x and batch:  # through the batch's mean and variance
+                if x.dtype == torch.float64:  # (the kernel computes in fp32)
+                    view = (-1, 1, 1)  # channels are dim -3
+                    m = x.numel() // x.shape[-3]
+                    xhat = (x - mean.view(view)) * rstd.view(view)
+                    grad_x = (grad_x - (s_g / m).view(view) - xhat * (s_gx / m).view(view)) * ctx.a.view(view)
+                else:
+                    grad_x = bn_input_grad(x, grad_x, mean, rstd, weight, s_g, s_gx, T)
         grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
-        return (grad_x.to(x.dtype), s_gx.to(ctx.w_dtype), s_g.to(ctx.b_dtype), None, None, None, None, None, *grads)
+        return (grad_x if need_x else None, s_gx.to(weight.dtype) if need_w else None,
+                s_g.to(ctx.b_dtype) if need_b else None, None, None, None, None, None, None, *grads)
 
 
-def bn_step_neuron(x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor, batch_stats: bool,
-                   params: list[Tensor], key: str) -> Tensor:
+def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
+                   batch_stats: bool, params: list[Tensor], key: str, T: int | None = None) -> Tensor:
     """The generated neuron ``key`` (spec ``affine``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
-    ``x`` ``[T, B, C, ...]``, fused: outputs in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32) are the batch's
-    (``batch_stats``: the gradient also flows through them, as the batch norm's in training) or the running
-    statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable parameters (eager calls)."""
+    ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T`` steps), fused: outputs ``[T, B, C, ...]`` in
+    ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
+    bn_stats`) are the batch's (``batch_stats``: the gradient also flows through them, as the batch norm's in
+    training) or the running statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable
+    parameters (eager calls)."""
     flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
-    return _EagerBNStepNeuron.apply(x, weight, bias, mean, rstd, key, flags, batch_stats, *params)
+    return _EagerBNStepNeuron.apply(x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params)
 
 
 def step_neuron(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, return_state: bool

@@ -37,6 +37,24 @@ def _neuron_options(p) -> dict:
                 detach_reset=p.detach_reset, surrogate=p.surrogate, alpha=p.alpha)
 
 
+def _bn_bookkeeping(norm: nn.BatchNorm2d) -> tuple[float | torch.Tensor, torch.Tensor | None, bool]:
+    """The bookkeeping of :meth:`torch.nn.BatchNorm2d.forward`, without reading ``num_batches_tracked`` on the host:
+    ``(momentum, counter, use_running)``, the factor the running statistics are folded in with (the cumulative
+    average's ``1 / num_batches_tracked`` when ``momentum`` is None, counted here first), the counter the fused
+    call counts the batch in (None where it is counted already or not at all) and whether the running statistics
+    are used (updated in training, read in eval)."""
+    momentum, training, count = norm.momentum, norm.training, norm._buffers["num_batches_tracked"]
+    factor: float | torch.Tensor = 0.0 if momentum is None else momentum
+    nbt = None
+    if training and norm.track_running_stats and count is not None:
+        if momentum is None:  # the cumulative average: the count first, then its reciprocal
+            count.add_(1)
+            factor = 1.0 / count
+        else:  # counted with the running statistics' update
+            nbt = count
+    return factor, nbt, not training or norm.track_running_stats
+
+
 class NormNeuron(nn.Module):
     """``neuron(norm(x))`` over multi-step feature maps.
 
@@ -57,7 +75,8 @@ class NormNeuron(nn.Module):
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
     (a plain attribute: the norm's and the neuron's own kernels, one after the other). A
     :class:`~snntrain.nn.StepNeuron` (the families among them) after a batch norm runs fused in its own
-    generated kernels (eager calls; the norm's statistics first, then the kernels normalise as they read);
+    generated kernels (eager calls; the norm's statistics kernel first, then the generated kernels normalise as
+    they read, and one elementwise pass finishes dL/dx through the batch statistics);
     after a layer norm, under ``torch.compile`` and for other neuron types (PSN) the norm runs first, then
     the neuron.
     """
@@ -121,36 +140,20 @@ class NormNeuron(nn.Module):
     @staticmethod
     def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d, neuron: StepNeuron) -> torch.Tensor:
         """A batch norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the statistics (one
-        read of ``x``, as the norm sees it: once per element with ``T``), the running statistics updated as
-        :class:`torch.nn.BatchNorm2d` does, then the neuron's kernels normalise as they read."""
-        seen = x if T is not None else x.flatten(0, 1)  # [N, C, H, W]
-        ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+        pass of the statistics kernel, which reads ``x`` as the norm sees it: once per element with ``T``, and
+        updates the running statistics as :class:`torch.nn.BatchNorm2d` does), then the neuron's kernels
+        normalise as they read (:func:`snntrain.kernels.step_neuron.bn_step_neuron`)."""
+        from ..kernels import bn_neuron
+        from ..kernels.norm_neuron_base import _map
+
+        x = _map(x, T)[0]  # H and W as one run (odd layouts copied once, differentiably)
+        factor, nbt, use_running = _bn_bookkeeping(norm)
         buffers = norm._buffers
-        running = norm.track_running_stats and buffers["running_mean"] is not None
-        batch_stats = norm.training or not running
-        if batch_stats:
-            with torch.no_grad():
-                if seen.is_cuda and ct == torch.float32:
-                    mean, rstd = torch.batch_norm_stats(seen, norm.eps)  # fp32 sums of any input dtype
-                    var = rstd.pow(-2) - norm.eps
-                else:
-                    var, mean = torch.var_mean(seen.to(ct), dim=(0, 2, 3), correction=0)
-                    rstd = torch.rsqrt(var + norm.eps)
-                if norm.training and running:
-                    count = buffers["num_batches_tracked"]
-                    count.add_(1)
-                    factor = (1.0 / count) if norm.momentum is None else norm.momentum
-                    n = seen.numel() // seen.shape[1]
-                    buffers["running_mean"].mul_(1 - factor).add_(mean * factor)
-                    buffers["running_var"].mul_(1 - factor).add_(var * (n / max(n - 1, 1)) * factor)
-        else:
-            mean = buffers["running_mean"].to(ct)
-            rstd = torch.rsqrt(buffers["running_var"].to(ct) + norm.eps)
+        mean, rstd, batch_stats = bn_neuron.bn_stats(
+            x, buffers["running_mean"] if use_running else None, buffers["running_var"] if use_running else None,
+            training=norm.training, momentum=factor, eps=norm.eps, T=T, num_batches_tracked=nbt)
         params = norm._parameters
-        weight = params["weight"] if params.get("weight") is not None else torch.ones_like(mean)
-        bias = params["bias"] if params.get("bias") is not None else torch.zeros_like(mean)
-        y = x.unsqueeze(0).expand(T, *x.shape) if T is not None else x
-        return neuron.bn_forward(y, weight, bias, mean.to(ct), rstd.to(ct), batch_stats)
+        return neuron.bn_forward(x, params.get("weight"), params.get("bias"), mean, rstd, batch_stats, T)
 
     @staticmethod
     def _fused(x: torch.Tensor, T: int | None, norm: nn.Module, neuron: BaseNeuron,
@@ -163,18 +166,8 @@ class NormNeuron(nn.Module):
         params = norm._parameters
         if isinstance(norm, LayerNorm2d):
             return ln_neuron.ln_neuron(x, params["weight"], params["bias"], eps=norm.eps, T=T, w=w, **options), False
-        # the bookkeeping of torch.nn.BatchNorm2d.forward, without reading num_batches_tracked on the host
-        buffers = norm._buffers
-        momentum, training, count = norm.momentum, norm.training, buffers["num_batches_tracked"]
-        factor: float | torch.Tensor = 0.0 if momentum is None else momentum
-        nbt = None
-        if training and norm.track_running_stats and count is not None:
-            if momentum is None:  # the cumulative average: the count first, then its reciprocal
-                count.add_(1)
-                factor = 1.0 / count
-            else:  # counted with the running statistics' update
-                nbt = count
-        use_running = not training or norm.track_running_stats
+        factor, nbt, use_running = _bn_bookkeeping(norm)
+        buffers, training = norm._buffers, norm.training
         # in inference (validation, task=report) the kernel counts the spikes for an attached counter
         row = sink.row(x, T) if sink is not None and not torch.is_grad_enabled() else None
         spikes = bn_neuron.bn_neuron(

@@ -299,17 +299,18 @@ class StepNeuron(nn.Module):
                 and x.dtype in _KERNEL_DTYPES and not torch.compiler.is_compiling()
                 and not torch.compiler.is_exporting())
 
-    def bn_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor,
-                   rstd: torch.Tensor, batch_stats: bool) -> torch.Tensor:
-        """The outputs for the batch norm ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]``, computed
-        inside this neuron's generated kernels (``mean``, ``rstd``: [C] fp32; ``batch_stats``: they are the batch's,
-        and the gradient flows through them)."""
+    def bn_forward(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, mean: torch.Tensor,
+                   rstd: torch.Tensor, batch_stats: bool, T: int | None = None) -> torch.Tensor:
+        """The outputs for the batch norm ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]`` (or
+        ``[B, C, H, W]`` repeated over ``T`` steps), computed inside this neuron's generated kernels (``mean``,
+        ``rstd``: [C] fp32, fp64 for fp64 input, from :func:`snntrain.kernels.bn_neuron.bn_stats`;
+        ``batch_stats``: they are the batch's, and the gradient flows through them)."""
         from ..kernels.step_neuron import bn_step_neuron
 
         params = self._params_on(x.device)
-        self._check_params(params, tuple(x.shape[1:]))
+        self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
         key = _kernel_key(self, x.dtype == torch.float64, True)
-        return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key)
+        return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key, T)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron
