@@ -557,8 +557,16 @@ def run_generated(args) -> None:
     gpu = f"{SMOKE_DEVICE.type} (smoke: not a measurement)" if smoke else bu.gpu_name()
     rows: list[dict] = []
 
+    deadline = time.time() + args.budget
+
     def record(bench, family, provider, dname, T, fn, one_step=step_shape):
         shape = (T, *one_step)
+        if time.time() > deadline:
+            row = {"bench": bench, "family": family, "provider": provider, "dtype": dname, "T": T,
+                   "shape": list(shape), "error": "out of time budget (--budget)", "gpu": gpu}
+            rows.append(row)
+            bu.append_row(row, out, name)
+            return
         try:
             module, reset = fn()
             ms, peak, count = _measure(module, shape, DTYPES[dname], dev, smoke, reset)

@@ -115,7 +115,11 @@ def assert_close(logged: dict[str, float], single: dict[str, float], keys: list[
 
 @pytest.mark.slow
 def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_path, compose_run):
-    res = cli("-m", "seed=1,2", *CLASSIFY, "trainer.devices=2", "logger=csv", "paths.log_dir=logs", cwd=tmp_path)
+    """A sweep of two jobs of two processes each: the default LIF, and ALIF (a neuron generated from its step, with a
+    second state and learnable parameters, whose gradients are all-reduced like the others)."""
+    neurons = ["LIF", "ALIF"]
+    res = cli("-m", f"model.neuron.type={','.join(neurons)}", *CLASSIFY, "trainer.devices=2", "logger=csv",
+              "paths.log_dir=logs", cwd=tmp_path)
     sweeps = list((tmp_path / "logs" / "classify" / "multirun").iterdir())
     assert len(sweeps) == 1, sweeps  # the processes of each job ran that job, not the sweep again
     runs = sorted(p for p in sweeps[0].iterdir() if p.is_dir())
@@ -123,8 +127,8 @@ def test_ddp_classification_sweep_matches_single_process_and_resumes_on_one(tmp_
     for run in runs:
         check_run_dir(run)
         logged = logged_epoch_metrics(run)
-        seed = f"seed={int(run.name) + 1}"  # job n of the sweep ran seed=n+1 (the seed also picks the split)
-        single = single_process_validation(compose_run, [*CLASSIFY, seed], run / "checkpoints" / "last.ckpt",
+        neuron = f"model.neuron.type={neurons[int(run.name)]}"  # job n of the sweep ran the n-th neuron
+        single = single_process_validation(compose_run, [*CLASSIFY, neuron], run / "checkpoints" / "last.ckpt",
                                            tmp_path / f"val{run.name}")
         rates = [k for k in single if k.startswith("firing_rate/")]
         assert len(rates) > 10
