@@ -336,7 +336,7 @@ def test_benchmark_script_smoke(tmp_path):
     got = {(r["bench"], r["provider"], r["dtype"], r["T"]) for r in rows if "ms" in r}
     for provider in ("ours", "sj-node", "sj-flexsn"):
         assert ("families", provider, "fp32", 9) in got, provider
-    for bench in ("api_lif", "bn_api_lif"):
+    for bench in ("api_lif", "bn_api_lif", "ln_api_lif"):
         assert (bench, "api", "bf16", 9) in got and (bench, "hand-written", "bf16", 9) in got
     ours = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "ours" and r["dtype"] == "fp32"}
     node = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "sj-node" and r["dtype"] == "fp32"}
