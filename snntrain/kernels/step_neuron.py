@@ -23,8 +23,8 @@ each program where the block is whole rows of channels (channels-last, ``C`` div
 per neuron (:func:`_channel_sums`), then added up per channel in one reduction with every other
 per-channel sum; a scalar one's per program (then in a fixed order).
 
-A batch norm in front (:func:`bn_step_neuron`, spec ``affine``)
----------------------------------------------------------------
+A batch norm in front (:func:`bn_step_neuron`, spec ``affine`` ``"bn"``)
+-----------------------------------------------------------------------
 Bytes counted in tensors of the input's size ``E = T*B*C*H*W`` as in :mod:`snntrain.kernels.bn_neuron`
 (whose statistics and finishing kernels these are), training mode:
 
@@ -42,6 +42,27 @@ So 9 E, the hand-written fused op's count (against 13 E for the norm and the neu
 full-size temporary beyond dL/dx itself. With fixed statistics (eval mode) the backward kernel writes
 ``a * dL/dy``, dL/dx, itself (3 E); a stride-0 time axis (``[B, C, H, W]`` repeated over T) is read
 once per element by the statistics, and its dL/dx is summed over T in registers and written once.
+
+A layer norm in front (:func:`ln_step_neuron`, spec ``affine`` ``"ln"``)
+-----------------------------------------------------------------------
+:class:`~snntrain.nn.LayerNorm2d`: statistics per position over ``C``, computed by
+:mod:`snntrain.kernels.layer_norm`'s kernels (its forward kernel without the output, its backward kernel as
+the finishing pass). Bytes in ``E`` as above; the statistics are 8 B per position per step (``8 / C`` B per
+element, 0.125 B at C = 64), read by each of the position's ``C`` neurons (from cache after the first):
+
+* forward: the statistics kernel reads X (1) and writes the per-position mean and rstd; the generated
+  forward reads X and the statistics, normalises as it reads (``(x - mean) * rstd * w + b``) and writes the
+  outputs (2) = **3 E**;
+* backward: the generated backward reads X, the statistics and dS and writes dL/dy in X's dtype (3); the
+  layer norm's backward kernel reads dL/dy and X and writes dL/dx over dL/dy (3), with the weight's and bias's
+  per-program sums in registers (what the norm's gradient reduces per channel costs the generated kernel
+  nothing: the finishing pass reads both tensors anyway) = **6 E**.
+
+So 9 E, against 5 E for the hand-written fused layer-norm op (:mod:`snntrain.kernels.ln_neuron`, whose
+programs hold all ``C`` channels of their positions and compute the statistics from the tile they load) and
+10 E for the norm and the neuron unfused (which also keep the normalised input, one more E of activation
+memory, for the neuron's backward). A stride-0 time axis has statistics per (b, h, w), read once per element
+by the statistics kernel; dL/dy is summed over T in registers and written once, then finished once.
 """
 
 from __future__ import annotations
@@ -293,7 +314,7 @@ class _EagerStepNeuron(torch.autograd.Function):
 
 
 class _EagerBNStepNeuron(torch.autograd.Function):
-    """A batch norm folded into a generated neuron (spec ``affine``): the neuron's input is ``x * a + b`` with
+    """A batch norm folded into a generated neuron (spec ``affine`` ``"bn"``): the neuron's input is ``x * a + b`` with
     ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels. The backward kernel
     gives dL/dy of that input and its per-channel sums; with batch statistics one elementwise pass
     (:func:`~snntrain.kernels.bn_neuron.bn_input_grad`) turns dL/dy into dL/dx in place, with fixed
@@ -344,7 +365,7 @@ class _EagerBNStepNeuron(torch.autograd.Function):
 
 def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
                    batch_stats: bool, params: list[Tensor], key: str, T: int | None = None) -> Tensor:
-    """The generated neuron ``key`` (spec ``affine``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
+    """The generated neuron ``key`` (spec ``affine`` ``"bn"``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
     ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T`` steps), fused: outputs ``[T, B, C, ...]`` in
     ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
     bn_stats`) are the batch's (``batch_stats``: the gradient also flows through them, as the batch norm's in
