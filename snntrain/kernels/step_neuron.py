@@ -91,7 +91,8 @@ from .neuron_jit import lookup
 from .neuron_step import chunk_steps
 from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE", "F_SAVE_CKPT", "F_GRAD_INIT"]
+__all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE",
+           "F_SAVE_CKPT", "F_GRAD_INIT"]
 
 F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
 
@@ -365,9 +366,9 @@ class _EagerBNStepNeuron(torch.autograd.Function):
 
 def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
                    batch_stats: bool, params: list[Tensor], key: str, T: int | None = None) -> Tensor:
-    """The generated neuron ``key`` (spec ``affine`` ``"bn"``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
-    ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T`` steps), fused: outputs ``[T, B, C, ...]`` in
-    ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
+    """The generated neuron ``key`` (spec ``affine`` ``"bn"``) over the batch norm
+    ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T``
+    steps), fused: outputs ``[T, B, C, ...]`` in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
     bn_stats`) are the batch's (``batch_stats``: the gradient also flows through them, as the batch norm's in
     training) or the running statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable
     parameters (eager calls)."""
