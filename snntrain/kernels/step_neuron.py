@@ -368,10 +368,10 @@ def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: 
                    batch_stats: bool, params: list[Tensor], key: str, T: int | None = None) -> Tensor:
     """The generated neuron ``key`` (spec ``affine`` ``"bn"``) over the batch norm
     ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T``
-    steps), fused: outputs ``[T, B, C, ...]`` in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
-    bn_stats`) are the batch's (``batch_stats``: the gradient also flows through them, as the batch norm's in
-    training) or the running statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable
-    parameters (eager calls)."""
+    steps), fused: outputs ``[T, B, C, ...]`` in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64
+    input; :func:`~snntrain.kernels.bn_neuron.bn_stats`) are the batch's (``batch_stats``: the gradient also flows
+    through them, as the batch norm's in training) or the running statistics. Differentiable in ``x``,
+    ``weight``, ``bias`` and the learnable parameters (eager calls)."""
     flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
     return _EagerBNStepNeuron.apply(x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params)
 
