@@ -154,8 +154,9 @@ def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     the same input, in ``dtype`` (the PyTorch one in float64 from the same values): for each, the spikes and the
     gradients of the input, the norm's weight and bias and the neuron's learnable ``beta`` (per channel) and
     ``tau`` (one value). Modes: ``train``, ``channels_last``, ``steps`` ([B, C, H, W] input repeated over T: a
-    stride-0 time axis, statistics per (b, h, w)), ``steps_channels_last``, ``no_affine`` and ``wide`` (16 x 16
-    maps: each block of the backward in one channel)."""
+    stride-0 time axis, statistics per (b, h, w)), ``steps_channels_last``, ``no_affine``, ``wide`` (16 x 16
+    maps: each block of the backward in one channel) and ``hwbc`` (dense in the order T, H, W, B, C: the kernels
+    would number the positions out of the statistics' order, so the input is copied once)."""
     torch.manual_seed(0)
     T, B, C, H, W = 5, 3, 4, 3, 2
     if mode == "wide":
@@ -165,6 +166,8 @@ def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     x = x.to(dtype)
     if mode.endswith("channels_last"):
         x = x.movedim(-3, -1).contiguous().movedim(-1, -3)
+    if mode == "hwbc":
+        x = x.permute(0, 3, 4, 1, 2).contiguous().permute(0, 3, 4, 1, 2)
     folded = []
     fused_step = NormNeuron._fused_step
     monkeypatch.setattr(NormNeuron, "_fused_step", staticmethod(lambda *a: folded.append(1) or fused_step(*a)))
@@ -192,7 +195,7 @@ def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
 
 
 _LN_NAMES = ["x", "beta", "tau", "weight", "bias"]
-_LN_MODES = ["train", "channels_last", "steps", "steps_channels_last", "no_affine", "wide"]
+_LN_MODES = ["train", "channels_last", "steps", "steps_channels_last", "no_affine", "wide", "hwbc"]
 
 
 @pytest.mark.parametrize("mode", _LN_MODES)
