@@ -309,6 +309,43 @@ def test_weight_grads_bit_identical(device, monkeypatch, case):
     _check(x, dy, w, b, dim=dim)
 
 
+@pytest.mark.parametrize("case", ["channels_first", "channels_last", "looped", "separate_dw", "steps"])
+def test_stats_and_input_grad_of_a_folded_norm(device, monkeypatch, small_blocks, case):
+    """layer_norm_stats (the forward kernel without its output) and ln_input_grad (the backward kernel writing dx
+    over dy) equal the layer norm's forward statistics and backward, on every path: one tile per row, the looped
+    path, the separate weight-sum pass (which reads dy before dx overwrites it), channels-last and 5-D maps; and
+    the float64 forms in PyTorch equal the fp64 reference."""
+    shape = {"looped": (2, 300, 2, 3), "steps": (3, 2, 5, 4, 3)}.get(case, (2, 19, 4, 5))
+    if case == "separate_dw":
+        monkeypatch.setattr(K.TUNING, "fused_dw_max_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_block_c", 16)
+        monkeypatch.setattr(K.TUNING, "dw_tile", 64)
+    x, dy, w, b = _inputs(shape, -3, torch.float32, device)
+    if case == "channels_last":
+        x, dy = (t.movedim(-3, -1).contiguous().movedim(-1, -3) for t in (x, dy))
+    if case == "looped":
+        assert not LT.plan_fwd(x, 1, LT.find_split(x, 1)).single
+    if case == "separate_dw":
+        assert LT.separate_dwdb(x, 1, LT.find_split(x, 1))
+    _y, mean_ref, rstd_ref = K._fwd_host(x, w, b, -3, 1e-5)
+    mean, rstd = K.layer_norm_stats(x, 1e-5)
+    assert torch.equal(mean, mean_ref) and torch.equal(rstd, rstd_ref)
+    dx_ref, dw_ref, db_ref = K._bwd_host(dy, x, w, b, mean, rstd, -3, True, True)
+    grad = dy.clone()
+    dx, dw, db = K.ln_input_grad(x, grad, w, b, mean, rstd, True, True)
+    assert dx.data_ptr() == grad.data_ptr()  # written over dL/dy
+    for got, ref in ((dx, dx_ref), (dw, dw_ref), (db, db_ref)):
+        assert torch.equal(got, ref)
+    _y, dx64, dw64, db64 = _reference(x, dy, w, b, 1e-5, -3)
+    mean64, rstd64 = K.layer_norm_stats(x.double(), 1e-5)
+    assert mean64.dtype == torch.float64
+    assert_close(mean64, x.double().mean(-3).reshape(-1), rtol=1e-12, atol=1e-12, what="fp64 mean")
+    got64 = K.ln_input_grad(x.double(), dy.double(), w.double(), b.double(), mean64, rstd64, True, True)
+    for got, ref, what in zip(got64, (dx64, dw64, db64), ("dx", "dw", "db")):
+        assert_close(got, ref, rtol=1e-10, atol=1e-10, what=f"fp64 {what}")
+    _close_scaled(dx.double(), dx64, GRAD_RTOL[torch.float32], "dx")
+
+
 # --------------------------------------------------------------------------- ops, compile, profiler
 
 

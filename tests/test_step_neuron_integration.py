@@ -10,7 +10,7 @@ from torch import nn
 
 from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph
 from snntrain import efficiency as E
-from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, MultiStep, NormNeuron, build_neuron
+from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, LayerNorm2d, MultiStep, NormNeuron, build_neuron
 
 
 @pytest.mark.parametrize("per_channel", [(), ("beta", "tau")])
@@ -149,6 +149,116 @@ def test_batch_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
         assert_close(a.double(), b, rtol=1e-4, atol=1e-5 * float(b.abs().max()), what=f"dL/d{name}")
 
 
+def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
+    """The Triton NormNeuron(LayerNorm2d, ALIF) and the unfused PyTorch one (the norm, then the step as a loop) on
+    the same input, in ``dtype`` (the PyTorch one in float64 from the same values): for each, the spikes and the
+    gradients of the input, the norm's weight and bias and the neuron's learnable ``beta`` (per channel) and
+    ``tau`` (one value). Modes: ``train``, ``channels_last``, ``steps`` ([B, C, H, W] input repeated over T: a
+    stride-0 time axis, statistics per (b, h, w)), ``steps_channels_last``, ``no_affine``, ``wide`` (16 x 16
+    maps: each block of the backward in one channel) and ``hwbc`` (dense in the order T, H, W, B, C: the kernels
+    would number the positions out of the statistics' order, so the input is copied once)."""
+    torch.manual_seed(0)
+    T, B, C, H, W = 5, 3, 4, 3, 2
+    if mode == "wide":
+        T, B, C, H, W = 3, 2, 2, 16, 16
+    steps = 3 if mode.startswith("steps") else None
+    x = torch.randn((B, C, H, W) if steps else (T, B, C, H, W), dtype=torch.float64, device=DEVICE) * 2.0 + 0.3
+    x = x.to(dtype)
+    if mode.endswith("channels_last"):
+        x = x.movedim(-3, -1).contiguous().movedim(-1, -3)
+    if mode == "hwbc":
+        x = x.permute(0, 3, 4, 1, 2).contiguous().permute(0, 3, 4, 1, 2)
+    folded = []
+    fused_step = NormNeuron._fused_step
+    monkeypatch.setattr(NormNeuron, "_fused_step", staticmethod(lambda *a: folded.append(1) or fused_step(*a)))
+    results = []
+    for backend in ("torch", "triton"):
+        norm = LayerNorm2d(C, affine=mode != "no_affine", backend="torch")
+        neuron = ALIF(tau=2.5, beta=0.3, learnable=("beta", "tau"), per_channel=("beta",), channels=C,
+                      backend=backend)
+        layer = NormNeuron(norm, neuron, backend=backend)
+        layer = layer.to(device=DEVICE, dtype=torch.float64 if backend == "torch" else max(dtype, torch.float32,
+                                                                                           key=lambda d: d.itemsize))
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            neuron.beta.copy_(torch.empty(C, dtype=torch.float64).uniform_(0.1, 0.5, generator=gen))
+            if norm.affine:
+                norm.weight.copy_(torch.empty(C, dtype=torch.float64).uniform_(1.0, 2.0, generator=gen))
+                norm.bias.copy_(torch.empty(C, dtype=torch.float64).uniform_(0.2, 0.8, generator=gen))
+        xl = (x.double() if backend == "torch" else x.clone()).requires_grad_()
+        y = layer(xl, steps) if steps else layer(xl)
+        leaves = [xl, neuron.beta, neuron.tau] + ([norm.weight, norm.bias] if norm.affine else [])
+        g = torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float64, device=DEVICE).view_as(y)
+        results.append((y, torch.autograd.grad((y * g.to(y.dtype)).sum(), leaves)))
+    assert folded == [1]  # the Triton layer folded the norm into the neuron's kernels; the PyTorch one did not
+    return results
+
+
+_LN_NAMES = ["x", "beta", "tau", "weight", "bias"]
+_LN_MODES = ["train", "channels_last", "steps", "steps_channels_last", "no_affine", "wide", "hwbc"]
+
+
+@pytest.mark.parametrize("mode", _LN_MODES)
+def test_layer_norm_folded_into_a_step_neuron_equals_the_norm_then_the_neuron(mode, monkeypatch):
+    """NormNeuron(LayerNorm2d, StepNeuron) under Triton folds the norm into the neuron's generated kernels (the
+    statistics per position, normalised as the kernels read); float64 against the unfused PyTorch path: the same
+    spikes and gradients (input, the norm's weight and bias, the neuron's per-channel and scalar parameters)."""
+    (y0, g0), (y1, g1) = _ln_step_case(mode, torch.float64, monkeypatch)
+    assert 0 < y0.sum() < y0.numel()
+    assert y1.dtype == torch.float64 and torch.equal(y1, y0)
+    assert len(g1) == len(g0)
+    for name, a, b in zip(_LN_NAMES, g1, g0):
+        assert a.shape == b.shape and float(b.abs().max()) > 0, name
+        assert_close(a, b, rtol=1e-9, atol=1e-11, what=f"dL/d{name} (sums in another order)")
+
+
+@pytest.mark.parametrize("mode", _LN_MODES)
+def test_layer_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
+    """The float32 path runs the kernels end to end (the layer norm's statistics kernel, the generated kernels
+    normalising per position, dL/dx, dW and dB in one pass of the layer norm's backward kernel, dL/dy summed over T
+    first for a stride-0 time axis): the same spikes as the float64 reference on the same values, the gradients
+    within float32 rounding, spikes and dL/dx laid out like the input."""
+    (y0, g0), (y1, g1) = _ln_step_case(mode, torch.float32, monkeypatch)
+    assert 0 < y0.sum() < y0.numel()
+    assert y1.dtype == torch.float32 and torch.equal(y1, y0.float())
+    if mode.endswith("channels_last"):
+        assert y1.stride()[2] == 1 and g1[0].stride()[-3] == 1
+    for name, a, b in zip(_LN_NAMES, g1, g0):
+        assert a.dtype == torch.float32
+        assert_close(a.double(), b, rtol=1e-4, atol=1e-5 * float(b.abs().max()), what=f"dL/d{name}")
+
+
+@pytest.mark.parametrize("mode", ["train", "steps", "channels_last"])
+def test_layer_norm_folded_into_a_step_neuron_bf16_equals_fp32_on_the_same_values(mode):
+    """bf16 input runs the same fp32 arithmetic as fp32 input holding the same values (the statistics, the
+    normalised input, the scan, the neuron's parameter sums): the same spikes and neuron parameter gradients; dL/dx
+    and the norm's dW, dB differ by the rounding of dL/dy to bf16 before the finishing pass (and dL/dx's own)."""
+    torch.manual_seed(3)
+    T, B, C, H, W = 4, 2, 3, 4, 4
+    steps = 3 if mode == "steps" else None
+    x = (torch.randn((B, C, H, W) if steps else (T, B, C, H, W), device=DEVICE) * 2.0 + 0.3).to(torch.bfloat16)
+    if mode == "channels_last":
+        x = x.movedim(-3, -1).contiguous().movedim(-1, -3)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = LayerNorm2d(C)
+        neuron = ChannelwisePLIF(channels=C, init_tau=2.5, backend="triton")
+        layer = NormNeuron(norm, neuron, backend="triton").to(DEVICE)
+        with torch.no_grad():
+            norm.weight.copy_(torch.tensor([1.2, 1.6, 0.8]))
+            norm.bias.copy_(torch.tensor([0.5, 0.3, 0.7]))
+        xl = x.to(dtype).requires_grad_()
+        y = layer(xl, steps) if steps else layer(xl)
+        g = torch.linspace(-1.0, 1.0, y.numel(), device=DEVICE).view_as(y).bfloat16().float()  # dL/dS exact in bf16
+        out.append((y, torch.autograd.grad((y.float() * g).sum(), [xl, neuron.w, norm.weight, norm.bias])))
+    (y0, g0), (y1, g1) = out
+    assert y1.dtype == torch.bfloat16 and torch.equal(y1.float(), y0) and 0 < y0.sum() < y0.numel()
+    assert_close(g1[1], g0[1], rtol=1e-5, atol=1e-6, what="dL/dw")
+    for name, a, b in zip(["x", "weight", "bias"], (g1[0].float(), *g1[2:]), (g0[0], *g0[2:])):
+        assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()), what=f"dL/d{name}")
+    assert g1[0].dtype == torch.bfloat16
+
+
 def test_efficiency_report_counts_step_neuron_spikes():
     net = nn.Sequential(MultiStep(nn.Linear(4, 8)), ALIF(backend="torch"), MultiStep(nn.Linear(8, 2)))
     counter = E.ActivityCounter(net, backend="torch").attach()
@@ -229,7 +339,7 @@ def test_benchmark_script_smoke(tmp_path):
     got = {(r["bench"], r["provider"], r["dtype"], r["T"]) for r in rows if "ms" in r}
     for provider in ("ours", "sj-node", "sj-flexsn"):
         assert ("families", provider, "fp32", 9) in got, provider
-    for bench in ("api_lif", "bn_api_lif"):
+    for bench in ("api_lif", "bn_api_lif", "ln_api_lif"):
         assert (bench, "api", "bf16", 9) in got and (bench, "hand-written", "bf16", 9) in got
     ours = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "ours" and r["dtype"] == "fp32"}
     node = {r["T"]: r["output_sum"] for r in rows if r["provider"] == "sj-node" and r["dtype"] == "fp32"}

@@ -65,7 +65,7 @@ from . import layer_norm_tuning as tuning
 from .layer_norm_tuning import TUNING, Tuning
 from .op_utils import cdiv, direct, eager_function, next_pow2, no_launch, op_wrap, profiled, register_op, traced
 
-__all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd"]
+__all__ = ["Tuning", "TUNING", "layer_norm", "layer_norm_fwd", "layer_norm_bwd", "layer_norm_stats", "ln_input_grad"]
 
 
 # --------------------------------------------------------------------------- kernels
@@ -109,6 +109,7 @@ def _ln_fwd_kernel(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SINGLE: tl.constexpr,  # True: a whole row fits BLOCK_C; False: loop over C in chunks
     SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see const_s)
+    STORE_Y: tl.constexpr = True,  # False: the statistics only (Y unused)
 ):
     if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
         S, sx_c, sy_c = SC, SC, SC
@@ -125,7 +126,8 @@ def _ln_fwd_kernel(
         xc = tl.where(mask, x - mean[:, None], 0.0)
         var = tl.sum(xc * xc, axis=1) / C
         rstd = tl.rsqrt(var + eps)
-        _affine_store(xc * rstd[:, None], W, Bias, cols, mask_c, mask, y_base, sy_c, HAS_W, HAS_B)
+        if STORE_Y:
+            _affine_store(xc * rstd[:, None], W, Bias, cols, mask_c, mask, y_base, sy_c, HAS_W, HAS_B)
     else:
         # Pass 1: running (count, mean, M2) per position, merged chunk by chunk (Chan et al.).
         mean = tl.zeros([BLOCK_S], dtype=tl.float32)
@@ -145,12 +147,14 @@ def _ln_fwd_kernel(
             m2 = m2 + m2_b + delta * delta * (n_a * n_b / n)
         rstd = tl.rsqrt(m2 / C + eps)
         # Pass 2: normalise and write.
-        for c0 in range(0, C, BLOCK_C):
-            cc = c0 + cols
-            mask_c = cc < C
-            mask = mask_s[:, None] & mask_c[None, :]
-            x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
-            _affine_store((x - mean[:, None]) * rstd[:, None], W, Bias, cc, mask_c, mask, y_base, sy_c, HAS_W, HAS_B)
+        if STORE_Y:
+            for c0 in range(0, C, BLOCK_C):
+                cc = c0 + cols
+                mask_c = cc < C
+                mask = mask_s[:, None] & mask_c[None, :]
+                x = tl.load(x_base[:, None] + cc[None, :].to(tl.int64) * sx_c, mask=mask, other=0.0).to(tl.float32)
+                _affine_store((x - mean[:, None]) * rstd[:, None], W, Bias, cc, mask_c, mask, y_base, sy_c, HAS_W,
+                              HAS_B)
 
     stat = b * S + s64
     tl.store(Mean + stat, mean, mask=mask_s)
@@ -443,6 +447,37 @@ def _fwd_host(
     return y, mean, rstd
 
 
+def layer_norm_stats(x: torch.Tensor, eps: float, dim: int = -3) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean, rstd)`` of the layer norm of ``x`` over ``dim``, ``[numel / C]`` in the order of ``x``'s other
+    dims (row-major, whatever the layout): one read of ``x`` by the forward kernel without its output (fp32
+    statistics of fp32, fp16 or bf16 input), ``torch.var_mean`` for float64 input (float64 statistics). Not
+    differentiable: for a consumer that normalises as it reads (a layer norm folded into a generated neuron,
+    :func:`snntrain.kernels.step_neuron.ln_step_neuron`) and finishes the gradient with :func:`ln_input_grad`."""
+    if x.dtype == torch.float64:
+        with torch.no_grad():
+            var, mean = torch.var_mean(x, dim=dim, correction=0)
+            return mean.reshape(-1), torch.rsqrt(var + eps).reshape(-1)
+    dim = _check(x, None, None, dim, eps)
+    n_stats = x.numel() // x.shape[dim] if x.shape[dim] > 0 else 0
+    mean = torch.empty(n_stats, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(n_stats, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return mean, rstd
+    split = tuning.find_split(x, dim)
+    if split is None:
+        x = x.contiguous()
+        split = tuning.find_split(x, dim)
+    p = tuning.plan_fwd(x, dim, split)
+    xs = tuning.strides3(x, dim, split)
+    with profiled("snntrain::layer_norm_stats"):
+        _ln_fwd_kernel[(p.num_tiles,)](
+            x, x, x, x, mean, rstd, p.S, p.C, p.tiles_per_b, xs[0], xs[1], xs[2], xs[0], xs[1], xs[2], eps,
+            HAS_W=False, HAS_B=False, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single,
+            SC=tuning.const_s(p, xs, xs), STORE_Y=False, num_warps=p.num_warps,
+        )
+    return mean, rstd
+
+
 def _finish_dwdb(part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, need_dw: bool, need_db: bool,
                  wrap=direct) -> None:
     """dW, dB = fixed-order sums of the partials ``part`` [G, 2, C] over G, in one small kernel."""
@@ -468,11 +503,14 @@ def _bwd_host(
     need_dw: bool,
     need_db: bool,
     wrap=direct,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, dw, db)`` of :func:`layer_norm_fwd`.
 
     ``dw`` (``db``) is empty when ``need_dw`` (``need_db``) is False or there is no weight (bias).
-    ``bias`` is only read for its dtype. ``wrap`` as in :func:`_fwd_host`.
+    ``bias`` is only read for its dtype. ``wrap`` as in :func:`_fwd_host`. ``in_place``: dx is written over
+    ``dy`` (a temporary of the caller's; each tile is read before it is written, and a separate weight-sum pass
+    runs first).
     """
     dim = _check(x, weight, bias, dim, 0.0)
     if dy.shape != x.shape:
@@ -497,6 +535,8 @@ def _bwd_host(
     if ds is None:
         dy = dy.contiguous()
         ds = tuning.strides3(dy, dim, split)
+    if in_place and dy.dtype == x.dtype:
+        dx = dy
     gs = tuning.strides3(dx, dim, split)
     if gs is None:
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -509,6 +549,18 @@ def _bwd_host(
     sc = tuning.const_s(p, xs, ds, gs)
     w_arg = _params(weight, x)
     part = empty
+    if need_p and not fuse_p:
+        # dW, dB in a column-split pass of their own (see separate_dwdb; also the looped path), before dx (which
+        # may overwrite dy)
+        bs, bc, tiles_per_b, n_col, G = tuning.plan_dwdb(p, tuning.sm_count(x.device))
+        part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
+        wrap(_ln_bwd_dwdb_kernel)[(n_col, G)](
+            dy, x, mean, rstd, part,
+            p.S, C, tiles_per_b, p.B0 * tiles_per_b,
+            ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
+            BLOCK_S=bs, BLOCK_C=bc, SC=sc,
+            num_warps=tuning.warps_for(bs * bc, TUNING.bwd_warp_elems, TUNING.bwd_max_warps),
+        )
     if p.single:
         if fuse_p:
             part = torch.empty((p.programs, 2, C), dtype=torch.float32, device=x.device)
@@ -527,19 +579,35 @@ def _bwd_host(
             ds[0], ds[1], ds[2], xs[0], xs[1], xs[2], gs[0], gs[1], gs[2],
             HAS_W=weight is not None, BLOCK_S=p.block_s, BLOCK_C=p.block_c, SC=sc, num_warps=p.num_warps,
         )
-    if need_p and not fuse_p:
-        # dW, dB in a column-split pass of their own (see separate_dwdb; also the looped path).
-        bs, bc, tiles_per_b, n_col, G = tuning.plan_dwdb(p, tuning.sm_count(x.device))
-        part = torch.empty((G, 2, C), dtype=torch.float32, device=x.device)
-        wrap(_ln_bwd_dwdb_kernel)[(n_col, G)](
-            dy, x, mean, rstd, part,
-            p.S, C, tiles_per_b, p.B0 * tiles_per_b,
-            ds[0], ds[1], ds[2], xs[0], xs[1], xs[2],
-            BLOCK_S=bs, BLOCK_C=bc, SC=sc,
-            num_warps=tuning.warps_for(bs * bc, TUNING.bwd_warp_elems, TUNING.bwd_max_warps),
-        )
     if need_p:
         _finish_dwdb(part, dw, db, need_dw, need_db, wrap)
+    return dx, dw, db
+
+
+def ln_input_grad(x: torch.Tensor, grad: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  mean: torch.Tensor, rstd: torch.Tensor, need_dw: bool, need_db: bool, dim: int = -3,
+                  ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(dL/dx, dL/dweight, dL/dbias)`` of the layer norm ``y = (x - mean) * rstd * weight + bias`` of ``x`` over
+    ``dim`` (statistics of :func:`layer_norm_stats`) from ``grad`` = dL/dy, laid out like ``x`` and in its dtype:
+    ``dx = rstd * (w*dy - mean_C(w*dy) - xhat * mean_C(w*dy*xhat))`` per position. One pass of the backward
+    kernel, which reads dL/dy and ``x`` and writes dL/dx over ``grad`` (a temporary of the caller's) with the
+    weight's and bias's per-program sums; float64 in PyTorch. The weight gradients are None where not asked for
+    (or without that parameter)."""
+    if x.dtype != torch.float64:
+        dx, dw, db = _bwd_host(grad, x, weight, bias, mean, rstd, dim, need_dw, need_db, in_place=True)
+        return dx, dw if need_dw and weight is not None else None, db if need_db and bias is not None else None
+    dim = dim % x.dim()
+    shape = list(x.shape)
+    shape[dim] = 1
+    mean, rstd = mean.view(shape), rstd.view(shape)
+    xhat = (x - mean) * rstd
+    cshape = [1] * x.dim()
+    cshape[dim] = -1
+    wg = grad if weight is None else grad * weight.to(grad.dtype).view(cshape)
+    dx = rstd * (wg - wg.mean(dim, keepdim=True) - xhat * (wg * xhat).mean(dim, keepdim=True))
+    others = [d for d in range(x.dim()) if d != dim]
+    dw = (grad * xhat).sum(others).to(weight.dtype) if need_dw and weight is not None else None
+    db = grad.sum(others).to(bias.dtype) if need_db and bias is not None else None
     return dx, dw, db
 
 

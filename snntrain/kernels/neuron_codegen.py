@@ -14,10 +14,17 @@ reverse-time backward loop.
   same ``_step``), then runs ``_step_bwd`` step by step backwards. dL/dX is written in the input's
   dtype, dL/d(initial states) when asked; a learnable scalar parameter's gradient is summed per program
   into a partial-sum row (summed in a fixed order afterwards). Per-channel sums (a per-channel
-  parameter's gradient; with ``affine`` the batch norm's sums of dL/dy and dL/dy * xhat) are summed over
+  parameter's gradient; with ``affine="bn"`` the batch norm's sums of dL/dy and dL/dy * xhat) are summed over
   T in registers and stored as the host picks (``CSUM``, :func:`_store_channel_sums`): one value per
   program where its block lies in one channel, one per channel where the block is whole rows of ``CB``
   channels (channels-last numbering), else one per neuron; the host then adds them up per channel.
+
+A norm folded in front of the neuron (``affine``) is applied to X as the kernels read it: ``"bn"`` (a batch
+norm) ``x * a[c] + b[c]``, per-channel scale and shift; ``"ln"`` (a layer norm over the channels of each
+position) ``(x - mean[t, p]) * rstd[t, p] * w[c] + b[c]``, the statistics of position ``p`` (the neuron's
+index without its channel, ``(n // (C * S)) * S + n % S``) at step ``t`` read at ``t * stride_st + p``
+(``stride_st`` 0 where one input is repeated over T). The backward's dL/dX is then dL/dy, the gradient of
+the normalised input, for the host to finish.
 
 Neuron ``n`` of a step ``[B, C, S...]`` (row-major) has channel ``(n // S) % C``: per-channel parameters
 are loaded once per neuron. Every multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (the
@@ -34,10 +41,10 @@ from dataclasses import dataclass
 
 from .neuron_graph import Graph
 
-__all__ = ["KernelSpec", "generate", "CODEGEN_VERSION"]
+__all__ = ["AFFINE_MODES", "KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 4
+CODEGEN_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,15 @@ class KernelSpec:
     learnable: tuple[bool, ...]  # per parameter: its gradient is computed
     inits: tuple[float | str, ...]  # per state: its initial value, a number or a parameter's name
     fp64: bool  # compute in fp64 (fp64 input), else fp32
-    affine: bool = False  # the input is x * a[c] + b[c] (a batch norm folded in front of the neuron)
+    affine: str = ""  # a norm folded in front of the neuron: "bn" (x * a[c] + b[c]) or "ln" (per-position statistics)
+
+    def __post_init__(self) -> None:
+        if self.affine not in AFFINE_MODES:
+            raise ValueError(f"affine={self.affine!r} is not valid; choose one of {AFFINE_MODES}")
+
+
+#: The values of :attr:`KernelSpec.affine`: no norm, a batch norm, a layer norm over channels.
+AFFINE_MODES = ("", "bn", "ln")
 
 
 #: Per-channel sums as the backward stores them (``CSUM``): one value per neuron, per program (the
@@ -191,8 +206,9 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
     out += _emit_function("_step_bwd", bwd_r, step_args + g_args, ct)
     out.append("")
     out += [*_STORE_CHANNEL_SUMS, ""]
-    any_channel = any(spec.per_channel) or spec.affine
-    aff = spec.affine
+    any_channel = any(spec.per_channel) or bool(spec.affine)
+    aff = bool(spec.affine)
+    bn, ln = spec.affine == "bn", spec.affine == "ln"
 
     def param_loads(indent: str) -> list[str]:
         lines = []
@@ -206,7 +222,19 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         if aff:
             lines.append(f"{indent}aa = tl.load(a_ptr + ch, mask=mask, other=1.0).to({ct})")
             lines.append(f"{indent}ab = tl.load(b_ptr + ch, mask=mask, other=0.0).to({ct})")
+        if ln:  # the neuron's position: its index without the channel
+            lines.append(f"{indent}pos = (offs // (C * S)) * S + offs % S")
         return lines
+
+    def ln_stats(indent: str, t64: str, m: str) -> list[str]:
+        """Loads of the layer norm's statistics of step ``t64`` (``lm``, ``lr``)."""
+        return [f"{indent}st = {t64} * stride_st + pos",
+                f"{indent}lm = tl.load(mean_ptr + st, mask={m}, other=0.0).to({ct})",
+                f"{indent}lr = tl.load(rstd_ptr + st, mask={m}, other=0.0).to({ct})"]
+
+    ln_apply = "mul_rn(mul_rn(x - {0}, {1}, NO_FMA_), aa, NO_FMA_) + ab"  # (x - mean) * rstd * w + b
+    ln_args = ["    mean_ptr, rstd_ptr,  # the layer norm's statistics per position, at t*stride_st + p",
+               "    stride_st,  # positions per step, or 0 (one input repeated over T)"]
 
     def init_states(indent: str) -> list[str]:
         lines = [f"{indent}if HAS_INIT:"]
@@ -230,7 +258,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         *[f"    {p},  # parameter {spec.params[j]!r}: {'[C]' if spec.per_channel[j] else '[1]'}"
           for j, p in enumerate(p_ptrs)],
         *(["    a_ptr,  # [C] scale and shift of the input (x * a + b: a batch norm folded in)", "    b_ptr,"]
-          if aff else []),
+          if bn else []),
+        *(["    a_ptr, b_ptr,  # [C] the layer norm's weight and bias"] + ln_args if ln else []),
         "    y_ptr,  # [T, N] contiguous outputs, dtype of x",
         "    final_ptr,  # [K, N] states after the last step, written when STORE_FINAL",
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N]: row c-1 = the states before chunk c, when STORE_CKPT",
@@ -250,15 +279,19 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "            m_ck = offs < tl.where(c > 0, N, 0)",
         *[f"            tl.store(ckpt_ptr + row + {i} * N64 + offs, s{i}, mask=m_ck)" for i in range(K)],
         "        xs = ()",
+        *(["        ms = ()", "        rs = ()"] if ln else []),
         "        for j in tl.static_range(CHUNK):",
         "            m = offs < tl.where(t0 + j < T, N, 0)",
         "            xs = xs + (tl.load(x_base + tl.cast(t0 + j, tl.int64) * stride_xt, mask=m, other=0.0),)",
+        *([*ln_stats("            ", "tl.cast(t0 + j, tl.int64)", "m"), "            ms = ms + (lm,)",
+           "            rs = rs + (lr,)"] if ln else []),
         "        for j in tl.static_range(CHUNK):",
         "            t = t0 + j",
         "            valid = t < T",
         "            m = offs < tl.where(valid, N, 0)",
         f"            x = xs[j].to({ct})",
-        *(["            x = mul_rn(x, aa, NO_FMA_) + ab"] if aff else []),
+        *(["            x = mul_rn(x, aa, NO_FMA_) + ab"] if bn else []),
+        *(["            x = " + ln_apply.format("ms[j]", "rs[j]")] if ln else []),
         f"            y, {', '.join(f'n{i}' for i in range(K))}{',' if K == 1 else ''} = _step({', '.join(step_args)})",
         "            tl.store(y_ptr + tl.cast(t, tl.int64) * N + offs, y.to(out_dtype), mask=m)",
         *[f"            s{i} = tl.where(valid, n{i}, s{i})" for i in range(K)],
@@ -276,22 +309,23 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N] checkpoints written by the forward",
         *[f"    {p}," for p in p_ptrs],
         *(["    a_ptr, b_ptr,  # [C] the input's scale and shift", "    mean_ptr, rstd_ptr,  # [C] the norm's statistics"]
-          if aff else []),
+          if bn else []),
+        *(["    a_ptr, b_ptr,  # [C] the layer norm's weight and bias"] + ln_args if ln else []),
         "    gy_ptr,  # [T, N] dL/dy at t*stride_gt + n*stride_gn (strides may be 0), read when HAS_GY",
         "    gfinal_ptr,  # [K, N] dL/d(final states), read when HAS_GFINAL",
-        "    gx_ptr,  # [T, N] contiguous dL/dx out, dtype of x ([N], summed over T, when SUM_T)",
+        "    gx_ptr,  # [T, N] contiguous dL/dx (with a norm: dL/dy) out, dtype of x ([N], summed over T, when SUM_T)",
         "    ginit_ptr,  # [K, N] dL/d(initial states) out, written when STORE_GINIT",
         *[f"    {p},  # dL/d{spec.params[j]!r}: "
           f"{'per-channel sums as CSUM says' if spec.per_channel[j] else '[num_programs] per-program sums'}"
           for p, j in zip(gp_ptrs, L)],
         *(["    sg_ptr,  # sums of dL/dy (y = x * a + b, the neuron's input) as CSUM says, when NORM_SUMS",
-           "    sgx_ptr,  # likewise of dL/dy * (x - mean) * rstd"] if aff else []),
+           "    sgx_ptr,  # likewise of dL/dy * (x - mean) * rstd"] if bn else []),
         "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
         "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
         "    CSUM: tl.constexpr, CB: tl.constexpr,  # how per-channel sums are stored (_store_channel_sums)",
-        *(["    NORM_SUMS: tl.constexpr,  # store the norm's two sums",
-           "    SUM_T: tl.constexpr,  # x's time axis has stride 0: dL/dx summed over T, stored once",
-           "    GX_SCALED: tl.constexpr,  # store a * dL/dy (dL/dx of a norm with fixed statistics)"] if aff else []),
+        *(["    NORM_SUMS: tl.constexpr,  # store the norm's two sums"] if bn else []),
+        *(["    SUM_T: tl.constexpr,  # x's time axis has stride 0: dL/dx summed over T, stored once"] if aff else []),
+        *(["    GX_SCALED: tl.constexpr,  # store a * dL/dy (dL/dx of a norm with fixed statistics)"] if bn else []),
         *_KERNEL_START,
         *param_loads("    "),
         *init_states("    "),
@@ -303,8 +337,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         *[f"    acc{j} = tl.zeros([BLOCK], {ct})" for j in L],
         *([f"    am = tl.load(mean_ptr + ch, mask=mask, other=0.0).to({ct})",
            f"    ar = tl.load(rstd_ptr + ch, mask=mask, other=0.0).to({ct})",
-           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})",
-           f"    gsum = tl.zeros([BLOCK], {ct})"] if aff else []),
+           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if bn else []),
+        *([f"    gsum = tl.zeros([BLOCK], {ct})"] if aff else []),
         "    x_base = x_ptr + offs * stride_xn",
         "    if HAS_GY:",
         "        gy_base = gy_ptr + offs * stride_gn",
@@ -325,7 +359,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "            t64 = tl.cast(t0 + j, tl.int64)",
         "            m = offs < tl.where(t0 + j < T, N, 0)",
         f"            x = tl.load(x_base + t64 * stride_xt, mask=m, other=0.0).to({ct})",
-        *(["            xhs = xhs + ((x - am) * ar,)", "            x = mul_rn(x, aa, NO_FMA_) + ab"] if aff else []),
+        *(["            xhs = xhs + ((x - am) * ar,)", "            x = mul_rn(x, aa, NO_FMA_) + ab"] if bn else []),
+        *([*ln_stats("            ", "t64", "m"), "            x = " + ln_apply.format("lm", "lr")] if ln else []),
         "            xs = xs + (x,)",
         "            if HAS_GY:",
         f"                gys = gys + (tl.load(gy_base + t64 * stride_gt, mask=m, other=0.0).to({ct}),)",
@@ -343,22 +378,22 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
            "                gsum += tl.where(m, r[0], 0.0)",
            "            else:",
            "                gx = r[0]",
-           "                if GX_SCALED:",
-           "                    gx = mul_rn(gx, aa, NO_FMA_)",
+           *(["                if GX_SCALED:",
+              "                    gx = mul_rn(gx, aa, NO_FMA_)"] if bn else []),
            "                tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, gx.to(out_dtype), mask=m)"] if aff else
           ["            tl.store(gx_ptr + tl.cast(t, tl.int64) * N + offs, r[0].to(out_dtype), mask=m)"]),
         *[f"            gs{i} = tl.where(valid, r[{1 + i}], gs{i})" for i in range(K)],
         *[f"            acc{j} += tl.where(m, r[{1 + K + q}], 0.0)" for q, j in enumerate(L)],
         *(["            if NORM_SUMS:",
            "                sg += tl.where(m, r[0], 0.0)",
-           "                sgx += tl.where(m, r[0] * xhs[j], 0.0)"] if aff else []),
+           "                sgx += tl.where(m, r[0] * xhs[j], 0.0)"] if bn else []),
         *(["    if SUM_T:",
-           "        if GX_SCALED:",
-           "            gsum = mul_rn(gsum, aa, NO_FMA_)",
-           "        tl.store(gx_ptr + offs, gsum.to(out_dtype), mask=mask)",
-           "    if NORM_SUMS:",
+           *(["        if GX_SCALED:",
+              "            gsum = mul_rn(gsum, aa, NO_FMA_)"] if bn else []),
+           "        tl.store(gx_ptr + offs, gsum.to(out_dtype), mask=mask)"] if aff else []),
+        *(["    if NORM_SUMS:",
            "        _store_channel_sums(sg_ptr, sg, offs, mask, pid, CSUM, CB, BLOCK)",
-           "        _store_channel_sums(sgx_ptr, sgx, offs, mask, pid, CSUM, CB, BLOCK)"] if aff else []),
+           "        _store_channel_sums(sgx_ptr, sgx, offs, mask, pid, CSUM, CB, BLOCK)"] if bn else []),
         "    if STORE_GINIT:",
         *[f"        tl.store(ginit_ptr + {i} * N64 + offs, gs{i}, mask=mask)" for i in range(K)],
         *[(f"    _store_channel_sums(gp{j}_ptr, acc{j}, offs, mask, pid, CSUM, CB, BLOCK)" if spec.per_channel[j]

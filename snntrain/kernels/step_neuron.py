@@ -23,8 +23,8 @@ each program where the block is whole rows of channels (channels-last, ``C`` div
 per neuron (:func:`_channel_sums`), then added up per channel in one reduction with every other
 per-channel sum; a scalar one's per program (then in a fixed order).
 
-A batch norm in front (:func:`bn_step_neuron`, spec ``affine``)
----------------------------------------------------------------
+A batch norm in front (:func:`bn_step_neuron`, spec ``affine`` ``"bn"``)
+-----------------------------------------------------------------------
 Bytes counted in tensors of the input's size ``E = T*B*C*H*W`` as in :mod:`snntrain.kernels.bn_neuron`
 (whose statistics and finishing kernels these are), training mode:
 
@@ -42,6 +42,27 @@ So 9 E, the hand-written fused op's count (against 13 E for the norm and the neu
 full-size temporary beyond dL/dx itself. With fixed statistics (eval mode) the backward kernel writes
 ``a * dL/dy``, dL/dx, itself (3 E); a stride-0 time axis (``[B, C, H, W]`` repeated over T) is read
 once per element by the statistics, and its dL/dx is summed over T in registers and written once.
+
+A layer norm in front (:func:`ln_step_neuron`, spec ``affine`` ``"ln"``)
+-----------------------------------------------------------------------
+:class:`~snntrain.nn.LayerNorm2d`: statistics per position over ``C``, computed by
+:mod:`snntrain.kernels.layer_norm`'s kernels (its forward kernel without the output, its backward kernel as
+the finishing pass). Bytes in ``E`` as above; the statistics are 8 B per position per step (``8 / C`` B per
+element, 0.125 B at C = 64), read by each of the position's ``C`` neurons (from cache after the first):
+
+* forward: the statistics kernel reads X (1) and writes the per-position mean and rstd; the generated
+  forward reads X and the statistics, normalises as it reads (``(x - mean) * rstd * w + b``) and writes the
+  outputs (2) = **3 E**;
+* backward: the generated backward reads X, the statistics and dS and writes dL/dy in X's dtype (3); the
+  layer norm's backward kernel reads dL/dy and X and writes dL/dx over dL/dy (3), with the weight's and bias's
+  per-program sums in registers (what the norm's gradient reduces per channel costs the generated kernel
+  nothing: the finishing pass reads both tensors anyway) = **6 E**.
+
+So 9 E, against 5 E for the hand-written fused layer-norm op (:mod:`snntrain.kernels.ln_neuron`, whose
+programs hold all ``C`` channels of their positions and compute the statistics from the tile they load) and
+10 E for the norm and the neuron unfused (which also keep the normalised input, one more E of activation
+memory, for the neuron's backward). A stride-0 time axis has statistics per (b, h, w), read once per element
+by the statistics kernel; dL/dy is summed over T in registers and written once, then finished once.
 """
 
 from __future__ import annotations
@@ -52,6 +73,7 @@ import torch
 from torch import Tensor
 
 from .bn_neuron import bn_input_grad
+from .layer_norm import ln_input_grad
 from .lif import (
     BWD16_BLOCK,
     BWD16_WARPS,
@@ -69,7 +91,8 @@ from .neuron_jit import lookup
 from .neuron_step import chunk_steps
 from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["bn_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE", "F_SAVE_CKPT", "F_GRAD_INIT"]
+__all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE",
+           "F_SAVE_CKPT", "F_GRAD_INIT"]
 
 F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
 
@@ -87,9 +110,10 @@ def _channels(x: Tensor, per_channel: tuple[bool, ...], order: tuple[int, ...]) 
 
 
 def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int, launch: bool,
-              wrap=direct, affine: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Outputs, final states and checkpoints; ``affine`` = ``(a, b)`` ([C] fp32) for a neuron whose kernels
-    take ``x * a + b`` (spec ``affine``: a batch norm folded in front)."""
+              wrap=direct, affine: tuple | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Outputs, final states and checkpoints; ``affine``: the norm's arguments of a neuron whose kernels normalise
+    as they read (spec ``affine``): ``(a, b)`` ([C] fp32) for ``x * a + b`` (``"bn"``), ``(weight, bias, mean,
+    rstd, stride_st)`` for ``"ln"`` (:func:`ln_step_neuron`)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -142,7 +166,8 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
     gradient of x through a norm with fixed statistics; ``sum_t``: x's time axis has stride 0, and dL/dx is one
     step's, summed over T), and ``sums``, where given, receives the per-channel sums of it and of it times
-    ``(x - mean) * rstd`` (what a batch norm's backward needs)."""
+    ``(x - mean) * rstd`` (what a batch norm's backward needs). With spec ``affine`` ``"ln"`` (``affine`` as
+    :func:`_fwd_host` takes it) dL/dx is dL/dy of the normalised input, nothing else (``sum_t`` as above)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -182,13 +207,15 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
         init = _permuted(init, order, 1).contiguous()
     gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y, order)
     gfinal = None if grad_final is None else _permuted(grad_final, order, 1).to(ct).contiguous()
-    extra = {}
-    if spec.affine:
+    extra, norm_bufs = {}, ()
+    if spec.affine == "bn":
         extra = dict(NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
         norm_bufs = (rows[-2], rows[-1]) if norm_sums else affine[:1] * 2  # (not stored without NORM_SUMS)
+    elif spec.affine == "ln":
+        extra = dict(SUM_T=sum_t)
     wrap(compiled.module.bwd_kernel)[(grid,)](
         xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *(bufs[j] for j in learn),
-        *(norm_bufs if spec.affine else ()), T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
+        *norm_bufs, T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
         HAS_INIT=init is not None, HAS_GY=gy is not None, HAS_GFINAL=gfinal is not None, STORE_GINIT=store_ginit,
         CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps,
     )
@@ -288,7 +315,7 @@ class _EagerStepNeuron(torch.autograd.Function):
 
 
 class _EagerBNStepNeuron(torch.autograd.Function):
-    """A batch norm folded into a generated neuron (spec ``affine``): the neuron's input is ``x * a + b`` with
+    """A batch norm folded into a generated neuron (spec ``affine`` ``"bn"``): the neuron's input is ``x * a + b`` with
     ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels. The backward kernel
     gives dL/dy of that input and its per-channel sums; with batch statistics one elementwise pass
     (:func:`~snntrain.kernels.bn_neuron.bn_input_grad`) turns dL/dy into dL/dx in place, with fixed
@@ -339,14 +366,79 @@ class _EagerBNStepNeuron(torch.autograd.Function):
 
 def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
                    batch_stats: bool, params: list[Tensor], key: str, T: int | None = None) -> Tensor:
-    """The generated neuron ``key`` (spec ``affine``) over the batch norm ``(x - mean) * rstd * weight + bias`` of
-    ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T`` steps), fused: outputs ``[T, B, C, ...]`` in
-    ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64 input; :func:`~snntrain.kernels.bn_neuron.
-    bn_stats`) are the batch's (``batch_stats``: the gradient also flows through them, as the batch norm's in
-    training) or the running statistics. Differentiable in ``x``, ``weight``, ``bias`` and the learnable
-    parameters (eager calls)."""
+    """The generated neuron ``key`` (spec ``affine`` ``"bn"``) over the batch norm
+    ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, ...]`` (or ``[B, C, H, W]`` repeated over ``T``
+    steps), fused: outputs ``[T, B, C, ...]`` in ``x``'s dtype. ``mean`` and ``rstd`` ([C] fp32, fp64 for fp64
+    input; :func:`~snntrain.kernels.bn_neuron.bn_stats`) are the batch's (``batch_stats``: the gradient also flows
+    through them, as the batch norm's in training) or the running statistics. Differentiable in ``x``,
+    ``weight``, ``bias`` and the learnable parameters (eager calls)."""
     flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
     return _EagerBNStepNeuron.apply(x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params)
+
+
+def _positions_in_order(x: Tensor) -> bool:
+    """Whether the kernels' numbering of ``x`` ``[T, B, C, H, W]`` keeps B, H, W in that order (the layer norm's
+    statistics are numbered so: position ``(n // (C * S)) * S + n % S`` of neuron ``n``); contiguous and
+    channels-last maps do."""
+    rest = [d for d in _neuron_order(x, None) if d != 1]
+    return rest == sorted(rest)
+
+
+class _EagerLNStepNeuron(torch.autograd.Function):
+    """A layer norm over channels folded into a generated neuron (spec ``affine`` ``"ln"``): the neuron's input is
+    ``(x - mean) * rstd * weight + bias`` with ``mean``, ``rstd`` per position and step, computed in the kernels.
+    The backward kernel gives dL/dy of that input; one pass of the layer norm's backward kernel
+    (:func:`~snntrain.kernels.layer_norm.ln_input_grad`) turns it into dL/dx in place, with the weight's and
+    bias's gradients. ``x`` is ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (a stride-0 time axis: the
+    statistics are per (b, h, w), and dL/dy is summed over T in the kernel before the finishing pass)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, rstd, T, key, flags, *params):
+        C = x.shape[-3]
+        ct = mean.dtype
+        w = torch.ones(C, dtype=ct, device=x.device) if weight is None else weight
+        b = torch.zeros(C, dtype=ct, device=x.device) if bias is None else bias
+        affine = (w, b, mean, rstd, 0 if T is not None else mean.numel() // max(x.shape[0], 1))
+        xt = x if T is None else x.expand(T, *x.shape)
+        with profiled("snntrain::step_neuron_fwd"):
+            y, _final, ckpt = _fwd_host(xt, None, list(params), key, flags, launch=True, affine=affine)
+        ctx.save_for_backward(x, weight, bias, mean, rstd, ckpt, *params)
+        ctx.affine, ctx.T, ctx.key, ctx.flags = affine, T, key, flags
+        ctx.set_materialize_grads(False)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, bias, mean, rstd, ckpt, *params = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        spec = lookup(ctx.key).spec
+        if grad_y is None:
+            return (None,) * 8 + tuple(None for _ in params)
+        T = ctx.T
+        xt = x if T is None else x.expand(T, *x.shape)
+        grad_w = grad_b = None
+        with profiled("snntrain::step_neuron_bwd"):
+            grad_x, _gi, grads = _bwd_host(xt, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
+                                           affine=ctx.affine, sum_t=T is not None)
+            if need_x or need_w or need_b:
+                grad_x, grad_w, grad_b = ln_input_grad(x, grad_x, weight, bias, mean, rstd, need_w, need_b)
+        grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
+        return (grad_x if need_x else None, grad_w, grad_b, None, None, None, None, None, *grads)
+
+
+def ln_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
+                   params: list[Tensor], key: str, T: int | None = None) -> Tensor:
+    """The generated neuron ``key`` (spec ``affine`` ``"ln"``) over the layer norm over channels
+    ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T``
+    steps), fused: outputs ``[T, B, C, H, W]`` in ``x``'s dtype, laid out like ``x``. ``mean`` and ``rstd`` are
+    ``x``'s per-position statistics (:func:`~snntrain.kernels.layer_norm.layer_norm_stats`: fp32, fp64 for fp64
+    input, in the order of ``x``'s dims without C); the gradient flows through them. Differentiable in ``x``,
+    ``weight``, ``bias`` and the learnable parameters (eager calls). Layouts whose numbering of the neurons does
+    not keep B, H, W in order are copied once."""
+    if not _positions_in_order(x if T is None else x.expand(T, *x.shape)):
+        x = x.contiguous()
+    flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
+    return _EagerLNStepNeuron.apply(x, weight, bias, mean, rstd, T, key, flags, *params)
 
 
 def step_neuron(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, return_state: bool

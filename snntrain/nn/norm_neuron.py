@@ -74,11 +74,11 @@ class NormNeuron(nn.Module):
     place) runs unfused too: its statistics come from every process, which the fused kernels do not
     gather. The neuron's ``store_v_seq`` monitoring runs the unfused path, and so does ``fused = False``
     (a plain attribute: the norm's and the neuron's own kernels, one after the other). A
-    :class:`~snntrain.nn.StepNeuron` (the families among them) after a batch norm runs fused in its own
-    generated kernels (eager calls; the norm's statistics kernel first, then the generated kernels normalise as
-    they read, and one elementwise pass finishes dL/dx through the batch statistics);
-    after a layer norm, under ``torch.compile`` and for other neuron types (PSN) the norm runs first, then
-    the neuron.
+    :class:`~snntrain.nn.StepNeuron` (the families among them) after a batch norm or a layer norm runs fused in
+    its own generated kernels (eager calls; the norm's statistics kernel first, then the generated kernels
+    normalise as they read, and one pass finishes dL/dx through the statistics: elementwise for the batch norm's
+    per-channel ones, the layer norm's backward kernel for its per-position ones); under ``torch.compile`` and
+    for other neuron types (PSN) the norm runs first, then the neuron.
     """
 
     #: While an :class:`snntrain.efficiency.ActivityCounter` is attached: the counter's sink for this layer's
@@ -125,7 +125,7 @@ class NormNeuron(nn.Module):
             if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
                     and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
                 spikes, counted = self._fused(x, T, norm, neuron, sink)
-            elif (self.fused and isinstance(neuron, StepNeuron) and isinstance(norm, nn.BatchNorm2d)
+            elif (self.fused and isinstance(neuron, StepNeuron) and isinstance(norm, (nn.BatchNorm2d, LayerNorm2d))
                   and not isinstance(norm, nn.SyncBatchNorm) and use_triton(self.backend, x) and neuron.fusable(x)):
                 spikes = self._fused_step(x, T, norm, neuron)
             elif T is not None:
@@ -138,21 +138,28 @@ class NormNeuron(nn.Module):
         return spikes
 
     @staticmethod
-    def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d, neuron: StepNeuron) -> torch.Tensor:
-        """A batch norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the statistics (one
-        pass of the statistics kernel, which reads ``x`` as the norm sees it: once per element with ``T``, and
-        updates the running statistics as :class:`torch.nn.BatchNorm2d` does), then the neuron's kernels
-        normalise as they read (:func:`snntrain.kernels.step_neuron.bn_step_neuron`)."""
+    def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d | LayerNorm2d,
+                    neuron: StepNeuron) -> torch.Tensor:
+        """A batch norm or a layer norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the
+        statistics (one pass of the statistics kernel, which reads ``x`` as the norm sees it: once per element
+        with ``T``; a batch norm's also updates the running statistics as :class:`torch.nn.BatchNorm2d` does), then
+        the neuron's kernels normalise as they read (:func:`snntrain.kernels.step_neuron.bn_step_neuron`,
+        :func:`~snntrain.kernels.step_neuron.ln_step_neuron`)."""
         from ..kernels import bn_neuron
         from ..kernels.norm_neuron_base import _map
 
         x = _map(x, T)[0]  # H and W as one run (odd layouts copied once, differentiably)
+        params = norm._parameters
+        if isinstance(norm, LayerNorm2d):
+            from ..kernels.layer_norm import layer_norm_stats
+
+            mean, rstd = layer_norm_stats(x, norm.eps)  # per position over C ([B, C, H, W]: once per element)
+            return neuron.ln_forward(x, params.get("weight"), params.get("bias"), mean, rstd, T)
         factor, nbt, use_running = _bn_bookkeeping(norm)
         buffers = norm._buffers
         mean, rstd, batch_stats = bn_neuron.bn_stats(
             x, buffers["running_mean"] if use_running else None, buffers["running_var"] if use_running else None,
             training=norm.training, momentum=factor, eps=norm.eps, T=T, num_batches_tracked=nbt)
-        params = norm._parameters
         return neuron.bn_forward(x, params.get("weight"), params.get("bias"), mean, rstd, batch_stats, T)
 
     @staticmethod

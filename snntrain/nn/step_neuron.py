@@ -276,7 +276,7 @@ class StepNeuron(nn.Module):
         finals = [torch.broadcast_to(torch.as_tensor(s, dtype=ct, device=x.device), step_shape) for s in states]
         return torch.stack(outs), finals
 
-    def _spec(self, params, fp64: bool, affine: bool = False):
+    def _spec(self, params, fp64: bool, affine: str = ""):
         from ..kernels.neuron_codegen import KernelSpec
 
         return KernelSpec(
@@ -309,8 +309,21 @@ class StepNeuron(nn.Module):
 
         params = self._params_on(x.device)
         self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
-        key = _kernel_key(self, x.dtype == torch.float64, True)
+        key = _kernel_key(self, x.dtype == torch.float64, "bn")
         return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key, T)
+
+    def ln_forward(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, mean: torch.Tensor,
+                   rstd: torch.Tensor, T: int | None = None) -> torch.Tensor:
+        """The outputs for the layer norm over channels ``(x - mean) * rstd * weight + bias`` of ``x``
+        ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T`` steps; :class:`~snntrain.nn.LayerNorm2d`),
+        computed inside this neuron's generated kernels (``mean``, ``rstd``: one value per position, fp32, fp64 for
+        fp64 input, from :func:`snntrain.kernels.layer_norm.layer_norm_stats`; the gradient flows through them)."""
+        from ..kernels.step_neuron import ln_step_neuron
+
+        params = self._params_on(x.device)
+        self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
+        key = _kernel_key(self, x.dtype == torch.float64, "ln")
+        return ln_step_neuron(x, weight, bias, mean, rstd, [p.contiguous() for p in params], key, T)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron
@@ -353,10 +366,11 @@ class StepNeuron(nn.Module):
 
 
 @torch.compiler.assume_constant_result
-def _kernel_key(neuron: StepNeuron, fp64: bool, affine: bool = False) -> str:
+def _kernel_key(neuron: StepNeuron, fp64: bool, affine: str = "") -> str:
     """The key of ``neuron``'s kernels for its current parameters (learnable or not, one value or per channel):
     generated and compiled on first use, then from the neuron's own table. A constant for ``torch.compile``,
-    which calls it while tracing instead of tracing through it."""
+    which calls it while tracing instead of tracing through it. ``affine``: the norm folded into the kernels
+    (:attr:`~snntrain.kernels.neuron_codegen.KernelSpec.affine`)."""
     params = neuron._param_tensors()
     # what the spec depends on per call (the rest is fixed when the module is built): a cheaper lookup than the spec
     kinds = (fp64, affine, *((p.dim(), p.requires_grad) for p in params))
