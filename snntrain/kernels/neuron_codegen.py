@@ -44,7 +44,7 @@ from .neuron_graph import Graph
 __all__ = ["AFFINE_MODES", "KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 5
+CODEGEN_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "import triton",
         "import triton.language as tl",
         "from snntrain.kernels.neuron_step import NO_FMA, mul_rn",
+        *(["from snntrain.kernels.ln_neuron import _ln_dx",
+           "from snntrain.kernels.norm_neuron_base import _at, _load_chunk, _tile"] if spec.affine == "ln" else []),
         "",
         f"NO_FMA_ = tl.constexpr({'False' if spec.fp64 else 'NO_FMA'})",
         f"STATES = {spec.states!r}",
@@ -400,7 +402,184 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
            else f"    tl.store(gp{j}_ptr + pid, tl.sum(acc{j}, axis=0))") for j in L],
         "",
     ]
+    if ln:
+        out += _ln_tile_kernels(spec, ct)
     return "\n".join(out) + "\n"
+
+
+def _ln_tile_kernels(spec: KernelSpec, ct: str) -> list[str]:
+    """The position-tile kernels of spec ``affine`` ``"ln"`` (see the module docstring): ``_ln_norm``, then
+    ``ln_fwd_kernel`` and ``ln_bwd_kernel``."""
+    K, M = len(spec.states), len(spec.params)
+    S = [f"s{i}" for i in range(K)]
+    P = [f"p{j}" for j in range(M)]
+    L = [j for j in range(M) if spec.learnable[j]]
+    step_args = ["x", *S, *P]
+    p_ptrs = [f"p{j}_ptr" for j in range(M)]
+    news = f"{', '.join(f'n{i}' for i in range(K))}{',' if K == 1 else ''}"
+    tile = "[BLOCK_S, BLOCK_C]"
+    # fp32: rsqrt, as the hand-written fused op; fp64: an IEEE square root and division
+    rstd = "tl.rsqrt(var + eps)" if ct == "tl.float32" else "1.0 / tl.sqrt(var + eps)"
+
+    def setup(indent: str) -> list[str]:
+        """The program's tile, the parameters (full tiles), the norm's weight and bias, the initial states."""
+        lines = [f"{indent}b, offs_s, offs_c, mask_c, mask = _tile(pid, 0, s_tiles, S, C, BLOCK_S, BLOCK_C)"]
+        for j in range(M):
+            if spec.per_channel[j]:
+                lines.append(f"{indent}p{j} = tl.zeros({tile}, {ct}) + "
+                             f"tl.load(p{j}_ptr + offs_c, mask=mask_c, other=1.0).to({ct})[None, :]")
+            else:
+                lines.append(f"{indent}p{j} = tl.zeros({tile}, {ct}) + tl.load(p{j}_ptr).to({ct})")
+        lines += [f"{indent}w = tl.load(w_ptr + offs_c, mask=mask_c, other=0.0).to({ct})",
+                  f"{indent}bb = tl.load(b_ptr + offs_c, mask=mask_c, other=0.0).to({ct})",
+                  # fp64: eps compiled in (a float argument arrives rounded to fp32)
+                  f"{indent}eps = " + ("tl.cast(eps, tl.float32)" if ct == "tl.float32"
+                                       else "tl.full([BLOCK_S], EPS64, tl.float64)")]
+        for i, init in enumerate(spec.inits):
+            if isinstance(init, str):
+                lines.append(f"{indent}s{i} = p{spec.params.index(init)} + 0.0")
+            else:
+                lines.append(f"{indent}s{i} = tl.zeros({tile}, {ct}) + {_fmt(init)}")
+        lines += [f"{indent}x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)",
+                  f"{indent}ck_base = _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)",
+                  f"{indent}NCK = tl.cast(B, tl.int64) * C * S  # one state of one step, in the checkpoints"]
+        return lines
+
+    out = [
+        "@triton.jit",
+        "def _ln_norm(x, mask, C, eps, w, bb):",
+        '    """The layer norm of each row of a [BLOCK_S, BLOCK_C] tile over its C channels: (y, xhat, rstd)."""',
+        "    mean = tl.sum(x, axis=1) / C",
+        "    xc = tl.where(mask, x - mean[:, None], 0.0)",
+        "    var = tl.sum(xc * xc, axis=1) / C",
+        f"    rstd = {rstd}",
+        "    xhat = mul_rn(xc, tl.broadcast_to(rstd[:, None], xc.shape), NO_FMA_)",
+        "    return mul_rn(xhat, tl.broadcast_to(w[None, :], xc.shape), NO_FMA_) + bb[None, :], xhat, rstd",
+        "",
+        '@triton.jit(do_not_specialize=["T"])',
+        "def ln_fwd_kernel(",
+        "    x_ptr,  # [T, B, C, S] input at t*sx_t + b*sx_b + c*sx_c + s*sx_s (sx_t = 0: one input repeated over T)",
+        *[f"    {p},  # parameter {spec.params[j]!r}: {'[C]' if spec.per_channel[j] else '[1]'}"
+          for j, p in enumerate(p_ptrs)],
+        "    w_ptr, b_ptr,  # [C] the layer norm's weight and bias",
+        "    y_ptr,  # [T, B, C, S] outputs (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s",
+        "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, B, C, S] contiguous: the states before every chunk but the first",
+        "    T, B, C, S, s_tiles,",
+        "    sx_t, sx_b, sx_c, sx_s,",
+        "    so_t, so_b, so_c, so_s,",
+        "    eps,",
+        "    EPS64: tl.constexpr,  # eps, read in fp64 kernels",
+        "    EXPANDED: tl.constexpr,  # sx_t = 0: the input normalised once",
+        "    STORE_CKPT: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,",
+        "):",
+        "    pid = tl.program_id(0)",
+        *setup("    "),
+        "    y_base = _at(y_ptr, b, offs_s, offs_c, so_b, so_s, so_c)",
+        "    out_dtype = y_ptr.dtype.element_ty",
+        "    if EXPANDED:",
+        f"        xe, _xh, _r = _ln_norm(tl.load(x_base, mask=mask, other=0.0).to({ct}), mask, C, eps, w, bb)",
+        "    n_chunks = tl.cdiv(T, CHUNK)",
+        "    for c_iter in range(n_chunks):",
+        "        c = tl.cast(c_iter, tl.int32)",
+        "        t0 = c * CHUNK",
+        "        if STORE_CKPT:",
+        f"            row = ck_base + tl.cast(c - 1, tl.int64) * ({K} * NCK)",
+        "            m_ck = mask & (c > 0)",
+        *[f"            tl.store(row + {i} * NCK, s{i}, mask=m_ck)" for i in range(K)],
+        "        if not EXPANDED:",
+        "            xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)",
+        "        for j in tl.static_range(CHUNK):",
+        "            t = t0 + j",
+        "            valid = t < T",
+        "            if EXPANDED:",
+        "                x = xe",
+        "            else:",
+        f"                x, _xh, _r = _ln_norm(xs[j].to({ct}), mask, C, eps, w, bb)",
+        f"            y, {news} = _step({', '.join(step_args)})",
+        "            tl.store(y_base + tl.cast(t, tl.int64) * so_t, y.to(out_dtype), mask=mask & valid)",
+        *[f"            s{i} = tl.where(valid, n{i}, s{i})" for i in range(K)],
+        "",
+        '@triton.jit(do_not_specialize=["T"])',
+        "def ln_bwd_kernel(",
+        "    x_ptr,  # [T, B, C, S] forward input at t*sx_t + b*sx_b + c*sx_c + s*sx_s",
+        "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, B, C, S] checkpoints written by the forward",
+        *[f"    {p}," for p in p_ptrs],
+        "    w_ptr, b_ptr,  # [C] the layer norm's weight and bias",
+        "    gy_ptr,  # [T, B, C, S] dL/d(outputs) at t*sg_t + ...",
+        "    gx_ptr,  # dL/dx out at t*sd_t + ... (dtype of x; [B, C, S] once, summed over T, when EXPANDED)",
+        f"    part_ptr,  # [programs, {2 + len(L)}, C] per-program sums: dL/dweight, dL/dbias, then each learnable "
+        "parameter's (one value: column 0)",
+        "    T, B, C, S, s_tiles,",
+        "    sx_t, sx_b, sx_c, sx_s,",
+        "    sg_t, sg_b, sg_c, sg_s,",
+        "    sd_t, sd_b, sd_c, sd_s,",
+        "    eps,",
+        "    EPS64: tl.constexpr,  # eps, read in fp64 kernels",
+        "    EXPANDED: tl.constexpr,  # sx_t = 0: the input normalised once, dL/dx summed over T",
+        "    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,",
+        "):",
+        "    pid = tl.program_id(0)",
+        *setup("    "),
+        *[f"    i{i} = s{i}" for i in range(K)],
+        *[f"    gs{i} = tl.zeros({tile}, {ct})" for i in range(K)],
+        *[f"    acc{j} = tl.zeros({tile}, {ct})" for j in L],
+        f"    acc_g = tl.zeros({tile}, {ct})  # sum of dL/dy (EXPANDED: per element, over T)",
+        f"    acc_gx = tl.zeros({tile}, {ct})  # sum of dL/dy * xhat",
+        "    gy_base = _at(gy_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)",
+        "    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)",
+        "    out_dtype = gx_ptr.dtype.element_ty",
+        "    if EXPANDED:",
+        f"        xe, xhe, re = _ln_norm(tl.load(x_base, mask=mask, other=0.0).to({ct}), mask, C, eps, w, bb)",
+        "    n_chunks = tl.cdiv(T, CHUNK)",
+        "    for cc in range(n_chunks):",
+        "        c = n_chunks - 1 - tl.cast(cc, tl.int32)",
+        "        t0 = c * CHUNK",
+        f"        row = ck_base + tl.cast(c - 1, tl.int64) * ({K} * NCK)",
+        "        m_ck = mask & (c > 0)",
+        *[f"        s{i} = tl.where(c > 0, tl.load(row + {i} * NCK, mask=m_ck, other=0.0), i{i})" for i in range(K)],
+        "        gys = _load_chunk(gy_base, sg_t, t0, T, mask, CHUNK)",
+        "        if not EXPANDED:",
+        "            xr = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)",
+        "        xs = ()",
+        "        xhs = ()",
+        "        rs = ()",
+        *[f"        ss{i} = ()" for i in range(K)],
+        "        for j in tl.static_range(CHUNK):",
+        "            if EXPANDED:",
+        "                x = xe",
+        "            else:",
+        f"                x, xh, r = _ln_norm(xr[j].to({ct}), mask, C, eps, w, bb)",
+        "                xhs = xhs + (xh,)",
+        "                rs = rs + (r,)",
+        "            xs = xs + (x,)",
+        *[f"            ss{i} = ss{i} + (s{i},)" for i in range(K)],
+        f"            _y, {', '.join(S)}{',' if K == 1 else ''} = _step({', '.join(step_args)})",
+        "        for j in tl.static_range(CHUNK - 1, -1, -1):",
+        "            t = t0 + j",
+        "            valid = t < T",
+        "            m = mask & valid",
+        f"            g = _step_bwd(xs[j], {', '.join([f'ss{i}[j]' for i in range(K)] + P)}, gys[j].to({ct}), "
+        f"{', '.join(f'gs{i}' for i in range(K))})",
+        "            gy = tl.where(m, g[0], 0.0)",
+        "            acc_g += gy",
+        "            if not EXPANDED:",
+        "                acc_gx += gy * xhs[j]",
+        "                gx = _ln_dx(gy, xhs[j], rs[j], w, mask, C)",
+        "                tl.store(gx_base + tl.cast(t, tl.int64) * sd_t, gx.to(out_dtype), mask=m)",
+        *[f"            gs{i} = tl.where(valid, g[{1 + i}], gs{i})" for i in range(K)],
+        *[f"            acc{j} += tl.where(m, g[{1 + K + q}], 0.0)" for q, j in enumerate(L)],
+        "    if EXPANDED:",
+        "        acc_gx = acc_g * xhe",
+        "        tl.store(gx_base, _ln_dx(acc_g, xhe, re, w, mask, C).to(out_dtype), mask=mask)",
+        f"    prow = part_ptr + tl.cast(pid, tl.int64) * ({2 + len(L)} * C) + offs_c",
+        "    tl.store(prow, tl.sum(acc_gx, axis=0), mask=mask_c)",
+        "    tl.store(prow + C, tl.sum(acc_g, axis=0), mask=mask_c)",
+        *[(f"    tl.store(prow + {2 + q} * C, tl.sum(acc{j}, axis=0), mask=mask_c)" if spec.per_channel[j]
+           else f"    tl.store(part_ptr + tl.cast(pid, tl.int64) * ({2 + len(L)} * C) + {2 + q} * C, "
+                f"tl.sum(tl.sum(acc{j}, axis=1), axis=0))") for q, j in enumerate(L)],
+        "",
+    ]
+    return out
 
 
 def _renamed(graph: Graph, names: dict[str, str]) -> Graph:

@@ -72,8 +72,10 @@ import math
 import torch
 from torch import Tensor
 
+from . import norm_neuron_base as base
+from . import step_neuron_tuning as step_tuning
 from .bn_neuron import bn_input_grad
-from .layer_norm import ln_input_grad
+from .layer_norm import layer_norm_stats, ln_input_grad
 from .lif import (
     BWD16_BLOCK,
     BWD16_WARPS,
@@ -426,18 +428,121 @@ class _EagerLNStepNeuron(torch.autograd.Function):
         return (grad_x if need_x else None, grad_w, grad_b, None, None, None, None, None, *grads)
 
 
-def ln_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
-                   params: list[Tensor], key: str, T: int | None = None) -> Tensor:
-    """The generated neuron ``key`` (spec ``affine`` ``"ln"``) over the layer norm over channels
-    ``(x - mean) * rstd * weight + bias`` of ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T``
-    steps), fused: outputs ``[T, B, C, H, W]`` in ``x``'s dtype, laid out like ``x``. ``mean`` and ``rstd`` are
-    ``x``'s per-position statistics (:func:`~snntrain.kernels.layer_norm.layer_norm_stats`: fp32, fp64 for fp64
-    input, in the order of ``x``'s dims without C); the gradient flows through them. Differentiable in ``x``,
-    ``weight``, ``bias`` and the learnable parameters (eager calls). Layouts whose numbering of the neurons does
-    not keep B, H, W in order are copied once."""
+def _ln_tile_fwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, params: list[Tensor], key: str, T: int | None,
+                      save_ckpt: bool) -> tuple[Tensor, Tensor]:
+    """Outputs and checkpoints of the generated tile forward (``ln_fwd_kernel``) of the layer norm over channels
+    and the neuron ``key`` over ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T``), mapped as
+    :func:`~snntrain.kernels.norm_neuron_base._map` maps it; ``w``, ``b`` the norm's weight and bias ([C])."""
+    compiled = lookup(key)
+    spec = compiled.spec
+    K = len(spec.states)
+    steps = x.shape[0] if T is None else T
+    plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, steps, 0)
+    if plan.copy:
+        x = x.contiguous()
+    y = base._spikes(plan, x)
+    chunk = chunk_steps(steps)
+    n_ckpt = max(cdiv(steps, chunk) - 1, 0) if save_ckpt else 0
+    ct = torch.float64 if spec.fp64 else torch.float32
+    ckpt = torch.empty((n_ckpt, K, B, C, S), dtype=ct, device=x.device)
+    if B * C * S > 0 and steps > 0:
+        bs, bc, warps = step_tuning.ln_tiles(C, False)
+        s_tiles = cdiv(S, bs)
+        compiled.module.ln_fwd_kernel[(B * s_tiles,)](
+            x, *params, w, b, y, ckpt, steps, B, C, S, s_tiles, st, sb, sc, ss, *base._spike_strides(plan), eps,
+            EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, STORE_CKPT=n_ckpt > 0, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
+        )
+    return y, ckpt
+
+
+def _ln_tile_bwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, ckpt: Tensor, params: list[Tensor],
+                      grad_y: Tensor, key: str, T: int | None) -> tuple[Tensor, Tensor]:
+    """``(dL/dx, sums)`` of the generated tile backward (``ln_bwd_kernel``): dL/dx laid out like ``x`` (``[B, C,
+    H, W]``, summed over T, for a repeated input), ``sums`` ``[2 + learnable parameters, C]`` (compute dtype):
+    dL/dweight, dL/dbias, then each learnable parameter's gradient (per channel, or in column 0), the programs'
+    partial sums added up in one reduction."""
+    compiled = lookup(key)
+    spec = compiled.spec
+    steps = x.shape[0] if T is None else T
+    x, B, C, H, W, (st, sb, sc, ss) = base._map(x, T)
+    S = H * W
+    expanded = T is not None
+    ct = torch.float64 if spec.fp64 else torch.float32
+    gy, sg = base._grad_map(grad_y)
+    grad_x = torch.empty_like(x)
+    sd = base._strides(grad_x, expanded)
+    bs, bc, warps = step_tuning.ln_tiles(C, True)
+    s_tiles = cdiv(S, bs)
+    grid = B * s_tiles
+    rows = 2 + sum(spec.learnable)
+    part = torch.empty((grid, rows, C), dtype=ct, device=x.device)
+    if grid == 0 or steps == 0:
+        return grad_x.zero_(), torch.zeros((rows, C), dtype=ct, device=x.device)
+    compiled.module.ln_bwd_kernel[(grid,)](
+        x, ckpt, *params, w, b, gy, grad_x, part, steps, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps,
+        EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
+    )
+    return grad_x, part.sum(dim=0)
+
+
+class _EagerLNTileStepNeuron(torch.autograd.Function):
+    """A layer norm over channels and a generated neuron (spec ``affine`` ``"ln"``) in one kernel per direction:
+    each program holds all ``C`` channels of a tile of positions, computes every step's statistics from the tile it
+    loads, and its backward finishes the layer norm's gradient over ``C`` in registers (the weight's, the bias's and
+    the per-channel parameters' gradients as per-program sums). ``x`` is ``[T, B, C, H, W]``, or ``[B, C, H, W]``
+    with ``T`` (a stride-0 time axis: normalised once per position, dL/dx summed over T)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, T, key, flags, *params):
+        C = x.shape[-3]
+        ct = torch.float64 if lookup(key).spec.fp64 else torch.float32
+        w = torch.ones(C, dtype=ct, device=x.device) if weight is None else weight
+        b = torch.zeros(C, dtype=ct, device=x.device) if bias is None else bias
+        with profiled("snntrain::step_neuron_fwd"):
+            y, ckpt = _ln_tile_fwd_host(x, w, b, eps, list(params), key, T, bool(flags & F_SAVE_CKPT))
+        ctx.save_for_backward(x, weight, bias, ckpt, *params)
+        ctx.wb, ctx.eps, ctx.T, ctx.key = (w, b), eps, T, key
+        ctx.set_materialize_grads(False)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, bias, ckpt, *params = ctx.saved_tensors
+        if grad_y is None:
+            return (None,) * 7 + tuple(None for _ in params)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        spec = lookup(ctx.key).spec
+        with profiled("snntrain::step_neuron_bwd"):
+            grad_x, sums = _ln_tile_bwd_host(x, *ctx.wb, ctx.eps, ckpt, params, grad_y, ctx.key, ctx.T)
+        grads, q = [], 2
+        for p, learn, per_channel in zip(params, spec.learnable, spec.per_channel):
+            if learn:
+                g = sums[q] if per_channel else sums[q, 0]
+                grads.append(g.reshape(p.shape).to(p.dtype))
+                q += 1
+            else:
+                grads.append(None)
+        return (grad_x if need_x else None, sums[0].to(weight.dtype) if need_w else None,
+                sums[1].to(bias.dtype) if need_b else None, None, None, None, None, *grads)
+
+
+def ln_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, params: list[Tensor],
+                   key: str, T: int | None = None) -> Tensor:
+    """The generated neuron ``key`` (spec ``affine`` ``"ln"``) over the layer norm over channels (``eps`` added to
+    the variance; ``weight``, ``bias`` [C] or None) of ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated
+    over ``T`` steps), fused: outputs ``[T, B, C, H, W]`` in ``x``'s dtype (NCHW or channels-last, as ``x``).
+    Differentiable in ``x``, ``weight``, ``bias`` and the learnable parameters (eager calls). One tile kernel per
+    direction where the channels fit one program (:func:`~snntrain.kernels.step_neuron_tuning.ln_tile_fits`),
+    else the three-pass path: statistics (:func:`~snntrain.kernels.layer_norm.layer_norm_stats`), the generated
+    per-neuron kernels, the layer norm's backward (layouts whose neuron numbering does not keep B, H, W in order
+    are copied once there)."""
+    x = base._map(x, T)[0]  # H and W as one run (odd layouts copied once, differentiably)
+    flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
+    if step_tuning.ln_tile_fits(x.shape[-3]):
+        return _EagerLNTileStepNeuron.apply(x, weight, bias, eps, T, key, flags, *params)
     if not _positions_in_order(x if T is None else x.expand(T, *x.shape)):
         x = x.contiguous()
-    flags = F_SAVE_CKPT if torch.is_grad_enabled() else 0
+    mean, rstd = layer_norm_stats(x, eps)  # per position over C ([B, C, H, W]: once per element)
     return _EagerLNStepNeuron.apply(x, weight, bias, mean, rstd, T, key, flags, *params)
 
 

@@ -140,21 +140,19 @@ class NormNeuron(nn.Module):
     @staticmethod
     def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d | LayerNorm2d,
                     neuron: StepNeuron) -> torch.Tensor:
-        """A batch norm or a layer norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels: the
-        statistics (one pass of the statistics kernel, which reads ``x`` as the norm sees it: once per element
-        with ``T``; a batch norm's also updates the running statistics as :class:`torch.nn.BatchNorm2d` does), then
-        the neuron's kernels normalise as they read (:func:`snntrain.kernels.step_neuron.bn_step_neuron`,
-        :func:`~snntrain.kernels.step_neuron.ln_step_neuron`)."""
+        """A batch norm or a layer norm folded into a :class:`~snntrain.nn.StepNeuron`'s generated kernels. Batch norm:
+        the statistics (one pass of the statistics kernel, which reads ``x`` as the norm sees it: once per element
+        with ``T``; it also updates the running statistics as :class:`torch.nn.BatchNorm2d` does), then the neuron's
+        kernels normalise as they read (:func:`snntrain.kernels.step_neuron.bn_step_neuron`). Layer norm: the
+        neuron's tile kernels compute each position's statistics themselves, one kernel per direction
+        (:func:`~snntrain.kernels.step_neuron.ln_step_neuron`)."""
         from ..kernels import bn_neuron
         from ..kernels.norm_neuron_base import _map
 
-        x = _map(x, T)[0]  # H and W as one run (odd layouts copied once, differentiably)
         params = norm._parameters
         if isinstance(norm, LayerNorm2d):
-            from ..kernels.layer_norm import layer_norm_stats
-
-            mean, rstd = layer_norm_stats(x, norm.eps)  # per position over C ([B, C, H, W]: once per element)
-            return neuron.ln_forward(x, params.get("weight"), params.get("bias"), mean, rstd, T)
+            return neuron.ln_forward(x, params.get("weight"), params.get("bias"), norm.eps, T)
+        x = _map(x, T)[0]  # H and W as one run (odd layouts copied once, differentiably)
         factor, nbt, use_running = _bn_bookkeeping(norm)
         buffers = norm._buffers
         mean, rstd, batch_stats = bn_neuron.bn_stats(

@@ -312,18 +312,18 @@ class StepNeuron(nn.Module):
         key = _kernel_key(self, x.dtype == torch.float64, "bn")
         return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key, T)
 
-    def ln_forward(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, mean: torch.Tensor,
-                   rstd: torch.Tensor, T: int | None = None) -> torch.Tensor:
-        """The outputs for the layer norm over channels ``(x - mean) * rstd * weight + bias`` of ``x``
-        ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T`` steps; :class:`~snntrain.nn.LayerNorm2d`),
-        computed inside this neuron's generated kernels (``mean``, ``rstd``: one value per position, fp32, fp64 for
-        fp64 input, from :func:`snntrain.kernels.layer_norm.layer_norm_stats`; the gradient flows through them)."""
+    def ln_forward(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                   T: int | None = None) -> torch.Tensor:
+        """The outputs for the layer norm over channels (:class:`~snntrain.nn.LayerNorm2d`: ``eps`` added to the
+        variance, ``weight``, ``bias`` [C] or None) of ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over
+        ``T`` steps), computed inside this neuron's generated kernels
+        (:func:`snntrain.kernels.step_neuron.ln_step_neuron`; the gradient flows through the statistics)."""
         from ..kernels.step_neuron import ln_step_neuron
 
         params = self._params_on(x.device)
         self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
         key = _kernel_key(self, x.dtype == torch.float64, "ln")
-        return ln_step_neuron(x, weight, bias, mean, rstd, [p.contiguous() for p in params], key, T)
+        return ln_step_neuron(x, weight, bias, eps, [p.contiguous() for p in params], key, T)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron

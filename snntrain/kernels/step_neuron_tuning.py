@@ -1,0 +1,41 @@
+"""Launch sizes of the generated neurons' layer-norm tile kernels (:mod:`snntrain.kernels.step_neuron`, spec
+``affine`` ``"ln"``).
+
+A program holds all ``C`` channels (padded to a power of two) of ``BLOCK_S`` positions, with every state, the
+chunk's inputs and (backward) the chunk's recomputed states of each element in registers; ``C`` beyond
+:data:`LN_TILE_MAX_C` (padded) leaves too few registers per element, and such layers take the three-pass path
+(the layer norm's statistics kernel, the generated per-neuron kernels, the layer norm's backward kernel).
+Elements per thread follow the generated per-neuron kernels (:mod:`snntrain.kernels.lif`'s launch sizes: 4 per
+thread forward, 2 backward); the tiles are not yet swept on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .op_utils import next_pow2
+
+__all__ = ["LN_TILE_MAX_C", "LN_FWD_TILE", "LN_BWD_TILE", "LN_FWD_PER_WARP", "LN_BWD_PER_WARP", "LN_MAX_WARPS",
+           "ln_tile_fits", "ln_tiles"]
+
+#: The largest (power-of-two padded) channel count whose positions one program holds.
+LN_TILE_MAX_C = 1024
+#: Elements per program (at least one position's C channels).
+LN_FWD_TILE, LN_BWD_TILE = 1024, 512
+#: Elements per warp (32 threads): 4 per thread forward, 2 backward; at most LN_MAX_WARPS warps.
+LN_FWD_PER_WARP, LN_BWD_PER_WARP, LN_MAX_WARPS = 128, 64, 16
+
+
+def ln_tile_fits(C: int) -> bool:
+    """Whether the layer norm over ``C`` channels runs inside the generated neuron's tile kernels."""
+    return next_pow2(C) <= LN_TILE_MAX_C
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of its arguments, called on every launch
+def ln_tiles(C: int, backward: bool) -> tuple[int, int, int]:
+    """``(BLOCK_S, BLOCK_C, num_warps)`` of a direction's tile kernel: all C channels, positions to fill the
+    direction's tile."""
+    block_c = next_pow2(C)
+    block_s = max(1, (LN_BWD_TILE if backward else LN_FWD_TILE) // block_c)
+    per_warp = LN_BWD_PER_WARP if backward else LN_FWD_PER_WARP
+    return block_s, block_c, max(1, min(LN_MAX_WARPS, block_s * block_c // per_warp))
