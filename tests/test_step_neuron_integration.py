@@ -10,6 +10,8 @@ from torch import nn
 
 from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph
 from snntrain import efficiency as E
+from snntrain.kernels import step_neuron as step_kernels
+from snntrain.kernels import step_neuron_tuning as step_tuning
 from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, LayerNorm2d, MultiStep, NormNeuron, build_neuron
 
 
@@ -155,18 +157,30 @@ def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     gradients of the input, the norm's weight and bias and the neuron's learnable ``beta`` (per channel) and
     ``tau`` (one value). Modes: ``train``, ``channels_last``, ``steps`` ([B, C, H, W] input repeated over T: a
     stride-0 time axis, statistics per (b, h, w)), ``steps_channels_last``, ``no_affine``, ``wide`` (16 x 16
-    maps: each block of the backward in one channel) and ``hwbc`` (dense in the order T, H, W, B, C: the kernels
-    would number the positions out of the statistics' order, so the input is copied once)."""
+    maps: several position tiles per sample), ``chunks`` (T = 10: the backward recomputes from a checkpoint),
+    ``hwbc`` (dense in the order T, H, W, B, C: read in place by the tile kernels) and the three-pass path that
+    channels beyond the tile kernels' limit take (the limit lowered below C): ``fallback`` (in ``hwbc``, whose
+    neuron numbering would put the positions out of the statistics' order, the input is copied once),
+    ``fallback_steps`` and ``fallback_chunks``. Asserts which path ran: the statistics pass only in the three-pass
+    one."""
     torch.manual_seed(0)
     T, B, C, H, W = 5, 3, 4, 3, 2
     if mode == "wide":
         T, B, C, H, W = 3, 2, 2, 16, 16
-    steps = 3 if mode.startswith("steps") else None
+    if mode.endswith("chunks"):
+        T, B, C, H, W = 10, 1, 3, 2, 2
+    fallback = mode.startswith("fallback")
+    if fallback:
+        monkeypatch.setattr(step_tuning, "LN_TILE_MAX_C", 2)
+    stats_calls = []
+    stats = step_kernels.layer_norm_stats
+    monkeypatch.setattr(step_kernels, "layer_norm_stats", lambda *a: stats_calls.append(1) or stats(*a))
+    steps = 3 if mode.startswith("steps") or mode == "fallback_steps" else None
     x = torch.randn((B, C, H, W) if steps else (T, B, C, H, W), dtype=torch.float64, device=DEVICE) * 2.0 + 0.3
     x = x.to(dtype)
     if mode.endswith("channels_last"):
         x = x.movedim(-3, -1).contiguous().movedim(-1, -3)
-    if mode == "hwbc":
+    if mode in ("hwbc", "fallback"):
         x = x.permute(0, 3, 4, 1, 2).contiguous().permute(0, 3, 4, 1, 2)
     folded = []
     fused_step = NormNeuron._fused_step
@@ -191,11 +205,13 @@ def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
         g = torch.linspace(-1.0, 1.0, y.numel(), dtype=torch.float64, device=DEVICE).view_as(y)
         results.append((y, torch.autograd.grad((y * g.to(y.dtype)).sum(), leaves)))
     assert folded == [1]  # the Triton layer folded the norm into the neuron's kernels; the PyTorch one did not
+    assert stats_calls == ([1] if fallback else [])  # the statistics pass: only on the three-pass path
     return results
 
 
 _LN_NAMES = ["x", "beta", "tau", "weight", "bias"]
-_LN_MODES = ["train", "channels_last", "steps", "steps_channels_last", "no_affine", "wide", "hwbc"]
+_LN_MODES = ["train", "channels_last", "steps", "steps_channels_last", "no_affine", "wide", "chunks", "hwbc",
+             "fallback", "fallback_steps", "fallback_chunks"]
 
 
 @pytest.mark.parametrize("mode", _LN_MODES)

@@ -450,7 +450,8 @@ def _ln_tile_fwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, params: list[
         s_tiles = cdiv(S, bs)
         compiled.module.ln_fwd_kernel[(B * s_tiles,)](
             x, *params, w, b, y, ckpt, steps, B, C, S, s_tiles, st, sb, sc, ss, *base._spike_strides(plan), eps,
-            EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, STORE_CKPT=n_ckpt > 0, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
+            EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, STORE_CKPT=n_ckpt > 0, CHUNK=chunk,
+            BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
         )
     return y, ckpt
 
@@ -480,7 +481,8 @@ def _ln_tile_bwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, ckpt: Tensor,
         return grad_x.zero_(), torch.zeros((rows, C), dtype=ct, device=x.device)
     compiled.module.ln_bwd_kernel[(grid,)](
         x, ckpt, *params, w, b, gy, grad_x, part, steps, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps,
-        EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
+        EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs,
+        BLOCK_C=bc, num_warps=warps,
     )
     return grad_x, part.sum(dim=0)
 
