@@ -26,6 +26,16 @@ index without its channel, ``(n // (C * S)) * S + n % S``) at step ``t`` read at
 (``stride_st`` 0 where one input is repeated over T). The backward's dL/dX is then dL/dy, the gradient of
 the normalised input, for the host to finish.
 
+With ``"ln"`` the module also has position-tile kernels, ``ln_fwd_kernel`` and ``ln_bwd_kernel``, which do the
+layer norm themselves (:func:`snntrain.kernels.step_neuron.ln_step_neuron`): each program holds all ``C``
+channels (``BLOCK_C``, a power of two) of ``BLOCK_S`` positions of one sample, read through the input's
+strides with :mod:`snntrain.kernels.norm_neuron_base`'s tile and pointer helpers; ``_step`` and ``_step_bwd``,
+elementwise, run on the 2-D tile with every parameter broadcast to it. Per step the forward normalises the
+loaded tile over ``C`` (``_ln_norm``: mean, 1/std, then ``xhat * w + b``) before the step; the backward
+recomputes the chunk from its checkpoint the same way, runs the reverse steps and turns each step's dL/dy into
+dL/dx over ``C`` (:mod:`snntrain.kernels.ln_neuron`'s ``_ln_dx``), with per-program rows of sums (the weight's
+and bias's gradients, then each learnable parameter's) for the host to add up.
+
 Neuron ``n`` of a step ``[B, C, S...]`` (row-major) has channel ``(n // S) % C``: per-channel parameters
 are loaded once per neuron. Every multiply is an explicitly rounded ``mul.rn.f32`` on NVIDIA GPUs (the
 :func:`~snntrain.kernels.neuron_step.mul_rn` of the built-in neurons), so no FMA contraction makes the

@@ -45,24 +45,33 @@ once per element by the statistics, and its dL/dx is summed over T in registers 
 
 A layer norm in front (:func:`ln_step_neuron`, spec ``affine`` ``"ln"``)
 -----------------------------------------------------------------------
-:class:`~snntrain.nn.LayerNorm2d`: statistics per position over ``C``, computed by
-:mod:`snntrain.kernels.layer_norm`'s kernels (its forward kernel without the output, its backward kernel as
-the finishing pass). Bytes in ``E`` as above; the statistics are 8 B per position per step (``8 / C`` B per
-element, 0.125 B at C = 64), read by each of the position's ``C`` neurons (from cache after the first):
+:class:`~snntrain.nn.LayerNorm2d`: statistics per position over ``C``. Where the channels fit one program
+(:mod:`snntrain.kernels.step_neuron_tuning`: ``C`` padded to a power of two up to ``LN_TILE_MAX_C``), the
+generated tile kernels (``ln_fwd_kernel``, ``ln_bwd_kernel``) do each direction in one kernel, as the
+hand-written fused op (:mod:`snntrain.kernels.ln_neuron`) does: a program holds all ``C`` channels of
+``BLOCK_S`` positions of one sample (X read in place through its strides, NCHW or channels-last, as
+:mod:`snntrain.kernels.norm_neuron_base` maps it), and at each step computes the mean and 1/std over ``C``
+in registers (fp32; fp64 for fp64 input), normalises with the weight and bias and runs the traced step. The
+backward walks the chunks in reverse from the forward's checkpoints (every 8 steps, ``K`` fp32 states),
+recomputes the chunk's statistics and states, runs the reverse step and finishes the layer norm's backward
+over ``C`` per step in registers, ``dx = rstd * (w*dy - mean_C(w*dy) - xhat * mean_C(w*dy*xhat))``; the
+weight's and bias's gradients and every learnable parameter's are per-program partial sums (``[programs,
+2 + learnable, C]``: deterministic, no atomics), added up by one reduction. Bytes in ``E`` as above:
 
-* forward: the statistics kernel reads X (1) and writes the per-position mean and rstd; the generated
-  forward reads X and the statistics, normalises as it reads (``(x - mean) * rstd * w + b``) and writes the
-  outputs (2) = **3 E**;
-* backward: the generated backward reads X, the statistics and dS and writes dL/dy in X's dtype (3); the
-  layer norm's backward kernel reads dL/dy and X and writes dL/dx over dL/dy (3), with the weight's and bias's
-  per-program sums in registers (what the norm's gradient reduces per channel costs the generated kernel
-  nothing: the finishing pass reads both tensors anyway) = **6 E**.
+* forward: reads X, writes the outputs = **2 E**;
+* backward: reads X and dS, writes dL/dx = **3 E**;
 
-So 9 E, against 5 E for the hand-written fused layer-norm op (:mod:`snntrain.kernels.ln_neuron`, whose
-programs hold all ``C`` channels of their positions and compute the statistics from the tile they load) and
-10 E for the norm and the neuron unfused (which also keep the normalised input, one more E of activation
-memory, for the neuron's backward). A stride-0 time axis has statistics per (b, h, w), read once per element
-by the statistics kernel; dL/dy is summed over T in registers and written once, then finished once.
+so **5 E**, the hand-written fused op's count, against 9 E for the three-pass path below and 10 E for the
+norm and the neuron unfused (which also keep the normalised input, one more E of activation memory). The
+partial sums add ``4 (2 + learnable) C`` B per program of the backward, written once and read once. A
+stride-0 time axis (``[B, C, H, W]`` repeated over T) is read and normalised once per position by each
+kernel, and its dL/dy summed over T in registers before the layer norm's backward runs once.
+
+Channels beyond the limit take three passes: :mod:`snntrain.kernels.layer_norm`'s forward kernel computes
+the statistics (without the output), the generated per-neuron kernels read them and normalise as they read
+(``(x - mean) * rstd * w + b``), and the backward kernel writes dL/dy, which one pass of the layer norm's
+backward kernel turns into dL/dx in place with the weight's and bias's sums: forward 1 + 2 E, backward
+3 + 3 E = **9 E** (the statistics, 8 B per position per step, besides).
 """
 
 from __future__ import annotations
