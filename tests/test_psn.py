@@ -417,9 +417,10 @@ def test_cuda_graph_capture(cls, device):
     assert_close(gw, gw0, **SUMMED, what="dweight")
 
 
-def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
-    """``scripts/bench_neurons.py --suite psn`` end to end on tiny CPU shapes (the CUDA calls of its timing and
-    memory measurement stubbed): one JSON line per neuron, T, dtype and provider, and the target checks."""
+def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch, device):
+    """``scripts/bench_neurons.py --suite psn`` end to end on tiny shapes (the CUDA calls of its timing and memory
+    measurement stubbed; on the GPU where there is one, else on the CPU with the kernels in Triton's interpreter):
+    one JSON line per neuron, T, dtype and provider, and the target checks."""
     import importlib.util
     import json
     import sys
@@ -433,16 +434,18 @@ def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
     spec.loader.exec_module(bn)
     bu = sys.modules["bench_utils"]
     monkeypatch.setattr(bn, "PSN_SHAPE", (2, 8))
-    monkeypatch.setattr(bn, "PSN_T", (3, 9))  # the vector and the tiled kernels
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(bn, "PSN_T", (3, 9))  # the per-thread and (dense, masked) the tensor-core backward
+    if device.type != "cuda":  # the script moves its modules and tensors to CUDA: keep them where they are
+        monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+        monkeypatch.setattr(nn.Module, "cuda", lambda self, *a, **k: self)
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 2**20)
     monkeypatch.setattr(bn, "make_input", lambda shape, dtype, expanded, seed=0: (lambda t: (t, t))(
-        (torch.randn(shape) + 0.5).to(dtype).requires_grad_()))
+        (torch.randn(shape, device=device) + 0.5).to(dtype).requires_grad_()))
     monkeypatch.setattr(bu, "bench_ms", lambda fn, quick=False, grad_to_none=None: (fn(), 1.0)[1])
+    monkeypatch.setattr(bu, "graph_ms", lambda fn, quick=False: (fn(), (1.0, ""))[1])
     monkeypatch.setattr(bu, "copy_bandwidth", lambda: 1.0)
     monkeypatch.setattr(bu, "gpu_name", lambda: "cpu")
     monkeypatch.setattr(bu, "plot", lambda *a, **k: None)
@@ -451,4 +454,5 @@ def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
     assert len(lines) == 3 * 2 * 2 * 3  # neurons x T x dtypes x providers
     assert {(d["neuron"], d["provider"]) for d in lines} >= {("SlidingPSN", "sj"), ("PSN", "ours-triton")}
     assert all(d["peak_mib"] == 1.0 and d["ms"] == 1.0 for d in lines)
+    assert all(d["graph_ms"] == 1.0 for d in lines if d["provider"] == "ours-triton")  # the kernels' GPU time
     assert (tmp_path / "bench_neurons_psn.md").read_text().count("faster than SpikingJelly") == 12
