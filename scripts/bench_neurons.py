@@ -1,6 +1,7 @@
 """Benchmark the multi-step LIF neuron: ours (Triton and PyTorch backends) against SpikingJelly 2.0.0.
 
     python scripts/bench_neurons.py --out DIR [--quick] [--budget SECONDS] [--sweep] [--suite lif|psn]
+    python scripts/bench_neurons.py --out DIR --suite psn --sweep [--budget SECONDS]
     python scripts/bench_neurons.py --out DIR --suite families|api-lif [--family NAME] [--smoke]
 
 ``--suite families`` and ``--suite api-lif`` measure the neurons generated from a step function
@@ -51,7 +52,10 @@ Writes ``DIR/bench_neurons.csv``, ``.jsonl``, ``.png`` (via scripts/bench_utils.
 
 ``--suite psn`` measures the parallel spiking neurons instead (:func:`psn_suite`): PSN, MaskedPSN and
 SlidingPSN forward+backward on ``[T, 64, 65536]``, T in 4 and 16, fp32 and bf16, time and peak memory,
-ours against SpikingJelly's module of the same name, into ``DIR/bench_neurons_psn.jsonl``.
+ours against SpikingJelly's module of the same name, into ``DIR/bench_neurons_psn.jsonl`` (ours also
+replayed from a CUDA graph: the kernels' GPU time without the host's, against the copy roofline).
+``--suite psn --sweep`` times our kernels alone (graph replays) over the launch sizes of
+``snntrain/kernels/psn_tuning.py`` instead (:func:`psn_sweep`), one line per configuration.
 """
 
 from __future__ import annotations
@@ -707,7 +711,10 @@ def main() -> None:
         sj_worker(args.worker, args.quick, Path(args.worker_out))
         return
     if args.sweep:
-        sweep(args.quick)
+        if args.suite == "psn":
+            psn_sweep(args.quick, time.time() + args.budget)
+        else:
+            sweep(args.quick)
         return
     if args.suite == "psn":
         psn_suite(Path(args.out), args.quick, time.time() + args.budget)
@@ -786,9 +793,10 @@ def _psn_pair(neuron: str, T: int):
     return ours.cuda(), sj.cuda()
 
 
-def _psn_measure(module, shape, dtype, quick) -> tuple[float, float, int]:
-    """(fwd+bwd ms, peak MiB above what was allocated before the step, spikes) of ``module(x).sum().backward()``,
-    gradients for the input and the module's parameters."""
+def _psn_measure(module, shape, dtype, quick, graph: bool = False) -> tuple[float, float, int, float | None]:
+    """(fwd+bwd ms, peak MiB above what was allocated before the step, spikes, the same step's ms replayed from a
+    CUDA graph when ``graph`` (the GPU time alone; None if it could not be captured)) of
+    ``module(x).sum().backward()``, gradients for the input and the module's parameters."""
     leaf, x = make_input(shape, dtype, False)
 
     def step():
@@ -801,9 +809,16 @@ def _psn_measure(module, shape, dtype, quick) -> tuple[float, float, int]:
     module.zero_grad(set_to_none=False)  # parameter gradients stay allocated, as in training
     peak = bu.peak_mib(step)
     ms = bu.bench_ms(step, quick, grad_to_none=[leaf])
+    graph_ms = None
+    if graph:
+        try:
+            graph_ms, note = bu.graph_ms(step, quick)
+            graph_ms = None if note else graph_ms
+        except Exception:  # noqa: BLE001 - the eager time above is the measurement; this one is extra
+            graph_ms = None
     leaf = x = None  # (not del: step() refers to them)
     torch.cuda.empty_cache()
-    return ms, peak, count
+    return ms, peak, count, graph_ms
 
 
 def psn_suite(out: Path, quick: bool, deadline: float) -> None:
@@ -839,24 +854,30 @@ def psn_suite(out: Path, quick: bool, deadline: float) -> None:
                     if provider.startswith("ours-"):
                         module.backend = provider.split("-", 1)[1]
                     try:
-                        got[provider] = _psn_measure(module, shape, dtype, quick)
+                        got[provider] = _psn_measure(module, shape, dtype, quick, graph=provider == "ours-triton")
                     except Exception as err:  # noqa: BLE001 - record and go on with the next provider
                         torch.cuda.empty_cache()
                         skipped.append(f"{neuron} T{T} {dname} {provider}: {type(err).__name__}: "
                                        f"{str(err).strip()[:160]}")
                         continue
-                    ms, peak, count = got[provider]
+                    ms, peak, count, graph_ms = got[provider]
                     line = {"suite": "psn", "neuron": neuron, "provider": provider, "T": T, "dtype": dname,
                             "shape": list(shape), "mode": "fwd+bwd", "ms": ms, "peak_mib": peak, "spikes": count,
                             "gpu": bu.gpu_name()}
+                    if graph_ms is not None:
+                        roof = min_bytes(shape, dtype.itemsize, "fwd+bwd", False) / copy_gbps / 1e6
+                        line.update(graph_ms=graph_ms, graph_roofline=roof / graph_ms)
                     lines.append(line)
                     bu.append_row(line, out, PSN_NAME)
                     rows.append(bu.Row("neurons/psn", neuron.lower(), "fwd+bwd", provider, dname,
                                        shape_text(shape, False), ms, min_bytes(shape, dtype.itemsize, "fwd+bwd", False),
                                        note=f"T{T} peak={peak:.0f}MiB spikes={count}"))
-                    print(f"{neuron:10s} T={T:2d} {dname} {provider:11s} {ms:8.3f} ms  peak {peak:8.0f} MiB", flush=True)
+                    graph = "" if graph_ms is None else \
+                        f"  graph {graph_ms:.3f} ms ({line['graph_roofline']:.2f}x copy roofline)"
+                    print(f"{neuron:10s} T={T:2d} {dname} {provider:11s} {ms:8.3f} ms  peak {peak:8.0f} MiB{graph}",
+                          flush=True)
                 if "ours-triton" in got and "sj" in got:
-                    (ms0, mem0, _), (ms1, mem1, _) = got["ours-triton"], got["sj"]
+                    (ms0, mem0, *_), (ms1, mem1, *_) = got["ours-triton"], got["sj"]
                     speed, mem = ms1 / ms0, mem0 / mem1 if mem1 > 0 else float("inf")
                     checks.append(f"{neuron} T={T} {dname}: {speed:.2f}x faster than SpikingJelly (target >= 2) "
                                   f"{'PASS' if speed >= 2 else 'FAIL'}; {mem:.2f}x its peak memory (target <= 0.5) "
@@ -874,6 +895,63 @@ def psn_suite(out: Path, quick: bool, deadline: float) -> None:
           "triton.testing.do_bench; peak = max allocated above the step's start.", "", *[f"- {c}" for c in checks]]
     md += [f"- skipped: {s}" for s in skipped]
     (out / f"{PSN_NAME}.md").write_text("\n".join(md) + "\n")
+
+
+#: Launch configurations of ``--suite psn --sweep``: (label, {name in snntrain.kernels.psn_tuning: value}).
+PSN_SWEEP = (
+    ("default", {}),
+    ("fwd 4/thread", {"FWD_MAX_PER_THREAD": 4}),
+    ("fwd 16/thread", {"FWD_MAX_PER_THREAD": 16}),
+    ("bwd block regs 64", {"BWD_BLOCK_REGS": 64}),
+    ("bwd block regs 256", {"BWD_BLOCK_REGS": 256}),
+    ("mma 1/thread", {"MMA_PER_THREAD": 1}),
+    ("mma 4/thread", {"MMA_PER_THREAD": 4}),
+    ("mma 3 programs/SM", {"MMA_PROGRAMS_PER_SM": 3}),
+    ("mma 2 stages", {"MMA_STAGES": 2}),
+    ("8 warps", {"WARPS": 8}),
+)
+
+
+def psn_sweep(quick: bool, deadline: float) -> None:
+    """Our PSN kernels' GPU time (forward+backward replayed from a CUDA graph, no host cost) over the launch
+    configurations of :data:`PSN_SWEEP`, for the suite's neurons, T and dtypes; one printed line per configuration
+    (ms and the fraction of the copy roofline of each case). Not part of the default run."""
+    from snntrain.kernels import psn as K
+    from snntrain.kernels import psn_tuning as tuning
+
+    copy_gbps = bu.copy_bandwidth()
+    print(f"PSN sweep on {bu.gpu_name()}, copy bandwidth {copy_gbps:.0f} GB/s; ms of fwd+bwd graph replays "
+          f"(x copy roofline)", flush=True)
+    cases = [(neuron, T, dname) for neuron in ("PSN", "MaskedPSN", "SlidingPSN") for T in PSN_T
+             for dname in PSN_DTYPES]
+    for label, settings in PSN_SWEEP:
+        if time.time() > deadline:
+            print(f"{label}: skipped, out of time budget", flush=True)
+            continue
+        saved = {name: getattr(tuning, name) for name in settings}
+        for name, value in settings.items():
+            setattr(tuning, name, value)
+        K.clear_plans()
+        cells = []
+        try:
+            for neuron, T, dname in cases:
+                if time.time() > deadline:
+                    cells.append(f"{neuron} T{T} {dname}: out of time")
+                    continue
+                shape, dtype = (T, *PSN_SHAPE), DTYPES[dname]
+                module = _psn_pair(neuron, T)[0]
+                try:
+                    ms = _psn_measure(module, shape, dtype, True, graph=True)[3]
+                except Exception as err:  # noqa: BLE001 - a configuration that fails is reported, not fatal
+                    cells.append(f"{neuron} T{T} {dname}: {type(err).__name__}")
+                    continue
+                roof = min_bytes(shape, dtype.itemsize, "fwd+bwd", False) / copy_gbps / 1e6
+                cells.append(f"{neuron} T{T} {dname}: " + ("no graph" if ms is None else f"{ms:.3f} ({roof / ms:.2f}x)"))
+        finally:
+            for name, value in saved.items():
+                setattr(tuning, name, value)
+            K.clear_plans()
+        print(f"{label}: " + "; ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -85,25 +85,39 @@ def test_triton_equals_torch_backend_over_t_with_expanded_gradient(T, device):
     assert_close(gb1, gb0, **SUMMED, what="dbias")
 
 
-@pytest.mark.parametrize("T", [9, 12])
-def test_tiled_backward_walks_many_blocks(T, device, monkeypatch):
-    """The backward for T >= DOT_MIN_T (tiles and products): two programs walk five blocks of 16 neurons each,
-    carrying their dL/dW and dL/db across blocks; a gradient of the spikes with its own layout."""
+@pytest.mark.parametrize("name", ["MaskedPSN", "SlidingPSN"])
+@pytest.mark.parametrize("T", [3, 12, 17])
+def test_persistent_backward_walks_many_blocks(T, name, device, monkeypatch):
+    """Each backward (per-thread sums up to T = 8 and for the sliding form, the tensor-core dL/dW up to 16, tiles
+    beyond): two programs walk
+    five blocks of 16 neurons each, carrying their dL/dW and dL/db across blocks into one partial row each, which
+    the finishing kernel maps onto the parameters (mask; sliding diagonals and the shared bias); a gradient of the
+    spikes with its own layout."""
     from snntrain.kernels import psn as K
 
-    assert T >= K.DOT_MIN_T
-    monkeypatch.setattr(K, "dot_tiles", lambda T: (16, 16))
-    monkeypatch.setattr(K, "dot_programs", lambda N, block, sms: 2)
+    monkeypatch.setattr(K.tuning, "bwd_block", lambda T, sums: 16)
+    monkeypatch.setattr(K.tuning, "mma_block", lambda T: (16, 16))
+    monkeypatch.setattr(K.tuning, "dot_tiles", lambda T: (16, 32))
+    monkeypatch.setattr(K.tuning, "bwd_programs", lambda per_sm, n_blocks, sms: 2)
+    monkeypatch.setattr(K.tuning, "dot_programs", lambda N, block, sms: 2)
+    K.clear_plans()
     torch.manual_seed(T)
-    ref = MaskedPSN(3, T, lambda_init=0.5, backend="torch").to(device)
+    if name == "MaskedPSN":
+        ref, ours = MaskedPSN(3, T, lambda_init=0.5, backend="torch"), MaskedPSN(3, T, backend="triton")
+    else:
+        ref, ours = SlidingPSN(4, exp_init=False, backend="torch"), SlidingPSN(4, backend="triton")
+    ref = ref.to(device)
     with torch.no_grad():
         ref.bias.uniform_(-0.5, 0.5)
-    ours = MaskedPSN(3, T, backend="triton").to(device)
+    ours = ours.to(device)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(T, 5, 15, device=device)  # 75 neurons: five blocks, the last one partial
     g = torch.randn(T, 15, 5, device=device).transpose(1, 2)
-    s0, gx0, gw0, gb0 = _run(ref, x, g)
-    s1, gx1, gw1, gb1 = _run(ours, x, g)
+    try:
+        s0, gx0, gw0, gb0 = _run(ref, x, g)
+        s1, gx1, gw1, gb1 = _run(ours, x, g)
+    finally:
+        K.clear_plans()
     assert torch.equal(s1, s0)
     assert_close(gx1, gx0, **SUMMED, what="dx")
     assert_close(gw1, gw0, **SUMMED, what="dweight")
@@ -403,9 +417,10 @@ def test_cuda_graph_capture(cls, device):
     assert_close(gw, gw0, **SUMMED, what="dweight")
 
 
-def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
-    """``scripts/bench_neurons.py --suite psn`` end to end on tiny CPU shapes (the CUDA calls of its timing and
-    memory measurement stubbed): one JSON line per neuron, T, dtype and provider, and the target checks."""
+def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch, device):
+    """``scripts/bench_neurons.py --suite psn`` end to end on tiny shapes (the CUDA calls of its timing and memory
+    measurement stubbed; on the GPU where there is one, else on the CPU with the kernels in Triton's interpreter):
+    one JSON line per neuron, T, dtype and provider, and the target checks."""
     import importlib.util
     import json
     import sys
@@ -419,16 +434,18 @@ def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
     spec.loader.exec_module(bn)
     bu = sys.modules["bench_utils"]
     monkeypatch.setattr(bn, "PSN_SHAPE", (2, 8))
-    monkeypatch.setattr(bn, "PSN_T", (3, 9))  # the vector and the tiled kernels
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(bn, "PSN_T", (3, 9))  # the per-thread and (dense, masked) the tensor-core backward
+    if device.type != "cuda":  # the script moves its modules and tensors to CUDA: keep them where they are
+        monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+        monkeypatch.setattr(nn.Module, "cuda", lambda self, *a, **k: self)
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 0)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 2**20)
     monkeypatch.setattr(bn, "make_input", lambda shape, dtype, expanded, seed=0: (lambda t: (t, t))(
-        (torch.randn(shape) + 0.5).to(dtype).requires_grad_()))
+        (torch.randn(shape, device=device) + 0.5).to(dtype).requires_grad_()))
     monkeypatch.setattr(bu, "bench_ms", lambda fn, quick=False, grad_to_none=None: (fn(), 1.0)[1])
+    monkeypatch.setattr(bu, "graph_ms", lambda fn, quick=False: (fn(), (1.0, ""))[1])
     monkeypatch.setattr(bu, "copy_bandwidth", lambda: 1.0)
     monkeypatch.setattr(bu, "gpu_name", lambda: "cpu")
     monkeypatch.setattr(bu, "plot", lambda *a, **k: None)
@@ -437,4 +454,5 @@ def test_benchmark_suite_runs_on_tiny_shapes(tmp_path, monkeypatch):
     assert len(lines) == 3 * 2 * 2 * 3  # neurons x T x dtypes x providers
     assert {(d["neuron"], d["provider"]) for d in lines} >= {("SlidingPSN", "sj"), ("PSN", "ours-triton")}
     assert all(d["peak_mib"] == 1.0 and d["ms"] == 1.0 for d in lines)
+    assert all(d["graph_ms"] == 1.0 for d in lines if d["provider"] == "ours-triton")  # the kernels' GPU time
     assert (tmp_path / "bench_neurons_psn.md").read_text().count("faster than SpikingJelly") == 12

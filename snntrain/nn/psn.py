@@ -19,8 +19,10 @@ with a surrogate gradient for the Heaviside step. The three modules differ in ``
 Each maps ``[T, N, ...]`` input to spikes of the same shape and dtype (multi-step only). Parameters,
 buffers and their names follow SpikingJelly 2.0.0's ``neuron.PSN``, ``MaskedPSN`` and ``SlidingPSN``,
 so their state dicts load into each other. ``backend="triton"`` runs the fused kernels of
-:mod:`snntrain.kernels.psn` (one pass over the input per direction; the weight is built in PyTorch,
-so its gradient reaches ``weight``, and ``lambda_`` and the mask apply in both backends);
+:mod:`snntrain.kernels.psn` (one pass over the input per direction; the modules hand over their
+parameters and buffers as they are, the kernels form the ``[T, T]`` weight (mask and ``lambda_``, or
+the slid row) and return the gradients of ``weight`` and ``bias`` themselves, so a call runs no
+PyTorch op besides the kernels);
 ``backend="torch"`` is the reference, ``torch.addmm`` then the surrogate spike, as SpikingJelly
 computes it. The surrogate is named (``atan`` by default, as SpikingJelly's ATan), with its
 sharpness ``alpha`` (None: the surrogate's default), instead of SpikingJelly's surrogate object.
@@ -49,7 +51,8 @@ class ParallelNeuron(nn.Module):
     """What the parallel spiking neurons share: the surrogate, the backend, input checks and the forward.
 
     Subclasses define :meth:`temporal_weight`, ``(W [T, T], bias)`` for a sequence of ``T`` steps, with
-    ``bias`` of a shape that ``torch.addmm`` broadcasts over ``[T, N]`` (``[T, 1]`` or a scalar)."""
+    ``bias`` of a shape that ``torch.addmm`` broadcasts over ``[T, N]`` (``[T, 1]`` or a scalar): the torch
+    backend's product; and :meth:`kernel_args`, the same weight in the form the Triton kernels build it from."""
 
     #: read by the NIR export (:mod:`snntrain.nir_graph`), which refuses these neurons with this reason
     nir_refusal = NIR_REFUSAL
@@ -67,6 +70,12 @@ class ParallelNeuron(nn.Module):
     def temporal_weight(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """``(weight, bias, keywords)`` of :func:`snntrain.kernels.psn.psn_multistep`: the parameters as they are
+        (``weight`` ``[T, T]`` or a row ``[K]`` slid along time; ``bias`` with T elements or one) and the
+        masked form's ``mask0``, ``mask1``, ``lambda_``."""
+        raise NotImplementedError
+
     def _check_steps(self, T: int) -> None:
         """Refuse a sequence length the module cannot take."""
 
@@ -81,12 +90,12 @@ class ParallelNeuron(nn.Module):
             raise TypeError(f"{type(self).__name__} takes floating-point input; got {x_seq.dtype}")
         T = x_seq.shape[0]
         self._check_steps(T)
-        weight, bias = self.temporal_weight(T)
         if use_triton(self.backend, x_seq):
             from ..kernels import psn as psn_kernels
 
-            return psn_kernels.psn_multistep(x_seq, weight, bias.expand(T, 1).reshape(T), self.surrogate,
-                                             self.alpha)
+            weight, bias, masks = self.kernel_args()
+            return psn_kernels.psn_multistep(x_seq, weight, bias, self.surrogate, self.alpha, **masks)
+        weight, bias = self.temporal_weight(T)
         dt = torch.promote_types(x_seq.dtype, weight.dtype)
         h = torch.addmm(bias.to(dt), weight.to(dt), x_seq.flatten(1).to(dt))
         return SpikeFunction.apply(h, self.surrogate, self.alpha).to(x_seq.dtype).view(x_seq.shape)
@@ -126,6 +135,9 @@ class PSN(ParallelNeuron):
 
     def temporal_weight(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.weight, self.bias
+
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        return self.weight, self.bias, {}
 
     def extra_repr(self) -> str:
         return f"T={self.T}, " + super().extra_repr()
@@ -174,6 +186,9 @@ class MaskedPSN(PSN):
     def temporal_weight(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.masked_weight(), self.bias
 
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        return self.weight, self.bias, {"mask0": self.mask0, "mask1": self.mask1, "lambda_": self._lambda_}
+
     def extra_repr(self) -> str:
         return f"k={self.k}, lambda_={float(self._lambda_):g}, " + super().extra_repr()
 
@@ -221,6 +236,9 @@ class SlidingPSN(ParallelNeuron):
 
     def temporal_weight(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gen_gemm_weight(T), self.bias
+
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        return self.weight, self.bias, {}
 
     def extra_repr(self) -> str:
         return f"order={self.k}, " + super().extra_repr()
