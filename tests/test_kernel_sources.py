@@ -80,3 +80,17 @@ def test_the_check_finds_a_helper_reached_through_a_module(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     kernel = importlib.import_module("check_kernel").kernel
     assert problems_of(kernel, "kernel") == ["kernel: reads the global 'helpers' (module), which is not copied"]
+
+
+@pytest.mark.parametrize("module", kernel_modules())
+def test_no_kernel_parameter_has_a_default(module):
+    """Inductor launches a user kernel with every argument in order: a parameter with a default (``X: tl.constexpr =
+    True``) left out at a launch shifts the grid arguments (``launcher() missing ... '_grid_2'`` under
+    ``torch.compile`` on a GPU). Every argument is given at every launch instead."""
+    import inspect
+
+    mod = importlib.import_module(module)
+    found = [f"{module}.{n}({p.name}=...)" for n, v in vars(mod).items()
+             if isinstance(v, JIT_TYPES) and v.fn.__module__ == module
+             for p in inspect.signature(v.fn).parameters.values() if p.default is not inspect.Parameter.empty]
+    assert not found, found

@@ -144,3 +144,21 @@ def test_checkpoints_in_the_unfused_naming_still_load(neuron, depth):
     wrapper.load_state_dict(old)  # strict
     for key, value in src.state_dict().items():
         assert torch.equal(wrapper.model.state_dict()[key], value), key
+
+
+def test_multistep_convolution_on_the_cpu_gets_the_weight_gradient_of_channels_last_maps():
+    """PyTorch's CPU convolution returns a wrong (and changing) weight gradient for a strided 1x1 convolution of 4
+    channels on channels-last input (spikes laid out from tokens, as QKFormer's second embedding reads them):
+    MultiStep hands it contiguous maps, so every call gives the float64 reference."""
+    from snntrain.nn import MultiStep
+
+    torch.manual_seed(0)
+    conv = MultiStep(torch.nn.Conv2d(4, 8, 1, stride=2, bias=False))
+    x = (torch.rand(2, 3, 16, 16, 4) > 0.7).float().permute(0, 1, 4, 2, 3)  # [T, B, C, H, W], channels innermost
+    g = torch.randn(2, 3, 8, 8, 8)
+    ref = torch.nn.grad.conv2d_weight(x.flatten(0, 1).double().contiguous(), conv[0].weight.shape,
+                                      g.flatten(0, 1).double(), stride=2)
+    for _ in range(20):
+        conv.zero_grad()
+        conv(x).backward(g)
+        torch.testing.assert_close(conv[0].weight.grad.double(), ref, rtol=1e-5, atol=1e-5)

@@ -16,9 +16,7 @@ TINY = {
     "spikformer": dict(name="spikformer", variant="spikformer_cifar10", embed_dim=16, depth=1, heads=2, patch_size=4),
     "spike_driven_transformer": dict(name="spike_driven_transformer", variant="sdt_2_512", embed_dim=16, depth=1,
                                      pooling="0011"),
-    # embed_dim 32: the first stage's 8 channels (with 4, PyTorch's CPU convolution gets the weight gradient of the
-    # second embedding's strided 1x1 shortcut wrong on channels-last input, a different value on every call)
-    "qkformer": dict(name="qkformer", variant="qkformer_4_384", embed_dim=32, heads=[2, 2, 2], depths=[1, 1, 1],
+    "qkformer": dict(name="qkformer", variant="qkformer_4_384", embed_dim=16, heads=[2, 2, 2], depths=[1, 1, 1],
                      pooling="0011"),
 }
 

@@ -109,7 +109,7 @@ def _ln_fwd_kernel(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # positions and channels of a tile
     SINGLE: tl.constexpr,  # True: a whole row fits BLOCK_C; False: loop over C in chunks
     SC: tl.constexpr,  # > 0: dense channels-first map, S == SC and both channel strides are SC (see const_s)
-    STORE_Y: tl.constexpr = True,  # False: the statistics only (Y unused)
+    STORE_Y: tl.constexpr,  # False: the statistics only (Y unused)
 ):
     if SC > 0:  # a dense channels-first map: the positions and channel strides are compile-time SC
         S, sx_c, sy_c = SC, SC, SC
@@ -442,7 +442,8 @@ def _fwd_host(
         xs[0], xs[1], xs[2], ys[0], ys[1], ys[2],
         eps,
         HAS_W=weight is not None, HAS_B=bias is not None,
-        BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, SC=tuning.const_s(p, xs, ys), num_warps=p.num_warps,
+        BLOCK_S=p.block_s, BLOCK_C=p.block_c, SINGLE=p.single, SC=tuning.const_s(p, xs, ys), STORE_Y=True,
+        num_warps=p.num_warps,
     )
     return y, mean, rstd
 

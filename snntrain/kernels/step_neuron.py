@@ -86,8 +86,6 @@ from . import step_neuron_tuning as step_tuning
 from .bn_neuron import bn_input_grad
 from .layer_norm import layer_norm_stats, ln_input_grad
 from .lif import (
-    BWD16_BLOCK,
-    BWD16_WARPS,
     BWD_BLOCK,
     BWD_WARPS,
     FWD_BLOCK,
@@ -107,8 +105,10 @@ __all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd",
 
 F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
 
-# Launch sizes: the hand-written neuron's (snntrain.kernels.lif), the backward's smaller for its registers in fp32
-# and per 16-bit input its 512 neurons over 8 warps (the same neurons per thread, twice the loads per program).
+# Launch sizes: the hand-written neuron's (snntrain.kernels.lif), the backward's smaller for its registers. Unlike the
+# hand-written backward, 16-bit input keeps 256 neurons over 4 warps: with 512 over 8 the StepNeuron LIF's bf16
+# T = 32 forward plus backward took 1.56x the hand-written kernel's time against 1.30x (H200, bench_neurons --suite
+# api-lif, one run each).
 
 
 def _channels(x: Tensor, per_channel: tuple[bool, ...], order: tuple[int, ...]) -> tuple[int, int]:
@@ -190,7 +190,7 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor]
     grad_x = _empty(step if sum_t else x.shape, order, 0 if sum_t else 1, x.dtype, dev)
     store_ginit = bool(flags & F_GRAD_INIT)
     grad_init = _empty((K, *step) if store_ginit else (0,), order, 1, ct, dev)
-    block, warps = (BWD_BLOCK, BWD_WARPS) if x.element_size() >= 4 else (BWD16_BLOCK, BWD16_WARPS)
+    block, warps = BWD_BLOCK, BWD_WARPS
     grid = cdiv(N, block)
     learn = [j for j, flag in enumerate(spec.learnable) if flag]
     channel = [j for j in learn if spec.per_channel[j]]

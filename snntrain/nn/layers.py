@@ -20,8 +20,13 @@ class MultiStep(nn.Sequential):
         if x.dim() < 3:
             raise ValueError(f"MultiStep expects [T, B, ...] input, got shape {tuple(x.shape)}")
         t, b = x.shape[:2]
-        y = super().forward(x.flatten(0, 1))
-        return y.unflatten(0, (t, b))
+        x = x.flatten(0, 1)
+        if not x.is_cuda and x.dim() == 4 and len(self) and isinstance(self[0], nn.Conv2d) and not x.is_contiguous():
+            # PyTorch's CPU convolution (oneDNN) gets the weight gradient wrong (a different value on every call),
+            # or crashes, on some channels-last maps (a strided 1x1 convolution of 4 or 8 channels): the CPU path
+            # hands a convolution contiguous maps
+            x = x.contiguous()
+        return super().forward(x).unflatten(0, (t, b))
 
     def folded(self, x: torch.Tensor) -> torch.Tensor:
         """The layers on a batch that is already folded, ``[N, ...]``: a static image ``[B, C, H, W]`` that a
