@@ -925,7 +925,14 @@ def bn_input_grad(x: Tensor, grad: Tensor, mean: Tensor, rstd: Tensor, weight: T
     ``grad`` = dL/dy (``x``'s shape and dtype, or one step's, summed over T, for ``[B, C, H, W]`` input with
     ``T``) and the per-channel sums of dL/dy (``sum_g``) and of dL/dy * (x - mean) * rstd (``sum_gx``), all
     float32: one elementwise pass (:func:`_bn_dx_kernel`) that reads dL/dy and x and writes dL/dx over dL/dy.
-    Returns dL/dx (``grad`` itself, or a copy of it where its H and W do not form one run)."""
+    Returns dL/dx (``grad`` itself, or a copy of it where its H and W do not form one run). Float64 input (float64
+    statistics and sums) takes the same formula in PyTorch: the kernel computes in float32."""
+    if x.dtype == torch.float64:
+        view = (-1, 1, 1)  # channels are dim -3
+        m = x.numel() // x.shape[-3]
+        a = rstd if weight is None else rstd * weight.to(rstd.dtype)
+        xhat = (x - mean.view(view)) * rstd.view(view)
+        return (grad - (sum_g / m).view(view) - xhat * (sum_gx / m).view(view)) * a.view(view)
     H, W = grad.shape[-2:]
     sh, sw = grad.stride()[-2:]
     if H > 1 and W > 1 and sh != W * sw:

@@ -363,13 +363,7 @@ class _EagerBNStepNeuron(torch.autograd.Function):
                                            scaled=not batch)
             s_g, s_gx = sums if sums is not None else (None, None)
             if need_x and batch:  # through the batch's mean and variance
-                if x.dtype == torch.float64:  # (the kernel computes in fp32)
-                    view = (-1, 1, 1)  # channels are dim -3
-                    m = x.numel() // x.shape[-3]
-                    xhat = (x - mean.view(view)) * rstd.view(view)
-                    grad_x = (grad_x - (s_g / m).view(view) - xhat * (s_gx / m).view(view)) * ctx.a.view(view)
-                else:
-                    grad_x = bn_input_grad(x, grad_x, mean, rstd, weight, s_g, s_gx, T)
+                grad_x = bn_input_grad(x, grad_x, mean, rstd, weight, s_g, s_gx, T)
         grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
         return (grad_x if need_x else None, s_gx.to(weight.dtype) if need_w else None,
                 s_g.to(ctx.b_dtype) if need_b else None, None, None, None, None, None, None, *grads)
