@@ -172,3 +172,18 @@ def test_every_type_builds_from_the_config_by_its_name(model, compose_run):
         cfg = compose_run(None, f"model={model}", "model.neuron.type=ChannelwisePLIF", "debug=tiny")
         with pytest.raises(ValueError, match="ChannelwisePLIF needs the channel count of every layer"):
             build_model(cfg.model, backend="torch")
+
+
+def test_the_config_imports_no_other_registered_type(compose_run):
+    """Reading a model config's neuron section leaves the other registered types as they are: one registered by
+    ``"module:Class"`` that cannot be imported does not stop a LIF network from building."""
+    from snntrain.models import build_model
+    from snntrain.nn import NEURONS, register_neuron
+
+    register_neuron("Unavailable", "no_such_package.neurons:Missing")
+    try:
+        cfg = compose_run(None, "model=sew_resnet", "debug=tiny")
+        build_model(cfg.model, backend="torch")
+        assert NEURONS["Unavailable"] == "no_such_package.neurons:Missing"
+    finally:
+        del NEURONS["Unavailable"]

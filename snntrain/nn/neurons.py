@@ -268,7 +268,8 @@ def config_neuron(settings: Mapping[str, Any]) -> dict[str, Any]:
     if takes_any:
         return settings
     accepted = {*named, *(("tau",) if "init_tau" in named else ())}
-    known = {n for name in list(NEURONS) for n in neuron_parameters(name)[0]}
+    # the types imported so far (as is_neuron reads them): building a model imports no other registered type
+    known = {n for name, cls in list(NEURONS.items()) if not isinstance(cls, str) for n in neuron_parameters(name)[0]}
     dropped = [k for k in settings if k != "type" and k not in accepted and k in known]
     if dropped:
         import warnings
