@@ -173,13 +173,15 @@ def kind_of(name: str) -> str:
 
 def time_steps(step, steps: int, warmup: int) -> tuple[float, float, float]:
     """(seconds of the warm-up calls, compilation included; ms per step over ``steps`` steps run
-    back to back between two synchronisations, as in a training loop; peak bytes)."""
+    back to back between two synchronisations, as in a training loop; peak bytes allocated over the warm-up and
+    the steps: a whole-step graph allocates its activations in its private pool while it is captured, in the
+    warm-up, and holds them from then on, so the peak of the timed steps alone would leave them out)."""
+    torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     for _ in range(steps):
         step()
@@ -233,11 +235,15 @@ def interleaved(benches: list[Callable[[], Bench | None]], args) -> list[dict]:
     turn, so that a host which slows down or speeds up for a while does so for all of them alike. A row's
     ``ms_per_step`` is the median over the rounds (``ms_min``/``ms_max`` their range; ``vs_floor`` a median over the
     rounds too, see :func:`floor_ratios`). Every provider is built and warmed up before the first round and stays
-    on the GPU; its peak memory is its own resident memory (what building and warming it up left allocated) plus
-    the largest rise over what was allocated when its steps began."""
+    on the GPU; its peak memory is the larger of its peak over building and warming it up (a whole-step graph
+    allocates its activations while it is captured) and its own resident memory (what building and warming it up
+    left allocated) plus the largest rise over what was allocated when its steps began, both above what the
+    providers built before it hold."""
     built = []
+    peaks: dict[str, int] = {}
     for make in benches:
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
         base, t0 = torch.cuda.memory_allocated(), time.perf_counter()
         b = make()
         if b is None:
@@ -246,8 +252,8 @@ def interleaved(benches: list[Callable[[], Bench | None]], args) -> list[dict]:
             b.step()
         torch.cuda.synchronize()
         built.append((b, time.perf_counter() - t0, torch.cuda.memory_allocated() - base))
+        peaks[b.provider] = torch.cuda.max_memory_allocated() - base
     times: dict[str, list[float]] = {b.provider: [] for b, _, _ in built}
-    peaks = dict.fromkeys(times, 0)
     for _ in range(args.rounds):
         for b, _, resident in built:
             torch.cuda.synchronize()

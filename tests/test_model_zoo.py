@@ -253,14 +253,16 @@ GPU_NETS = {
 def test_compiled_and_whole_step_graph_steps_match_eager_on_gpu(family):
     """Each family, channels-last on the Triton kernels: three steps under torch.compile and three captured as one
     CUDA graph (StepGraph, as cuda_graph=true runs them) give the eager steps' losses and weights (fp32; a spike
-    that flips on a rounding difference changes a gradient locally, so weights are compared in norm)."""
+    that flips on a rounding difference changes a gradient locally, so weights are compared in norm; a parameter
+    whose gradient is zero in exact arithmetic, the bias of a convolution in front of a batch norm, holds only
+    rounding noise of about 1e-12 after the steps, so norms below 1e-6 count as 1e-6)."""
     import copy
 
     from snntrain.tasks.speed import compile_model, to_channels_last
     from snntrain.tasks.step_graph import StepGraph, training_step_fn
 
     def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6))
 
     torch._dynamo.reset()
     torch.manual_seed(0)
