@@ -189,9 +189,10 @@ def time_steps(step, steps: int, warmup: int) -> tuple[float, float, float]:
     return first, (time.perf_counter() - t) / steps * 1e3, torch.cuda.max_memory_allocated()
 
 
-def breakdown(step, ms_per_step: float, steps: int = 5) -> dict[str, float]:
+def breakdown(step, ms_per_step: float, steps: int = 5, label: str = "") -> dict[str, float]:
     """GPU milliseconds per step by kind, and idle/host = the unprofiled step time not covered
-    by kernels (the profiler slows the host down, so its own wall time is not used)."""
+    by kernels (the profiler slows the host down, so its own wall time is not used). Prints the
+    step's 15 longest kernels (GPU ms per step, kind), headed by ``label``."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -200,6 +201,7 @@ def breakdown(step, ms_per_step: float, steps: int = 5) -> dict[str, float]:
             step()
         torch.cuda.synchronize()
     out = dict.fromkeys(KINDS, 0.0)
+    kernels: dict[str, float] = {}
     for evt in prof.key_averages():
         if getattr(evt, "is_user_annotation", False) or evt.key.startswith(("snntrain::", "ProfilerStep")):
             continue  # a range around kernels counted by their own names (record_function ranges)
@@ -208,6 +210,10 @@ def breakdown(step, ms_per_step: float, steps: int = 5) -> dict[str, float]:
             gpu_us = getattr(evt, "self_cuda_time_total", 0.0)
         if gpu_us and evt.device_type == torch.autograd.DeviceType.CUDA:
             out[kind_of(evt.key)] += gpu_us / 1e3 / steps
+            kernels[evt.key] = kernels.get(evt.key, 0.0) + gpu_us / 1e3 / steps
+    print(f"longest kernels, {label}: GPU ms per step, kind")
+    for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:15]:
+        print(f"  {ms:7.3f}  {kind_of(name):11s} {name[:110]}")
     out["idle/host"] = max(0.0, ms_per_step - sum(out.values()))
     return out
 
@@ -226,7 +232,7 @@ class Bench(NamedTuple):
 def measure(b: Bench, args) -> dict:
     """The row of ``b`` timed alone: ``--warmup`` calls, then ``--steps`` steps back to back."""
     first, ms, peak = time_steps(b.step, args.steps, args.warmup)
-    prof = breakdown(b.step, ms) if args.profile else None
+    prof = breakdown(b.step, ms, label=f"{b.case} {b.precision} {b.provider}") if args.profile else None
     return row(b.case, b.provider, b.precision, b.batch, first, ms, peak, prof, b.note)
 
 
@@ -264,7 +270,8 @@ def interleaved(benches: list[Callable[[], Bench | None]], args) -> list[dict]:
     rows = []
     for b, first, _ in built:
         ms = times[b.provider]
-        prof = breakdown(b.step, statistics.median(ms)) if args.profile else None
+        prof = (breakdown(b.step, statistics.median(ms), label=f"{b.case} {b.precision} {b.provider}")
+                if args.profile else None)
         r = row(b.case, b.provider, b.precision, b.batch, first, statistics.median(ms), peaks[b.provider], prof,
                 b.note)
         r.update(rounds=len(ms), ms_min=round(min(ms), 3), ms_max=round(max(ms), 3), ms_rounds=ms)
