@@ -14,6 +14,7 @@ import torch
 
 from _testing import DEVICE, SUMMED, assert_close
 from snntrain.kernels import neuron_jit
+from snntrain.kernels.op_utils import PlanCache
 from snntrain.nn import LIF, NEURONS, StepNeuron, UnsupportedOp, build_neuron, register_neuron, spike
 
 
@@ -127,6 +128,47 @@ def test_api_lif_equals_the_hand_written_lif_kernel(T):
     (ga,) = torch.autograd.grad((ya * g).sum(), xa)
     (gb,) = torch.autograd.grad((yb * g).sum(), xb)
     assert_close(ga, gb, **SUMMED, what="dL/dx (the hand-written kernel's surrogate uses fast divisions)")
+
+
+def test_eager_plans_are_reused_for_one_layout_and_made_for_another(monkeypatch):
+    """An eager call makes the forward's and the backward's launch plans of its layout once: a second identical call
+    makes none, another shape, stride order or dtype makes new ones, and every call equals the PyTorch loop."""
+    from snntrain.kernels import step_neuron
+
+    made = []
+
+    def counted(name):
+        make = getattr(step_neuron, name)
+        return lambda *args, **kwargs: made.append(name) or make(*args, **kwargs)
+
+    for name in ("_fwd_plan", "_bwd_plan"):
+        monkeypatch.setattr(step_neuron, name, counted(name))
+    monkeypatch.setattr(step_neuron, "_FWD_PLANS", PlanCache())
+    monkeypatch.setattr(step_neuron, "_BWD_PLANS", PlanCache())
+    neuron = ApiLIF(tau=2.0, backend="triton")
+    torch.manual_seed(3)
+
+    def call(x):
+        results = []
+        for backend in ("torch", "triton"):
+            neuron.backend = backend
+            xl = x.detach().clone().requires_grad_()
+            y = neuron(xl)
+            (y * torch.arange(y.numel(), device=DEVICE).reshape(y.shape).sin()).sum().backward()
+            results.append((y, xl.grad))
+        (y_ref, g_ref), (y, g) = results
+        assert torch.equal(y, y_ref) and 0 < y.sum() < y.numel()
+        assert_close(g, g_ref, what="dL/dx")
+        return len(made)
+
+    x = (torch.randn(4, 2, 3, 5) * 1.5 + 0.6).to(DEVICE)
+    assert call(x) == 2 and made == ["_fwd_plan", "_bwd_plan"]
+    assert call(x + 0.25) == 2  # the same layout: both plans found
+    assert call(x[:, :, :, :4]) == 4  # another shape
+    assert call(x.transpose(2, 3).contiguous().transpose(2, 3)) == 6  # the same shape, other strides
+    assert call(x.to(torch.bfloat16)) == 8  # another dtype
+    assert call(x) == 8  # the first layout's plans are still there
+    assert len(step_neuron._FWD_PLANS) == len(step_neuron._BWD_PLANS) == 4
 
 
 def test_expanded_input_and_gradient_and_frozen_learnable_parameter():
@@ -275,6 +317,7 @@ def test_per_channel_sums_in_each_layout_of_the_backward(layout, csum, monkeypat
     if layout == "channels_last":
         x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
     chosen = []
+    monkeypatch.setattr(step_neuron, "_BWD_PLANS", PlanCache())  # a backward plan made here, not found
     pick = step_neuron._channel_sums
     monkeypatch.setattr(step_neuron, "_channel_sums", lambda *a: chosen.append(pick(*a)[0]) or pick(*a))
     weights = _weights(neuron, x, 5)

@@ -12,6 +12,7 @@ from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph
 from snntrain import efficiency as E
 from snntrain.kernels import step_neuron as step_kernels
 from snntrain.kernels import step_neuron_tuning as step_tuning
+from snntrain.kernels.op_utils import PlanCache
 from snntrain.nn import ALIF, CUBALIF, QIF, ChannelwisePLIF, LayerNorm2d, MultiStep, NormNeuron, build_neuron
 
 
@@ -247,6 +248,45 @@ def test_layer_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
         # 1e-4 of the largest: the norm's backward over C cancels terms (one input of the 16 x 16 maps differs by
         # 5e-5 of the largest on an H200)
         assert_close(a.double(), b, rtol=1e-4, atol=1e-4 * float(b.abs().max()), what=f"dL/d{name}")
+
+
+def test_layer_norm_tile_plans_are_reused_for_one_layout_and_made_for_another(monkeypatch):
+    """The layer-norm tile kernels' eager launch plans: made once per layout (a second call on the same layout makes
+    none, another shape or a channels-last map makes new ones), and every call equals the unfused PyTorch path."""
+    made = []
+
+    def counted(name):
+        make = getattr(step_kernels, name)
+        return lambda *args, **kwargs: made.append(name) or make(*args, **kwargs)
+
+    for name in ("_ln_tile_fwd_plan", "_ln_tile_bwd_plan"):
+        monkeypatch.setattr(step_kernels, name, counted(name))
+    monkeypatch.setattr(step_kernels, "_LN_FWD_PLANS", PlanCache())
+    monkeypatch.setattr(step_kernels, "_LN_BWD_PLANS", PlanCache())
+    C = 3
+
+    def call(x):
+        results = []
+        for backend in ("torch", "triton"):
+            layer = NormNeuron(LayerNorm2d(C, backend="torch"), ALIF(beta=0.3, v_threshold=0.5, backend=backend),
+                               backend=backend).to(device=DEVICE, dtype=torch.float64)
+            xl = x.clone().requires_grad_()
+            y = layer(xl)
+            (gx,) = torch.autograd.grad((y * torch.linspace(-1.0, 1.0, y.numel(), dtype=y.dtype,
+                                                            device=DEVICE).view_as(y)).sum(), xl)
+            results.append((y, gx))
+        (y_ref, g_ref), (y, g) = results
+        assert torch.equal(y, y_ref) and 0 < y.sum() < y.numel()
+        assert_close(g, g_ref, rtol=1e-9, atol=1e-11, what="dL/dx (sums in another order)")
+        return len(made)
+
+    torch.manual_seed(4)
+    x = torch.randn(4, 2, C, 3, 2, dtype=torch.float64, device=DEVICE) * 2.0 + 0.3
+    assert call(x) == 2 and made == ["_ln_tile_fwd_plan", "_ln_tile_bwd_plan"]
+    assert call(x * 0.5 + 0.2) == 2  # the same layout: both plans found
+    assert call(x[:, :, :, :2]) == 4  # another shape
+    assert call(x.movedim(2, -1).contiguous().movedim(-1, 2)) == 6  # channels-last
+    assert call(x) == 6
 
 
 @pytest.mark.parametrize("mode", ["train", "steps", "channels_last"])

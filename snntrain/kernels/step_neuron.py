@@ -4,7 +4,13 @@ The kernels come from :mod:`snntrain.kernels.neuron_jit` (a module generated per
 found by its key). Registered as ``torch.ops.snntrain.step_neuron_fwd`` / ``step_neuron_bwd``
 (``torch.library.triton_op``, one pair for every generated neuron: the key selects the kernels), so
 they show by name in profiler traces and trace under ``torch.compile``; eager calls take an
-``autograd.Function`` over the same host functions (:func:`~snntrain.kernels.op_utils.traced`).
+``autograd.Function`` over the same host functions (:func:`~snntrain.kernels.op_utils.traced`). Those keep a
+plan per layout (``x``'s shape, strides, dtype and device, the flags, the neuron; :data:`_FWD_PLANS`,
+:data:`_BWD_PLANS`, and :data:`_LN_FWD_PLANS`, :data:`_LN_BWD_PLANS` of the layer-norm tile kernels), as the
+hand-written ops do: the outputs' layouts and the launch with its arguments bound once
+(:class:`~snntrain.kernels.op_utils.Planned`), so that a call allocates its outputs and launches, and allocates
+nothing it does not return (no empty final states, no empty checkpoints per call, no gradients of fixed
+parameters). Traced and fake calls make their plan afresh.
 
 What the forward keeps for the backward: the input X (the caller's tensor, not a copy) and the
 states at the start of every chunk of :func:`~snntrain.kernels.neuron_step.chunk_steps` steps but the
@@ -76,6 +82,7 @@ backward kernel turns into dL/dx in place with the weight's and bias's sums: for
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -90,7 +97,6 @@ from .lif import (
     BWD_WARPS,
     FWD_BLOCK,
     FWD_WARPS,
-    _empty,
     _neuron_order,
     _permuted,
     _time_major,
@@ -98,7 +104,7 @@ from .lif import (
 from .neuron_codegen import CSUM_NEURON, CSUM_PROGRAM, CSUM_ROWS
 from .neuron_jit import lookup
 from .neuron_step import chunk_steps
-from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
+from .op_utils import INT32_MAX, PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
 __all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE",
            "F_SAVE_CKPT", "F_GRAD_INIT"]
@@ -120,11 +126,64 @@ def _channels(x: Tensor, per_channel: tuple[bool, ...], order: tuple[int, ...]) 
     return x.shape[2], math.prod(x.shape[1 + d] for d in order[pos + 1:])
 
 
-def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, flags: int, launch: bool,
-              wrap=direct, affine: tuple | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Outputs, final states and checkpoints; ``affine``: the norm's arguments of a neuron whose kernels normalise
-    as they read (spec ``affine``): ``(a, b)`` ([C] fp32) for ``x * a + b`` (``"bn"``), ``(weight, bias, mean,
-    rstd, stride_st)`` for ``"ln"`` (:func:`ln_step_neuron`)."""
+def _layout(shape, order: tuple[int, ...], lead: int) -> tuple[int, ...]:
+    """The strides of a dense tensor of ``shape`` whose dims after the first ``lead`` are laid out in ``order``
+    (the layout :func:`~snntrain.kernels.lif._empty` makes; row-major where ``order`` does not cover them)."""
+    n = len(shape)
+    if len(order) != n - lead:
+        order = tuple(range(n - lead))
+    strides = [0] * n
+    run = 1
+    for d in reversed((*range(lead), *(lead + d for d in order))):  # innermost first
+        strides[d] = run
+        run = run * shape[d]
+    return tuple(strides)
+
+
+def _new(shape, strides, dtype: torch.dtype, dev) -> Tensor:
+    return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+
+
+def _affine_names(affine: tuple | None) -> tuple:
+    """The norm's arguments in a launch: its tensors by name (``a0``, ``a1``, ...), numbers as they are."""
+    return tuple(name if isinstance(a, Tensor) else a for name, a in zip(_names("a", len(affine or ())), affine or ()))
+
+
+def _affine_key(affine: tuple | None) -> tuple:
+    """What a plan depends on in ``affine``: its numbers (its tensors are each call's)."""
+    return tuple(a for a in affine if not isinstance(a, Tensor)) if affine else ()
+
+
+@functools.lru_cache(maxsize=None)
+def _names(prefix: str, n: int) -> tuple[str, ...]:
+    """The names ``prefix0``, ``prefix1``, ... of a launch's tensors (:class:`~snntrain.kernels.op_utils.Planned`)."""
+    return tuple(f"{prefix}{i}" for i in range(n))
+
+
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)`` without an operation where ``t`` has that dtype already."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _named(prefix: str, tensors) -> dict:
+    """``tensors`` by their :func:`_names`."""
+    return dict(zip(_names(prefix, len(tensors)), tensors))
+
+
+class _FwdPlan:
+    """What a forward of one layout (``x``'s shape, strides and dtype, the flags, whether initial states are given,
+    the neuron) allocates and launches: the outputs' shapes and strides (``order``, the kernels' numbering of the
+    neurons) and the kernel's launch (:class:`~snntrain.kernels.op_utils.Planned`, None where nothing runs).
+    ``copy_x``: ``x`` is read from a contiguous copy (an odd layout), else in place. ``no_ckpt``: an eager plan's
+    empty checkpoints (no checkpoint is stored: T fits one chunk, or no gradient), shared by its calls."""
+
+    __slots__ = ("order", "ct", "y_stride", "final_shape", "final_stride", "ckpt_shape", "copy_x", "launch", "no_ckpt")
+
+
+def _fwd_plan(x: Tensor, has_init: bool, key: str, flags: int, affine: tuple | None,
+              launches: bool) -> tuple[_FwdPlan, Tensor]:
+    """The forward plan of ``x``'s layout, and ``x`` as the kernel reads it (``[T, N]``, a copy where
+    ``copy_x``)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -133,24 +192,70 @@ def _fwd_host(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, fl
     if N * max(K, 1) > INT32_MAX:
         raise ValueError(f"a time step has {N} neurons with {K} states; the generated kernels support at most "
                          f"{INT32_MAX} state values per step")
-    ct = torch.float64 if spec.fp64 else torch.float32
-    dev = x.device
-    order = _neuron_order(x, None)
-    y = _empty(x.shape, order, 1, x.dtype, dev)
-    final = _empty((K, *step) if flags & F_RETURN_STATE else (0,), order, 1, ct, dev)
+    plan = _FwdPlan()
+    plan.ct = torch.float64 if spec.fp64 else torch.float32
+    plan.order = order = _neuron_order(x, None)
+    plan.y_stride = _layout(x.shape, order, 1)
+    plan.final_shape = (K, *step)
+    plan.final_stride = _layout(plan.final_shape, order, 1)
     chunk = chunk_steps(T)
     n_ckpt = max(cdiv(T, chunk) - 1, 0) if flags & F_SAVE_CKPT else 0
-    ckpt = torch.empty((n_ckpt, K, N), dtype=ct, device=dev)
-    if launch and N > 0 and T > 0:
+    plan.ckpt_shape = (n_ckpt, K, N)
+    plan.launch, plan.copy_x, plan.no_ckpt, xk = None, False, None, x
+    if launches and N > 0 and T > 0:
         C, S = _channels(x, (*spec.per_channel, spec.affine), order)
-        xk, stride_xt, stride_xn = _time_major(x, order)
+        xp = _permuted(x, order, 1)
+        xk, stride_xt, stride_xn = _time_major(xp)
+        plan.copy_x = xk is not xp
+        plan.launch = Planned(
+            compiled.module.fwd_kernel, (cdiv(N, FWD_BLOCK),),
+            ("x", "init", *_names("p", len(spec.params)), *_affine_names(affine), "y", "final", "ckpt",
+             T, N, C, S, stride_xt, stride_xn),
+            dict(HAS_INIT=has_init, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0, CHUNK=chunk,
+                 BLOCK=FWD_BLOCK, num_warps=FWD_WARPS))
+    return plan, xk
+
+
+_FWD_PLANS = PlanCache()
+_BWD_PLANS = PlanCache()
+
+
+def _fwd_host(x: Tensor, init: Tensor | None, params, key: str, flags: int, launch: bool, wrap=direct,
+              affine: tuple | None = None, eager: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Outputs, final states and checkpoints; ``affine``: the norm's arguments of a neuron whose kernels normalise
+    as they read (spec ``affine``): ``(a, b)`` ([C] fp32) for ``x * a + b`` (``"bn"``), ``(weight, bias, mean,
+    rstd, stride_st)`` for ``"ln"`` (:func:`ln_step_neuron`). ``eager`` (a call that launches directly, not the
+    operator, whose outputs are fresh tensors): the plan of the layout is reused (:data:`_FWD_PLANS`), the final
+    states are None unless asked for and empty checkpoints are the plan's."""
+    if eager:
+        plan_key = (key, x.shape, x.stride(), x.dtype, x.device, init is None, flags, _affine_key(affine))
+        plan = _FWD_PLANS.get(plan_key)
+        if plan is None:
+            plan, xk = _fwd_plan(x, init is not None, key, flags, affine, True)
+            if plan.ckpt_shape[0] == 0:
+                plan.no_ckpt = torch.empty(plan.ckpt_shape, dtype=plan.ct, device=x.device)
+            _FWD_PLANS.put(plan_key, plan)
+        else:
+            xk = _time_major(x, plan.order)[0] if plan.copy_x else x
+    else:
+        plan, xk = _fwd_plan(x, init is not None, key, flags, affine, launch)
+    dev = x.device
+    y = _new(x.shape, plan.y_stride, x.dtype, dev)
+    store_final = bool(flags & F_RETURN_STATE)
+    if eager:
+        final = _new(plan.final_shape, plan.final_stride, plan.ct, dev) if store_final else None
+        ckpt = plan.no_ckpt if plan.no_ckpt is not None else torch.empty(plan.ckpt_shape, dtype=plan.ct, device=dev)
+    else:
+        final = (_new(plan.final_shape, plan.final_stride, plan.ct, dev) if store_final
+                 else torch.empty((0,), dtype=plan.ct, device=dev))
+        ckpt = torch.empty(plan.ckpt_shape, dtype=plan.ct, device=dev)
+    if launch and plan.launch is not None:
         if init is not None:
-            init = _permuted(init, order, 1).contiguous()
-        wrap(compiled.module.fwd_kernel)[(cdiv(N, FWD_BLOCK),)](
-            xk, init, *params, *(affine or ()), y, final, ckpt, T, N, C, S, stride_xt, stride_xn,
-            HAS_INIT=init is not None, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0,
-            CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
-        )
+            init = _permuted(init, plan.order, 1).contiguous()
+        tensors = {"x": xk, "init": init, "y": y, "final": final, "ckpt": ckpt, **_named("p", params)}
+        if affine:
+            tensors.update(_named("a", affine))
+        plan.launch(wrap, tensors)
     return y, final, ckpt
 
 
@@ -169,76 +274,150 @@ def _channel_sums(N: int, C: int, S: int, grid: int, block: int) -> tuple[int, i
     return CSUM_NEURON, 1, S, N
 
 
-def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params: list[Tensor], grad_y: Tensor | None,
-              grad_final: Tensor | None, key: str, flags: int, launch: bool,
-              wrap=direct, affine: tuple[Tensor, ...] | None = None, sums: list | None = None,
-              sum_t: bool = False, scaled: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(a, b, mean, rstd)`` ([C] fp32, spec
-    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
-    gradient of x through a norm with fixed statistics; ``sum_t``: x's time axis has stride 0, and dL/dx is one
-    step's, summed over T), and ``sums``, where given, receives the per-channel sums of it and of it times
-    ``(x - mean) * rstd`` (what a batch norm's backward needs). With spec ``affine`` ``"ln"`` (``affine`` as
-    :func:`_fwd_host` takes it) dL/dx is dL/dy of the normalised input, nothing else (``sum_t`` as above)."""
+class _BwdPlan:
+    """What a backward of one layout allocates and launches (as :class:`_FwdPlan`): dL/dx's and dL/d(initial
+    states)'s shapes and strides, the learnable parameters (``learn``; ``channel``: those per channel, whose sums
+    share one buffer of ``rows`` rows, with the norm's two sums last; ``scalar``: the others, one row each of the
+    ``sbuf`` buffer of per-program sums), how the per-channel sums are added up (``C``, ``R``), whether ``x`` and
+    dL/dy are read from contiguous copies, the launch."""
+
+    __slots__ = ("order", "ct", "gx_shape", "gx_stride", "ginit_shape", "ginit_stride", "learn", "channel", "scalar",
+                 "rows", "sbuf", "C", "R", "copy_x", "copy_g", "launch")
+
+
+def _bwd_plan(x: Tensor, has_init: bool, grad_y: Tensor | None, has_gfinal: bool, key: str, flags: int,
+              affine: tuple | None, norm_sums: bool, sum_t: bool, scaled: bool,
+              launches: bool) -> tuple[_BwdPlan, Tensor, Tensor | None]:
+    """The backward plan of a layout, with ``x`` and dL/dy as the kernel reads them (copies where ``copy_x``,
+    ``copy_g``)."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
     T, step = x.shape[0], tuple(x.shape[1:])
     N = math.prod(step)
-    ct = torch.float64 if spec.fp64 else torch.float32
-    dev = x.device
-    order = _neuron_order(x, None)
-    grad_x = _empty(step if sum_t else x.shape, order, 0 if sum_t else 1, x.dtype, dev)
-    store_ginit = bool(flags & F_GRAD_INIT)
-    grad_init = _empty((K, *step) if store_ginit else (0,), order, 1, ct, dev)
+    plan = _BwdPlan()
+    plan.ct = torch.float64 if spec.fp64 else torch.float32
+    plan.order = order = _neuron_order(x, None)
+    plan.gx_shape = step if sum_t else tuple(x.shape)
+    plan.gx_stride = _layout(plan.gx_shape, order, 0 if sum_t else 1)
+    plan.ginit_shape = (K, *step)
+    plan.ginit_stride = _layout(plan.ginit_shape, order, 1)
+    plan.learn = learn = tuple(j for j, flag in enumerate(spec.learnable) if flag)
+    plan.channel = tuple(j for j in learn if spec.per_channel[j])
+    plan.scalar = tuple(j for j in learn if not spec.per_channel[j])
     block, warps = BWD_BLOCK, BWD_WARPS
     grid = cdiv(N, block)
-    learn = [j for j, flag in enumerate(spec.learnable) if flag]
-    channel = [j for j in learn if spec.per_channel[j]]
-    bufs = {j: torch.empty((grid,), dtype=ct, device=dev) for j in learn if not spec.per_channel[j]}
-    grads = [torch.empty(p.shape if spec.learnable[j] else (0,), dtype=p.dtype, device=dev)
-             for j, p in enumerate(params)]
-    if not launch:
-        return grad_x, grad_init, grads
-    if N == 0 or T == 0:
-        grad_x.zero_()
-        grad_init.zero_()
-        for j in learn:
-            grads[j].zero_()
-        if sums is not None:
-            sums[:] = [torch.zeros(x.shape[2], dtype=ct, device=dev) for _ in range(2)]
-        return grad_x, grad_init, grads
+    plan.sbuf = (len(plan.scalar), grid)
+    plan.rows, plan.C, plan.R = (0, 0), 1, 1
+    plan.launch, plan.copy_x, plan.copy_g, xk, gy = None, False, False, x, grad_y
+    if not launches or N == 0 or T == 0:
+        return plan, xk, gy
     C, S = _channels(x, (*spec.per_channel, spec.affine), order)
-    csum, cb, R, M = _channel_sums(N, C, S, grid, block)
-    # every per-channel sum in one buffer, added up per channel by one reduction
-    norm_sums = sums is not None
-    rows = torch.empty((len(channel) + 2 * norm_sums, M), dtype=ct, device=dev)
-    bufs.update(zip(channel, rows))
-    xk, stride_xt, stride_xn = _time_major(x, order)
-    if init is not None:
-        init = _permuted(init, order, 1).contiguous()
-    gy, stride_gt, stride_gn = (None, 0, 0) if grad_y is None else _time_major(grad_y, order)
-    gfinal = None if grad_final is None else _permuted(grad_final, order, 1).to(ct).contiguous()
+    csum, cb, plan.R, M = _channel_sums(N, C, S, grid, block)
+    plan.C = C
+    plan.rows = (len(plan.channel) + 2 * norm_sums, M)
+    xp = _permuted(x, order, 1)
+    xk, stride_xt, stride_xn = _time_major(xp)
+    plan.copy_x = xk is not xp
+    stride_gt = stride_gn = 0
+    if grad_y is not None:
+        gp = _permuted(grad_y, order, 1)
+        gy, stride_gt, stride_gn = _time_major(gp)
+        plan.copy_g = gy is not gp
     extra, norm_bufs = {}, ()
     if spec.affine == "bn":
         extra = dict(NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
-        norm_bufs = (rows[-2], rows[-1]) if norm_sums else affine[:1] * 2  # (not stored without NORM_SUMS)
+        norm_bufs = ("sg", "sgx") if norm_sums else ("a0", "a0")  # (not stored without NORM_SUMS)
     elif spec.affine == "ln":
         extra = dict(SUM_T=sum_t)
-    wrap(compiled.module.bwd_kernel)[(grid,)](
-        xk, init, ckpt, *params, *(affine or ()), gy, gfinal, grad_x, grad_init, *(bufs[j] for j in learn),
-        *norm_bufs, T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,
-        HAS_INIT=init is not None, HAS_GY=gy is not None, HAS_GFINAL=gfinal is not None, STORE_GINIT=store_ginit,
-        CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps,
-    )
-    per_channel = rows.view(rows.shape[0], -1, C, R).sum(dim=(1, 3)) if rows.shape[0] else rows
-    separate = rows.shape[0] > 1  # the operator's outputs may not alias one another
-    for q, j in enumerate(channel):
-        grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype, copy=separate)
-    for j in learn:
-        if not spec.per_channel[j]:
-            grads[j] = bufs[j].sum().reshape(params[j].shape).to(params[j].dtype)
+    plan.launch = Planned(
+        compiled.module.bwd_kernel, (grid,),
+        ("x", "init", "ckpt", *_names("p", len(spec.params)), *_affine_names(affine), "gy", "gfinal",
+         "gx", "ginit", *(f"g{j}" for j in learn), *norm_bufs, T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn),
+        dict(HAS_INIT=has_init, HAS_GY=grad_y is not None, HAS_GFINAL=has_gfinal, STORE_GINIT=bool(flags & F_GRAD_INIT),
+             CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps))
+    return plan, xk, gy
+
+
+def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params, grad_y: Tensor | None,
+              grad_final: Tensor | None, key: str, flags: int, launch: bool,
+              wrap=direct, affine: tuple[Tensor, ...] | None = None, sums: list | None = None,
+              sum_t: bool = False, scaled: bool = False, eager: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(a, b, mean, rstd)`` ([C] fp32, spec
+    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
+    gradient of x through a norm with fixed statistics; ``sum_t``: x's time axis has stride 0, and dL/dx is one
+    step's, summed over T), and ``sums``, where given, receives the per-channel sums of it and of it times
+    ``(x - mean) * rstd`` (what a batch norm's backward needs). With spec ``affine`` ``"ln"`` (``affine`` as
+    :func:`_fwd_host` takes it) dL/dx is dL/dy of the normalised input, nothing else (``sum_t`` as above).
+    ``eager`` (as :func:`_fwd_host`): the plan of the layout is reused (:data:`_BWD_PLANS`), and dL/d(initial
+    states) and the gradients of fixed parameters are None."""
+    norm_sums = sums is not None
+    if eager:
+        plan_key = (key, x.shape, x.stride(), x.dtype, x.device, init is None,
+                    None if grad_y is None else grad_y.stride(), grad_final is None, flags, sum_t, scaled, norm_sums,
+                    _affine_key(affine))
+        plan = _BWD_PLANS.get(plan_key)
+        if plan is None:
+            plan, xk, gy = _bwd_plan(x, init is not None, grad_y, grad_final is not None, key, flags, affine, norm_sums,
+                                     sum_t, scaled, True)
+            _BWD_PLANS.put(plan_key, plan)
+        else:
+            xk = _time_major(x, plan.order)[0] if plan.copy_x else x
+            gy = _time_major(grad_y, plan.order)[0] if plan.copy_g else grad_y
+    else:
+        plan, xk, gy = _bwd_plan(x, init is not None, grad_y, grad_final is not None, key, flags, affine, norm_sums,
+                                 sum_t, scaled, launch)
+    dev = x.device
+    ct = plan.ct
+    store_ginit = bool(flags & F_GRAD_INIT)
+    grad_x = _new(plan.gx_shape, plan.gx_stride, x.dtype, dev)
+    if store_ginit:
+        grad_init = _new(plan.ginit_shape, plan.ginit_stride, ct, dev)
+    else:
+        grad_init = None if eager else torch.empty((0,), dtype=ct, device=dev)
+    learn = plan.learn
+    if eager:
+        grads: list = [None] * len(params)
+    else:  # the operator's outputs: one per parameter (the learnable ones' made below when launching)
+        grads = [torch.empty(p.shape if j in learn and not launch else (0,), dtype=p.dtype, device=dev)
+                 for j, p in enumerate(params)]
+    if not launch:
+        return grad_x, grad_init, grads
+    if plan.launch is None:  # no neuron or no step
+        grad_x.zero_()
+        if grad_init is not None:
+            grad_init.zero_()
+        for j in learn:
+            grads[j] = torch.zeros(params[j].shape, dtype=params[j].dtype, device=dev)
+        if sums is not None:
+            sums[:] = [torch.zeros(x.shape[2], dtype=ct, device=dev) for _ in range(2)]
+        return grad_x, grad_init, grads
+    rows = torch.empty(plan.rows, dtype=ct, device=dev) if plan.rows[0] else None
+    sbuf = torch.empty(plan.sbuf, dtype=ct, device=dev) if plan.scalar else None
+    tensors = {"x": xk, "init": None if init is None else _permuted(init, plan.order, 1).contiguous(), "ckpt": ckpt,
+               "gy": gy, "gx": grad_x, "ginit": grad_init, **_named("p", params)}
+    if grad_final is not None:
+        tensors["gfinal"] = _permuted(grad_final, plan.order, 1).to(ct).contiguous()
+    else:
+        tensors["gfinal"] = None
+    if affine:
+        tensors.update(_named("a", affine))
+    for q, j in enumerate(plan.channel):
+        tensors[f"g{j}"] = rows[q]
+    for q, j in enumerate(plan.scalar):
+        tensors[f"g{j}"] = sbuf[q]
     if norm_sums:
-        sums[:] = [per_channel[-2], per_channel[-1]]
+        tensors["sg"], tensors["sgx"] = rows[-2], rows[-1]
+    plan.launch(wrap, tensors)
+    if rows is not None:
+        per_channel = rows.view(rows.shape[0], -1, plan.C, plan.R).sum(dim=(1, 3))
+        separate = rows.shape[0] > 1  # the operator's outputs may not alias one another
+        for q, j in enumerate(plan.channel):
+            grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype, copy=separate)
+        if norm_sums:
+            sums[:] = [per_channel[-2], per_channel[-1]]
+    for q, j in enumerate(plan.scalar):
+        grads[j] = sbuf[q].sum().reshape(params[j].shape).to(params[j].dtype)
     return grad_x, grad_init, grads
 
 
@@ -305,24 +484,29 @@ step_neuron_fwd.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 class _EagerStepNeuron(torch.autograd.Function):
-    """The operators' forward and backward, launched without the operator machinery (eager calls); the
-    parameters as separate arguments, so that autograd sees each of them."""
+    """The operators' forward and backward, launched without the operator machinery (eager calls, with the plans
+    of :func:`_fwd_host` and :func:`_bwd_host`); the parameters as separate arguments, so that autograd sees each
+    of them. Returns the outputs, and the final states with ``F_RETURN_STATE`` (the checkpoints are saved, not
+    returned)."""
 
     @staticmethod
     def forward(ctx, x, init, key, flags, *params):
         with profiled("snntrain::step_neuron_fwd"):
-            out = _fwd_host(x, init, list(params), key, flags, launch=True)
-        _setup_context(ctx, (x, init, list(params), key, flags), out)
-        return out
+            y, final, ckpt = _fwd_host(x, init, params, key, flags, launch=True, eager=True)
+        ctx.save_for_backward(x, init, ckpt, *params)
+        ctx.key, ctx.flags = key, flags
+        ctx.set_materialize_grads(False)
+        return (y, final) if flags & F_RETURN_STATE else y
 
     @staticmethod
-    def backward(ctx, grad_y, grad_final, _grad_ckpt):
-        def bwd(*args):
-            with profiled("snntrain::step_neuron_bwd"):
-                return _bwd_host(*args, launch=True)
-
-        grad_x, grad_init, grads = _grads(ctx, grad_y, grad_final, bwd)
+    def backward(ctx, grad_y, grad_final=None):
+        grad_x, grad_init, grads = _grads(ctx, grad_y, grad_final, _eager_bwd)
         return (grad_x, grad_init, None, None, *grads)
+
+
+def _eager_bwd(*args):
+    with profiled("snntrain::step_neuron_bwd"):
+        return _bwd_host(*args, launch=True, eager=True)
 
 
 class _EagerBNStepNeuron(torch.autograd.Function):
@@ -335,11 +519,11 @@ class _EagerBNStepNeuron(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params):
-        a = rstd if weight is None else rstd * weight.to(rstd.dtype)
-        b = torch.mul(mean, a).neg_() if bias is None else torch.addcmul(bias.to(rstd.dtype), mean, a, value=-1.0)
+        a = rstd if weight is None else rstd * _cast(weight, rstd.dtype)
+        b = torch.mul(mean, a).neg_() if bias is None else torch.addcmul(_cast(bias, rstd.dtype), mean, a, value=-1.0)
         xt = x if T is None else x.expand(T, *x.shape)
         with profiled("snntrain::step_neuron_fwd"):
-            y, _final, ckpt = _fwd_host(xt, None, list(params), key, flags, launch=True, affine=(a, b))
+            y, _final, ckpt = _fwd_host(xt, None, params, key, flags, launch=True, affine=(a, b), eager=True)
         ctx.save_for_backward(x, weight, ckpt, *params)
         ctx.a, ctx.b, ctx.mean, ctx.rstd = a, b, mean, rstd
         ctx.T, ctx.key, ctx.flags, ctx.batch_stats = T, key, flags, batch_stats
@@ -360,13 +544,13 @@ class _EagerBNStepNeuron(torch.autograd.Function):
         with profiled("snntrain::step_neuron_bwd"):
             grad_x, _gi, grads = _bwd_host(xt, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
                                            affine=(ctx.a, ctx.b, mean, rstd), sums=sums, sum_t=T is not None,
-                                           scaled=not batch)
+                                           scaled=not batch, eager=True)
             s_g, s_gx = sums if sums is not None else (None, None)
             if need_x and batch:  # through the batch's mean and variance
                 grad_x = bn_input_grad(x, grad_x, mean, rstd, weight, s_g, s_gx, T)
         grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
-        return (grad_x if need_x else None, s_gx.to(weight.dtype) if need_w else None,
-                s_g.to(ctx.b_dtype) if need_b else None, None, None, None, None, None, None, *grads)
+        return (grad_x if need_x else None, _cast(s_gx, weight.dtype) if need_w else None,
+                _cast(s_g, ctx.b_dtype) if need_b else None, None, None, None, None, None, None, *grads)
 
 
 def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
@@ -406,7 +590,7 @@ class _EagerLNStepNeuron(torch.autograd.Function):
         affine = (w, b, mean, rstd, 0 if T is not None else mean.numel() // max(x.shape[0], 1))
         xt = x if T is None else x.expand(T, *x.shape)
         with profiled("snntrain::step_neuron_fwd"):
-            y, _final, ckpt = _fwd_host(xt, None, list(params), key, flags, launch=True, affine=affine)
+            y, _final, ckpt = _fwd_host(xt, None, params, key, flags, launch=True, affine=affine, eager=True)
         ctx.save_for_backward(x, weight, bias, mean, rstd, ckpt, *params)
         ctx.affine, ctx.T, ctx.key, ctx.flags = affine, T, key, flags
         ctx.set_materialize_grads(False)
@@ -424,69 +608,121 @@ class _EagerLNStepNeuron(torch.autograd.Function):
         grad_w = grad_b = None
         with profiled("snntrain::step_neuron_bwd"):
             grad_x, _gi, grads = _bwd_host(xt, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
-                                           affine=ctx.affine, sum_t=T is not None)
+                                           affine=ctx.affine, sum_t=T is not None, eager=True)
             if need_x or need_w or need_b:
                 grad_x, grad_w, grad_b = ln_input_grad(x, grad_x, weight, bias, mean, rstd, need_w, need_b)
         grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
         return (grad_x if need_x else None, grad_w, grad_b, None, None, None, None, None, *grads)
 
 
-def _ln_tile_fwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, params: list[Tensor], key: str, T: int | None,
-                      save_ckpt: bool) -> tuple[Tensor, Tensor]:
-    """Outputs and checkpoints of the generated tile forward (``ln_fwd_kernel``) of the layer norm over channels
-    and the neuron ``key`` over ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T``), mapped as
-    :func:`~snntrain.kernels.norm_neuron_base._map` maps it; ``w``, ``b`` the norm's weight and bias ([C])."""
+class _LNTilePlan:
+    """An eager tile launch of one layout (``x``'s shape, strides and dtype, T, eps, whether checkpoints are kept;
+    dL/dy's strides in the backward): ``out`` the spikes' layout (forward; :class:`~snntrain.kernels.
+    norm_neuron_base._FwdPlan`), ``gx_stride`` dL/dx's (backward), the checkpoints' or the partial sums' shape, an
+    empty checkpoint tensor shared by the plan's calls where none is kept (``no_ckpt``), whether ``x`` and dL/dy
+    are copies (odd layouts), the launch (None where nothing runs)."""
+
+    __slots__ = ("out", "ct", "ckpt_shape", "no_ckpt", "copy_x", "copy_g", "gx_stride", "part_shape", "launch")
+
+
+_LN_FWD_PLANS = PlanCache()
+_LN_BWD_PLANS = PlanCache()
+
+
+def _ln_tile_fwd_plan(x: Tensor, key: str, T: int | None, save_ckpt: bool, eps: float) -> _LNTilePlan:
     compiled = lookup(key)
     spec = compiled.spec
-    K = len(spec.states)
     steps = x.shape[0] if T is None else T
-    plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, steps, 0)
-    if plan.copy:
-        x = x.contiguous()
-    y = base._spikes(plan, x)
+    plan = _LNTilePlan()
+    plan.out, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, steps, 0)
+    plan.copy_x = plan.out.copy
     chunk = chunk_steps(steps)
     n_ckpt = max(cdiv(steps, chunk) - 1, 0) if save_ckpt else 0
-    ct = torch.float64 if spec.fp64 else torch.float32
-    ckpt = torch.empty((n_ckpt, K, B, C, S), dtype=ct, device=x.device)
+    plan.ct = torch.float64 if spec.fp64 else torch.float32
+    plan.ckpt_shape = (n_ckpt, len(spec.states), B, C, S)
+    plan.no_ckpt = torch.empty(plan.ckpt_shape, dtype=plan.ct, device=x.device) if n_ckpt == 0 else None
+    plan.launch = None
     if B * C * S > 0 and steps > 0:
         bs, bc, warps = step_tuning.ln_tiles(C, False)
         s_tiles = cdiv(S, bs)
-        compiled.module.ln_fwd_kernel[(B * s_tiles,)](
-            x, *params, w, b, y, ckpt, steps, B, C, S, s_tiles, st, sb, sc, ss, *base._spike_strides(plan), eps,
-            EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, STORE_CKPT=n_ckpt > 0, CHUNK=chunk,
-            BLOCK_S=bs, BLOCK_C=bc, num_warps=warps,
-        )
+        plan.launch = Planned(
+            compiled.module.ln_fwd_kernel, (B * s_tiles,),
+            ("x", *_names("p", len(spec.params)), "w", "b", "y", "ckpt", steps, B, C, S, s_tiles, st, sb, sc, ss,
+             *base._spike_strides(plan.out), eps),
+            dict(EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, STORE_CKPT=n_ckpt > 0, CHUNK=chunk,
+                 BLOCK_S=bs, BLOCK_C=bc, num_warps=warps))
+    return plan
+
+
+def _ln_tile_fwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, params, key: str, T: int | None,
+                      save_ckpt: bool) -> tuple[Tensor, Tensor]:
+    """Outputs and checkpoints of the generated tile forward (``ln_fwd_kernel``) of the layer norm over channels
+    and the neuron ``key`` over ``x`` ``[T, B, C, H, W]`` (or ``[B, C, H, W]`` repeated over ``T``), mapped as
+    :func:`~snntrain.kernels.norm_neuron_base._map` maps it; ``w``, ``b`` the norm's weight and bias ([C]). Eager
+    calls only: the plan of the layout is reused (:data:`_LN_FWD_PLANS`)."""
+    plan_key = (key, x.shape, x.stride(), x.dtype, x.device, T, save_ckpt, eps)
+    plan = _LN_FWD_PLANS.get(plan_key)
+    if plan is None:
+        plan = _LN_FWD_PLANS.put(plan_key, _ln_tile_fwd_plan(x, key, T, save_ckpt, eps))
+    if plan.copy_x:
+        x = x.contiguous()
+    y = base._spikes(plan.out, x)
+    ckpt = plan.no_ckpt if plan.no_ckpt is not None else torch.empty(plan.ckpt_shape, dtype=plan.ct, device=x.device)
+    if plan.launch is not None:
+        plan.launch(direct, {"x": x, "w": w, "b": b, "y": y, "ckpt": ckpt, **_named("p", params)})
     return y, ckpt
 
 
-def _ln_tile_bwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, ckpt: Tensor, params: list[Tensor],
+def _ln_tile_bwd_plan(x: Tensor, grad_y: Tensor, key: str, T: int | None, eps: float) -> _LNTilePlan:
+    compiled = lookup(key)
+    spec = compiled.spec
+    steps = x.shape[0] if T is None else T
+    xm, B, C, H, W, (st, sb, sc, ss) = base._map(x, T)
+    S = H * W
+    expanded = T is not None
+    plan = _LNTilePlan()
+    plan.ct = torch.float64 if spec.fp64 else torch.float32
+    plan.copy_x = xm is not x
+    gy, sg = base._grad_map(grad_y)
+    plan.copy_g = gy is not grad_y
+    plan.gx_stride = torch.empty_like(xm, device="meta").stride()  # dL/dx laid out like x (as mapped)
+    sd = base._strides(torch.empty_strided(xm.shape, plan.gx_stride, device="meta"), expanded)
+    bs, bc, warps = step_tuning.ln_tiles(C, True)
+    s_tiles = cdiv(S, bs)
+    grid = B * s_tiles
+    plan.part_shape = (grid, 2 + sum(spec.learnable), C)
+    plan.launch = None
+    if grid > 0 and steps > 0:
+        plan.launch = Planned(
+            compiled.module.ln_bwd_kernel, (grid,),
+            ("x", "ckpt", *_names("p", len(spec.params)), "w", "b", "gy", "gx", "part", steps, B, C, S, s_tiles, st,
+             sb, sc, ss, *sg, *sd, eps),
+            dict(EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs,
+                 BLOCK_C=bc, num_warps=warps))
+    return plan
+
+
+def _ln_tile_bwd_host(x: Tensor, w: Tensor, b: Tensor, eps: float, ckpt: Tensor, params,
                       grad_y: Tensor, key: str, T: int | None) -> tuple[Tensor, Tensor]:
     """``(dL/dx, sums)`` of the generated tile backward (``ln_bwd_kernel``): dL/dx laid out like ``x`` (``[B, C,
     H, W]``, summed over T, for a repeated input), ``sums`` ``[2 + learnable parameters, C]`` (compute dtype):
     dL/dweight, dL/dbias, then each learnable parameter's gradient (per channel, or in column 0), the programs'
-    partial sums added up in one reduction."""
-    compiled = lookup(key)
-    spec = compiled.spec
-    steps = x.shape[0] if T is None else T
-    x, B, C, H, W, (st, sb, sc, ss) = base._map(x, T)
-    S = H * W
-    expanded = T is not None
-    ct = torch.float64 if spec.fp64 else torch.float32
-    gy, sg = base._grad_map(grad_y)
-    grad_x = torch.empty_like(x)
-    sd = base._strides(grad_x, expanded)
-    bs, bc, warps = step_tuning.ln_tiles(C, True)
-    s_tiles = cdiv(S, bs)
-    grid = B * s_tiles
-    rows = 2 + sum(spec.learnable)
-    part = torch.empty((grid, rows, C), dtype=ct, device=x.device)
-    if grid == 0 or steps == 0:
-        return grad_x.zero_(), torch.zeros((rows, C), dtype=ct, device=x.device)
-    compiled.module.ln_bwd_kernel[(grid,)](
-        x, ckpt, *params, w, b, gy, grad_x, part, steps, B, C, S, s_tiles, st, sb, sc, ss, *sg, *sd, eps,
-        EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs,
-        BLOCK_C=bc, num_warps=warps,
-    )
+    partial sums added up in one reduction. Eager calls only, with the plans of :data:`_LN_BWD_PLANS`."""
+    plan_key = (key, x.shape, x.stride(), x.dtype, x.device, T, grad_y.stride(), eps)
+    plan = _LN_BWD_PLANS.get(plan_key)
+    if plan is None:
+        plan = _LN_BWD_PLANS.put(plan_key, _ln_tile_bwd_plan(x, grad_y, key, T, eps))
+    if plan.copy_x:
+        x = base._map(x, T)[0]
+    if plan.copy_g:
+        grad_y = base._grad_map(grad_y)[0]
+    dev = x.device
+    grad_x = torch.empty_strided(x.shape, plan.gx_stride, dtype=x.dtype, device=dev)
+    if plan.launch is None:
+        return grad_x.zero_(), torch.zeros(plan.part_shape[1:], dtype=plan.ct, device=dev)
+    part = torch.empty(plan.part_shape, dtype=plan.ct, device=dev)
+    plan.launch(direct, {"x": x, "ckpt": ckpt, "w": w, "b": b, "gy": grad_y, "gx": grad_x, "part": part,
+                         **_named("p", params)})
     return grad_x, part.sum(dim=0)
 
 
@@ -499,12 +735,14 @@ class _EagerLNTileStepNeuron(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, T, key, flags, *params):
-        C = x.shape[-3]
-        ct = torch.float64 if lookup(key).spec.fp64 else torch.float32
-        w = torch.ones(C, dtype=ct, device=x.device) if weight is None else weight
-        b = torch.zeros(C, dtype=ct, device=x.device) if bias is None else bias
+        w, b = weight, bias
+        if w is None or b is None:
+            C = x.shape[-3]
+            ct = torch.float64 if lookup(key).spec.fp64 else torch.float32
+            w = torch.ones(C, dtype=ct, device=x.device) if weight is None else weight
+            b = torch.zeros(C, dtype=ct, device=x.device) if bias is None else bias
         with profiled("snntrain::step_neuron_fwd"):
-            y, ckpt = _ln_tile_fwd_host(x, w, b, eps, list(params), key, T, bool(flags & F_SAVE_CKPT))
+            y, ckpt = _ln_tile_fwd_host(x, w, b, eps, params, key, T, bool(flags & F_SAVE_CKPT))
         ctx.save_for_backward(x, weight, bias, ckpt, *params)
         ctx.wb, ctx.eps, ctx.T, ctx.key = (w, b), eps, T, key
         ctx.set_materialize_grads(False)
@@ -527,8 +765,8 @@ class _EagerLNTileStepNeuron(torch.autograd.Function):
                 q += 1
             else:
                 grads.append(None)
-        return (grad_x if need_x else None, sums[0].to(weight.dtype) if need_w else None,
-                sums[1].to(bias.dtype) if need_b else None, None, None, None, None, *grads)
+        return (grad_x if need_x else None, _cast(sums[0], weight.dtype) if need_w else None,
+                _cast(sums[1], bias.dtype) if need_b else None, None, None, None, None, *grads)
 
 
 def ln_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, params: list[Tensor],
@@ -563,6 +801,6 @@ def step_neuron(x: Tensor, init: Tensor | None, params: list[Tensor], key: str, 
         flags |= F_SAVE_CKPT
     if traced(x, init, *params):
         y, final, _ckpt = step_neuron_fwd(x, init, params, key, flags)
-    else:
-        y, final, _ckpt = _EagerStepNeuron.apply(x, init, key, flags, *params)
-    return y, final if return_state else None
+        return y, final if return_state else None
+    out = _EagerStepNeuron.apply(x, init, key, flags, *params)
+    return out if return_state else (out, None)

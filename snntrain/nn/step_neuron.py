@@ -165,12 +165,20 @@ class StepNeuron(nn.Module):
             self.register_buffer(name, t.clone(), persistent=False)
 
     def _param_tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, n) for n in self.param_names]
+        # the registered tensors themselves (what getattr finds, without nn.Module.__getattr__ per name)
+        params, buffers = self._parameters, self._buffers
+        return [params[n] if n in params else buffers[n] for n in self.param_names]
 
     def _params_on(self, device: torch.device) -> list[torch.Tensor]:
-        """The parameters on ``device``: a neuron built on the CPU and run on CUDA input (its constants are numbers
-        to the user) reads copies there; the copies are differentiable, so learnable ones still get gradients."""
-        return [p if p.device == device else p.to(device) for p in self._param_tensors()]
+        """The parameters on ``device``, contiguous (as the kernels read them): a neuron built on the CPU and run on
+        CUDA input (its constants are numbers to the user) reads copies there; the copies are differentiable, so
+        learnable ones still get gradients. Tensors already there are used as they are (no operation per call)."""
+        out = []
+        for p in self._param_tensors():
+            if p.device != device:
+                p = p.to(device)
+            out.append(p if p.is_contiguous() else p.contiguous())
+        return out
 
     # -- the step -----------------------------------------------------------------------------------
 
@@ -310,7 +318,7 @@ class StepNeuron(nn.Module):
         params = self._params_on(x.device)
         self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
         key = _kernel_key(self, x.dtype == torch.float64, "bn")
-        return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, [p.contiguous() for p in params], key, T)
+        return bn_step_neuron(x, weight, bias, mean, rstd, batch_stats, params, key, T)
 
     def ln_forward(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                    T: int | None = None) -> torch.Tensor:
@@ -323,7 +331,7 @@ class StepNeuron(nn.Module):
         params = self._params_on(x.device)
         self._check_params(params, tuple(x.shape[1:]) if T is None else tuple(x.shape))
         key = _kernel_key(self, x.dtype == torch.float64, "ln")
-        return ln_step_neuron(x, weight, bias, eps, [p.contiguous() for p in params], key, T)
+        return ln_step_neuron(x, weight, bias, eps, params, key, T)
 
     def _triton(self, x, inits, params, ct, return_state):
         from ..kernels.step_neuron import step_neuron
@@ -342,7 +350,7 @@ class StepNeuron(nn.Module):
                      else float(value))
                 rows.append(torch.zeros(step_shape, dtype=ct, device=x.device) + p)
             init = torch.stack(rows).contiguous()
-        y, final = step_neuron(x, init, [p.contiguous() for p in params], key, return_state)
+        y, final = step_neuron(x, init, params, key, return_state)
         return y, (list(final.unbind(0)) if final is not None else None)
 
     #: why the dynamics have no NIR node (the end of :meth:`nir_form`'s refusal); families say what they do
