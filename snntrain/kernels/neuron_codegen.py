@@ -20,8 +20,9 @@ reverse-time backward loop.
   channels (channels-last numbering), else one per neuron; the host then adds them up per channel.
 
 A norm folded in front of the neuron (``affine``) is applied to X as the kernels read it: ``"bn"`` (a batch
-norm) ``x * a[c] + b[c]``, per-channel scale and shift; ``"ln"`` (a layer norm over the channels of each
-position) ``(x - mean[t, p]) * rstd[t, p] * w[c] + b[c]``, the statistics of position ``p`` (the neuron's
+norm) ``x * a[c] + b[c]``, the per-channel scale ``a = rstd * w`` and shift ``b = bias - mean * a`` formed in
+registers from the statistics, the weight and the bias (each absent one left out); ``"ln"`` (a layer norm over
+the channels of each position) ``(x - mean[t, p]) * rstd[t, p] * w[c] + b[c]``, the statistics of position ``p`` (the neuron's
 index without its channel, ``(n // (C * S)) * S + n % S``) at step ``t`` read at ``t * stride_st + p``
 (``stride_st`` 0 where one input is repeated over T). The backward's dL/dX is then dL/dy, the gradient of
 the normalised input, for the host to finish.
@@ -54,7 +55,7 @@ from .neuron_graph import Graph
 __all__ = ["AFFINE_MODES", "KernelSpec", "generate", "CODEGEN_VERSION"]
 
 #: Changes whenever the generated code changes (part of the cache key).
-CODEGEN_VERSION = 6
+CODEGEN_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,18 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
                 lines.append(f"{indent}p{j} = tl.load(p{j}_ptr + ch, mask=mask, other=1.0).to({ct})")
             else:
                 lines.append(f"{indent}p{j} = tl.zeros([BLOCK], {ct}) + tl.load(p{j}_ptr).to({ct})")
-        if aff:
+        if bn:  # the scale and shift of x * aa + ab: rstd * weight, bias - mean * rstd * weight
+            lines += [f"{indent}am = tl.load(mean_ptr + ch, mask=mask, other=0.0).to({ct})",
+                      f"{indent}ar = tl.load(rstd_ptr + ch, mask=mask, other=1.0).to({ct})",
+                      f"{indent}if HAS_W:",
+                      f"{indent}    aa = mul_rn(ar, tl.load(w_ptr + ch, mask=mask, other=1.0).to({ct}), NO_FMA_)",
+                      f"{indent}else:",
+                      f"{indent}    aa = ar",
+                      f"{indent}if HAS_B:",
+                      f"{indent}    ab = tl.load(b_ptr + ch, mask=mask, other=0.0).to({ct}) - mul_rn(am, aa, NO_FMA_)",
+                      f"{indent}else:",
+                      f"{indent}    ab = -mul_rn(am, aa, NO_FMA_)"]
+        if ln:
             lines.append(f"{indent}aa = tl.load(a_ptr + ch, mask=mask, other=1.0).to({ct})")
             lines.append(f"{indent}ab = tl.load(b_ptr + ch, mask=mask, other=0.0).to({ct})")
         if ln:  # the neuron's position: its index without the channel
@@ -269,14 +281,15 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
         *[f"    {p},  # parameter {spec.params[j]!r}: {'[C]' if spec.per_channel[j] else '[1]'}"
           for j, p in enumerate(p_ptrs)],
-        *(["    a_ptr,  # [C] scale and shift of the input (x * a + b: a batch norm folded in)", "    b_ptr,"]
-          if bn else []),
+        *(["    mean_ptr, rstd_ptr,  # [C] the batch norm's statistics (x * a + b, a = rstd * w, b = bias - mean * a)",
+           "    w_ptr, b_ptr,  # [C] its weight and bias, read when HAS_W, HAS_B"] if bn else []),
         *(["    a_ptr, b_ptr,  # [C] the layer norm's weight and bias"] + ln_args if ln else []),
         "    y_ptr,  # [T, N] contiguous outputs, dtype of x",
         "    final_ptr,  # [K, N] states after the last step, written when STORE_FINAL",
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N]: row c-1 = the states before chunk c, when STORE_CKPT",
         "    T, N, C, S, stride_xt, stride_xn,",
         "    HAS_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_CKPT: tl.constexpr,",
+        *(["    HAS_W: tl.constexpr, HAS_B: tl.constexpr,"] if bn else []),
         *_KERNEL_START,
         *param_loads("    "),
         *init_states("    "),
@@ -320,8 +333,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    init_ptr,  # [K, N] initial states, read when HAS_INIT",
         "    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, K, N] checkpoints written by the forward",
         *[f"    {p}," for p in p_ptrs],
-        *(["    a_ptr, b_ptr,  # [C] the input's scale and shift", "    mean_ptr, rstd_ptr,  # [C] the norm's statistics"]
-          if bn else []),
+        *(["    mean_ptr, rstd_ptr,  # [C] the batch norm's statistics (x * a + b, a = rstd * w, b = bias - mean * a)",
+           "    w_ptr, b_ptr,  # [C] its weight and bias, read when HAS_W, HAS_B"] if bn else []),
         *(["    a_ptr, b_ptr,  # [C] the layer norm's weight and bias"] + ln_args if ln else []),
         "    gy_ptr,  # [T, N] dL/dy at t*stride_gt + n*stride_gn (strides may be 0), read when HAS_GY",
         "    gfinal_ptr,  # [K, N] dL/d(final states), read when HAS_GFINAL",
@@ -335,7 +348,8 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn,",
         "    HAS_INIT: tl.constexpr, HAS_GY: tl.constexpr, HAS_GFINAL: tl.constexpr, STORE_GINIT: tl.constexpr,",
         "    CSUM: tl.constexpr, CB: tl.constexpr,  # how per-channel sums are stored (_store_channel_sums)",
-        *(["    NORM_SUMS: tl.constexpr,  # store the norm's two sums"] if bn else []),
+        *(["    HAS_W: tl.constexpr, HAS_B: tl.constexpr,",
+           "    NORM_SUMS: tl.constexpr,  # store the norm's two sums"] if bn else []),
         *(["    SUM_T: tl.constexpr,  # x's time axis has stride 0: dL/dx summed over T, stored once"] if aff else []),
         *(["    GX_SCALED: tl.constexpr,  # store a * dL/dy (dL/dx of a norm with fixed statistics)"] if bn else []),
         *_KERNEL_START,
@@ -347,9 +361,7 @@ def generate(fwd: Graph, bwd: Graph, spec: KernelSpec) -> str:
         "    else:",
         *[f"        gs{i} = tl.zeros([BLOCK], {ct})" for i in range(K)],
         *[f"    acc{j} = tl.zeros([BLOCK], {ct})" for j in L],
-        *([f"    am = tl.load(mean_ptr + ch, mask=mask, other=0.0).to({ct})",
-           f"    ar = tl.load(rstd_ptr + ch, mask=mask, other=0.0).to({ct})",
-           f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if bn else []),
+        *([f"    sg = tl.zeros([BLOCK], {ct})", f"    sgx = tl.zeros([BLOCK], {ct})"] if bn else []),
         *([f"    gsum = tl.zeros([BLOCK], {ct})"] if aff else []),
         "    x_base = x_ptr + offs * stride_xn",
         "    if HAS_GY:",

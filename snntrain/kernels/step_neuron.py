@@ -149,8 +149,16 @@ def _affine_names(affine: tuple | None) -> tuple:
     return tuple(name if isinstance(a, Tensor) else a for name, a in zip(_names("a", len(affine or ())), affine or ()))
 
 
+def _bn_consts(mode: str, affine: tuple | None) -> dict:
+    """The batch norm's constexprs (spec ``affine`` ``"bn"``, ``affine`` = ``(mean, rstd, weight, bias)``): whether
+    the weight and the bias are given."""
+    if mode != "bn":
+        return {}
+    return dict(HAS_W=affine[2] is not None, HAS_B=affine[3] is not None)
+
+
 def _affine_key(affine: tuple | None) -> tuple:
-    """What a plan depends on in ``affine``: its numbers (its tensors are each call's)."""
+    """What a plan depends on in ``affine``: its numbers and absent tensors (its tensors are each call's)."""
     return tuple(a for a in affine if not isinstance(a, Tensor)) if affine else ()
 
 
@@ -211,8 +219,8 @@ def _fwd_plan(x: Tensor, has_init: bool, key: str, flags: int, affine: tuple | N
             compiled.module.fwd_kernel, (cdiv(N, FWD_BLOCK),),
             ("x", "init", *_names("p", len(spec.params)), *_affine_names(affine), "y", "final", "ckpt",
              T, N, C, S, stride_xt, stride_xn),
-            dict(HAS_INIT=has_init, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0, CHUNK=chunk,
-                 BLOCK=FWD_BLOCK, num_warps=FWD_WARPS))
+            dict(HAS_INIT=has_init, STORE_FINAL=bool(flags & F_RETURN_STATE), STORE_CKPT=n_ckpt > 0,
+                 **_bn_consts(spec.affine, affine), CHUNK=chunk, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS))
     return plan, xk
 
 
@@ -223,7 +231,8 @@ _BWD_PLANS = PlanCache()
 def _fwd_host(x: Tensor, init: Tensor | None, params, key: str, flags: int, launch: bool, wrap=direct,
               affine: tuple | None = None, eager: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
     """Outputs, final states and checkpoints; ``affine``: the norm's arguments of a neuron whose kernels normalise
-    as they read (spec ``affine``): ``(a, b)`` ([C] fp32) for ``x * a + b`` (``"bn"``), ``(weight, bias, mean,
+    as they read (spec ``affine``): ``(mean, rstd, weight, bias)`` ([C], the weight and bias each None where absent) for
+    ``x * a + b`` with ``a = rstd * weight``, ``b = bias - mean * a`` formed in the kernel (``"bn"``), ``(weight, bias, mean,
     rstd, stride_st)`` for ``"ln"`` (:func:`ln_step_neuron`). ``eager`` (a call that launches directly, not the
     operator, whose outputs are fresh tensors): the plan of the layout is reused (:data:`_FWD_PLANS`), the final
     states are None unless asked for and empty checkpoints are the plan's."""
@@ -326,7 +335,7 @@ def _bwd_plan(x: Tensor, has_init: bool, grad_y: Tensor | None, has_gfinal: bool
         plan.copy_g = gy is not gp
     extra, norm_bufs = {}, ()
     if spec.affine == "bn":
-        extra = dict(NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
+        extra = dict(**_bn_consts(spec.affine, affine), NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
         norm_bufs = ("sg", "sgx") if norm_sums else ("a0", "a0")  # (not stored without NORM_SUMS)
     elif spec.affine == "ln":
         extra = dict(SUM_T=sum_t)
@@ -343,8 +352,8 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params, grad_y: Tens
               grad_final: Tensor | None, key: str, flags: int, launch: bool,
               wrap=direct, affine: tuple[Tensor, ...] | None = None, sums: list | None = None,
               sum_t: bool = False, scaled: bool = False, eager: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(a, b, mean, rstd)`` ([C] fp32, spec
-    ``affine``) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
+    """``(dL/dx, dL/d(initial states), [dL/dparam])``. With ``affine`` = ``(mean, rstd, weight, bias)`` (spec
+    ``affine`` ``"bn"``, as :func:`_fwd_host` takes it) dL/dx is the gradient of the neuron's input ``x * a + b`` (``scaled``: ``a`` times it, the
     gradient of x through a norm with fixed statistics; ``sum_t``: x's time axis has stride 0, and dL/dx is one
     step's, summed over T), and ``sums``, where given, receives the per-channel sums of it and of it times
     ``(x - mean) * rstd`` (what a batch norm's backward needs). With spec ``affine`` ``"ln"`` (``affine`` as
@@ -511,7 +520,7 @@ def _eager_bwd(*args):
 
 class _EagerBNStepNeuron(torch.autograd.Function):
     """A batch norm folded into a generated neuron (spec ``affine`` ``"bn"``): the neuron's input is ``x * a + b`` with
-    ``a = weight * rstd``, ``b = bias - mean * a`` per channel, computed in the kernels. The backward kernel
+    ``a = weight * rstd``, ``b = bias - mean * a`` per channel, formed in the kernels' registers. The backward kernel
     gives dL/dy of that input and its per-channel sums; with batch statistics one elementwise pass
     (:func:`~snntrain.kernels.bn_neuron.bn_input_grad`) turns dL/dy into dL/dx in place, with fixed
     statistics the kernel writes ``a * dL/dy`` itself. ``x`` is ``[T, B, C, ...]``, or ``[B, C, H, W]`` with
@@ -519,21 +528,19 @@ class _EagerBNStepNeuron(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, mean, rstd, T, key, flags, batch_stats, *params):
-        a = rstd if weight is None else rstd * _cast(weight, rstd.dtype)
-        b = torch.mul(mean, a).neg_() if bias is None else torch.addcmul(_cast(bias, rstd.dtype), mean, a, value=-1.0)
         xt = x if T is None else x.expand(T, *x.shape)
         with profiled("snntrain::step_neuron_fwd"):
-            y, _final, ckpt = _fwd_host(xt, None, params, key, flags, launch=True, affine=(a, b), eager=True)
-        ctx.save_for_backward(x, weight, ckpt, *params)
-        ctx.a, ctx.b, ctx.mean, ctx.rstd = a, b, mean, rstd
+            y, _final, ckpt = _fwd_host(xt, None, params, key, flags, launch=True, affine=(mean, rstd, weight, bias),
+                                        eager=True)
+        ctx.save_for_backward(x, weight, bias, ckpt, *params)
+        ctx.mean, ctx.rstd = mean, rstd
         ctx.T, ctx.key, ctx.flags, ctx.batch_stats = T, key, flags, batch_stats
-        ctx.b_dtype = None if bias is None else bias.dtype
         ctx.set_materialize_grads(False)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, ckpt, *params = ctx.saved_tensors
+        x, weight, bias, ckpt, *params = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         spec = lookup(ctx.key).spec
         if grad_y is None:
@@ -543,14 +550,14 @@ class _EagerBNStepNeuron(torch.autograd.Function):
         xt = x if T is None else x.expand(T, *x.shape)
         with profiled("snntrain::step_neuron_bwd"):
             grad_x, _gi, grads = _bwd_host(xt, None, ckpt, params, grad_y, None, ctx.key, ctx.flags, launch=True,
-                                           affine=(ctx.a, ctx.b, mean, rstd), sums=sums, sum_t=T is not None,
+                                           affine=(mean, rstd, weight, bias), sums=sums, sum_t=T is not None,
                                            scaled=not batch, eager=True)
             s_g, s_gx = sums if sums is not None else (None, None)
             if need_x and batch:  # through the batch's mean and variance
                 grad_x = bn_input_grad(x, grad_x, mean, rstd, weight, s_g, s_gx, T)
         grads = [g if learn else None for g, learn in zip(grads, spec.learnable)]
         return (grad_x if need_x else None, _cast(s_gx, weight.dtype) if need_w else None,
-                _cast(s_g, ctx.b_dtype) if need_b else None, None, None, None, None, None, None, *grads)
+                _cast(s_g, bias.dtype) if need_b else None, None, None, None, None, None, None, *grads)
 
 
 def bn_step_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor,
