@@ -910,11 +910,12 @@ def bn_stats(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
         with profiled("snntrain::bn_stats"):
             for planned in plan.launches:
                 planned(direct, tensors)
-    with torch.no_grad():
-        if update and not in_kernel:
+    if update and not in_kernel:
+        with torch.no_grad():
             running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             running_var.lerp_(var.to(running_var.dtype), momentum)
-        if training and num_batches_tracked is not None and not (in_kernel and count):
+    if training and num_batches_tracked is not None and not (in_kernel and count):
+        with torch.no_grad():
             num_batches_tracked.add_(1)
     return mean, rstd, True
 
