@@ -211,6 +211,8 @@ def test_models_use_it_and_keep_their_state_dicts(monkeypatch):
     from snntrain.models import SEWResNet
     from snntrain.models.spiking_resnet import SpikingResNet
 
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # on a GPU: the runs differ in the stem alone
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     builds = {
         "sew_resnet": lambda backend: SEWResNet(depth=18, num_classes=3, T=2, stem="imagenet", width=4,
                                                 neuron={"type": "PLIF"}, backend=backend),
