@@ -45,9 +45,10 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "Layer-norm (`scripts/bench_layer_norm.py`)", ("layer_norm",), "--out $OUT --quick"),
     Benchmark("giou", "bench_giou.py", "the GIoU loss kernels against torchvision's loss and a plain torch one",
               "GIoU loss (`scripts/bench_giou.py`)", ("giou",), "--out $OUT --quick"),
-    Benchmark("pool", "bench_pool.py", "the max-pool of spikes against torch's pools, eager and in CUDA graphs",
-              "Max-pool of spikes: `scripts/bench_pool.py`", ("bench_pool", "bench_pool_sweep"),
-              "--out $OUT --quick"),
+    Benchmark("pool", "bench_pool.py", "the max-pool of spikes against torch's pools, eager and in CUDA graphs; "
+              "--stem: the stems' batch norm, neuron and max-pool fused against the separate ops",
+              "Max-pool of spikes: `scripts/bench_pool.py`",
+              ("bench_pool", "bench_pool_sweep", "bench_pool_stem", "bench_pool_stem_sweep"), "--out $OUT --quick"),
     Benchmark("bn_neuron", "bench_bn_neuron.py",
               "batch norm fused with the neuron against the unfused pair and SpikingJelly, eager and in CUDA graphs",
               "Fused batch norm + neuron: `scripts/bench_bn_neuron.py`",

@@ -1,6 +1,6 @@
 """Registers, spills and machine-code digests of snntrain's Triton kernels, compiled for a GPU target without a GPU.
 
-    python scripts/kernel_resources.py --family neuron [--arch 90] [--only lif|bn|ln]
+    python scripts/kernel_resources.py --family neuron [--arch 90] [--only lif|bn|ln|bn_pool]
     python scripts/kernel_resources.py --family layer_norm [--arch 90] [--sms 132] [--dtype float16]
                                        [--set NAME=VALUE ...] [--shape 4096x512 --shape 4x32x256x14x14:-3 ...]
     python scripts/kernel_resources.py --family giou [--arch 90] [--runtime-stride]
@@ -17,7 +17,8 @@ must not change the generated code, such as moving ``@triton.jit`` helpers betwe
 the kernel launches intercepted, so every kernel is built with exactly the launch plan, constexprs and argument
 specialisations the host would use, for a few cases (LIF and PLIF, fp32 and bf16, one chunk and several, the
 batch-norm and layer-norm fused kernels in both memory formats and with a stride-0 time axis; forward and
-backward).
+backward; ``--only bn_pool``: ``bn_neuron_pool``, the batch-norm neuron with the max-pool of the ResNets' stem,
+on the stems' shapes).
 
 ``layer_norm``: the same for ``snntrain.kernels.layer_norm`` (forward, then backward with dW and dB), with how many
 global loads are vectorised; ``--set`` overrides fields of ``TUNING`` (for example ``--set bwd_stages=3``) to check
@@ -60,6 +61,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from snntrain.kernels import bn_neuron as BN  # noqa: E402
+from snntrain.kernels import bn_neuron_pool as BNP  # noqa: E402
 from snntrain.kernels import giou as G  # noqa: E402
 from snntrain.kernels import giou_tuning as GT  # noqa: E402
 from snntrain.kernels import layer_norm as LNK  # noqa: E402
@@ -73,7 +75,7 @@ META = torch.device("meta")
 GRADS = L.F_GRAD_X | L.F_GRAD_V_INIT | L.F_GRAD_K
 
 _TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
-                 "int32": "i32", "int64": "i64", "bool": "i1"}
+                 "uint8": "u8", "int32": "i32", "int64": "i64", "bool": "i1"}
 
 
 def _pointer_type(value) -> str | None:
@@ -416,9 +418,25 @@ def lif_cases():
         yield label, list(Capture.launches)
 
 
+#: The ImageNet stems (a batch-norm neuron, then the 3x3/2 max-pool) of :mod:`snntrain.kernels.bn_neuron_pool`.
+STEM_CASES = [
+    ("SEW-18 224 stem: LIF atan detach bf16 channels-last [32, 64, 112, 112] with steps=4 (stride-0 time)", "lif",
+     dict(surrogate="atan", detach=True), (32, 64, 112, 112), torch.bfloat16, 4, True),
+    ("SEW-18 224 stem: LIF atan detach fp32 NCHW [32, 64, 112, 112] with steps=4 (stride-0 time)", "lif",
+     dict(surrogate="atan", detach=True), (32, 64, 112, 112), torch.float32, 4, False),
+    ("event stem: LIF sigmoid bf16 channels-last [16, 16, 64, 64, 64] (checkpoints)", "lif", {},
+     (16, 16, 64, 64, 64), torch.bfloat16, None, True),
+    ("PLIF sigmoid soft bf16 channels-last [4, 8, 64, 56, 56]", "plif", dict(v_reset=None), (4, 8, 64, 56, 56),
+     torch.bfloat16, None, True),
+    ("PLIF atan fp32 NCHW [16, 8, 64, 28, 28] (checkpoints)", "plif", dict(surrogate="atan"), (16, 8, 64, 28, 28),
+     torch.float32, None, False),
+]
+
+
 def norm_cases(norm: str):
-    """(label, launches) of the fused batch-norm or layer-norm neuron, training step."""
-    cases = [
+    """(label, launches) of the fused batch-norm or layer-norm neuron, training step; ``bn_pool``: the batch-norm
+    neuron with the stem's 3x3/2 max-pool fused (:mod:`snntrain.kernels.bn_neuron_pool`), on :data:`STEM_CASES`."""
+    cases = STEM_CASES if norm == "bn_pool" else [
         ("LIF atan detach (SEW default) fp32 NCHW [4, 32, 64, 56, 56]", "lif", dict(surrogate="atan", detach=True),
          (4, 32, 64, 56, 56), torch.float32, None, False),
         ("PLIF sigmoid bf16 channels-last [4, 32, 128, 28, 28]", "plif", {}, (4, 32, 128, 28, 28), torch.bfloat16,
@@ -434,7 +452,9 @@ def norm_cases(norm: str):
         flags, params, k_tensor = _flags(kind, **opts)
         params = params + [1e-5]
         x = torch.empty(shape, dtype=dtype, device=META)
-        if cl:
+        if cl and steps:
+            x = x.contiguous(memory_format=torch.channels_last)
+        elif cl:
             x = x.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, shape[:2])
         T = steps or shape[0]
         C = shape[-3]
@@ -442,7 +462,13 @@ def norm_cases(norm: str):
         flags |= L.F_SAVE_CKPT
         Capture.launches.clear()
         gs = torch.empty((T, *shape[-4:]), dtype=dtype, device=META)
-        if norm == "bn":
+        if norm == "bn_pool":
+            flags |= BN.F_BATCH_STATS
+            _y, pos, mean, rstd, _var, ckpt = BNP._fwd_host(x, w, w, w, w, k_tensor, T, params, flags, True,
+                                                            wrap=Capture)
+            BNP._bwd_host(x, w, w, mean, rstd, ckpt, k_tensor, pos, torch.empty_like(pos, dtype=dtype), T, params,
+                          flags | GRADS | F_GRAD_WB, True, wrap=Capture)
+        elif norm == "bn":
             flags |= BN.F_BATCH_STATS
             _s, mean, rstd, _var, ckpt = BN._bn_fwd_host(x, w, w, w, w, k_tensor, T, params, flags, True,
                                                          wrap=Capture)
@@ -465,12 +491,13 @@ def neuron_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
 
 
 def neuron_main(argv: list[str]) -> None:
-    """The neuron kernels (``snntrain.kernels.lif``, ``bn_neuron``, ``ln_neuron``)."""
+    """The neuron kernels (``snntrain.kernels.lif``, ``bn_neuron``, ``ln_neuron``, ``bn_neuron_pool``)."""
     ap = _parser("neuron")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
-    ap.add_argument("--only", choices=["lif", "bn", "ln"], help="one family only")
+    ap.add_argument("--only", choices=["lif", "bn", "ln", "bn_pool"], help="one family only")
     args = ap.parse_args(argv)
-    groups = {"lif": lif_cases, "bn": lambda: norm_cases("bn"), "ln": lambda: norm_cases("ln")}
+    groups = {"lif": lif_cases, "bn": lambda: norm_cases("bn"), "ln": lambda: norm_cases("ln"),
+              "bn_pool": lambda: norm_cases("bn_pool")}
     seen = {}
     for name, cases in groups.items():
         if args.only not in (None, name):

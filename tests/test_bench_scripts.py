@@ -144,7 +144,8 @@ def test_model_zoo_cases_compare_equal_networks_and_their_relu_twins(bench):
 
 @pytest.mark.slow  # a fresh interpreter running the script's code paths in Triton's interpreter
 def test_bench_pool_dry_run(tmp_path):
-    """scripts/bench_pool.py --dry-run (tiny shapes, fake times, no GPU) writes a row per case, mode and provider."""
+    """scripts/bench_pool.py --dry-run (tiny shapes, fake times, no GPU) writes a row per case, mode and provider,
+    with and without --stem."""
     import csv
     import os
     import subprocess
@@ -160,6 +161,14 @@ def test_bench_pool_dry_run(tmp_path):
     assert len(rows) == 3 * 4
     assert {r["provider"] for r in rows} == {"ours-triton", "torch"}
     assert all(r["note"].startswith("saved for backward") for r in rows)
+    # --stem --quick: the 224 stem's batch norm, neuron and max-pool, fused and separate, four modes each
+    res = subprocess.run([sys.executable, str(SCRIPTS / "bench_pool.py"), "--dry-run", "--quick", "--stem", "--dtypes",
+                          "bf16", "--formats", "cl", "--out", str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(tmp_path / "bench_pool_stem.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 4 and {r["provider"] for r in rows} == {"ours-fused", "ours-separate"}
 
 
 def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):

@@ -44,6 +44,11 @@ where the statistics are finished (two launches fewer a layer).
 
 The eager autograd function returns the spikes alone and keeps the statistics and checkpoints on its
 context; traced calls build their plans without the arrival counters.
+
+The backward's scan kernel also serves :mod:`snntrain.kernels.bn_neuron_pool` (the spikes max-pooled 3x3/2 inside
+the forward): with ``POOL`` it gathers dL/dS at each pixel from the pooled gradient and the window positions
+instead of loading it (:func:`_bn_bwd_plan`'s ``pooled``); the statistics launches and the forward's buffers are
+shared with it too.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from .norm_neuron_base import (
     _tile,
 )
 from .op_utils import FLOAT_DTYPES, PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
+from .spike_pool import _stem_window_grad, _stem_windows
 
 __all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "bn_stats", "bn_input_grad"]
 
@@ -290,7 +296,8 @@ def _bn_neuron_bwd_kernel(
     b_ptr,  # [C] norm bias, read when HAS_B
     k_ptr,  # [1] fp32 k, read when K_FROM_PTR
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
-    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s
+    gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s; POOL: [T, B, C, Ho * Wo] dL/d(pooled S)
+    pos_ptr,  # POOL: [T, B, C, Ho * Wo] uint8 window positions of the pooled spikes, at dL/d(pooled S)'s strides
     sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
     sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (likewise)
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
@@ -298,6 +305,7 @@ def _bn_neuron_bwd_kernel(
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
     sem_ptr,  # [G1] int32 arrival counters, zero between launches (PASS 1 with FINISH)
     T, B, C, S,
+    W, Ho, Wo,  # POOL: the input's width and the pooled map's height and width
     groups,  # programs per sample along the positions: cdiv(cdiv(S, BLOCK_S), TPP)
     TPP,  # position tiles per program (fewer partial sums to finish)
     sx_t, sx_b, sx_c, sx_s,
@@ -315,6 +323,7 @@ def _bn_neuron_bwd_kernel(
     FINISH_R: tl.constexpr,  # rows per step of that sum
     STORE_GK: tl.constexpr,
     STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
+    POOL: tl.constexpr,  # the spikes were max-pooled 3x3/2 (bn_neuron_pool): dL/dS gathered from the pooled gradient
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
@@ -342,11 +351,11 @@ def _bn_neuron_bwd_kernel(
     for i in range(TPP):
         b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
         acc_g, acc_gx, gk = _bn_bwd_tile(
-            x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
-            m_g, m_gx, T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
-            k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
+            shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c,
+            sd_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, STORE_GY,
-            NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+            POOL, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if PASS == 1:
         row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
         tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
@@ -362,18 +371,26 @@ def _bn_neuron_bwd_kernel(
 
 @triton.jit
 def _bn_bwd_tile(
-    x_ptr, ckpt_ptr, gs_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift, m_g, m_gx,
-    T, C, S, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
+    m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
     k, one_minus_k, v_threshold, v_reset, v_r, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
     SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, PASS: tl.constexpr,
-    STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
+    STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, POOL: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx."""
+    """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx. With ``POOL`` each step's
+    dL/dS is gathered from the pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`)
+    and rounded to the gradient's dtype, the values the separate max-pool backward would have written."""
     x_base, gx_base, ck_base, _nck = _pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
                                                     sd_b, sd_s, sd_c, 1, C, S)
-    gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+    if POOL:  # the (at most four) windows over each pixel, and the channels' rows of dL/d(pooled S) and positions
+        q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3 = _stem_windows(offs_s, W, Ho, Wo)
+        c_off = b * sg_b + offs_c.to(tl.int64)[None, :] * sg_c
+        g_row = gs_ptr + c_off
+        p_row = pos_ptr + c_off
+    else:
+        gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
@@ -395,7 +412,15 @@ def _bn_bwd_tile(
             xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
             for j in tl.static_range(CHUNK):
                 ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
-        gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
+        if POOL:
+            gss = ()
+            for j in tl.static_range(CHUNK):
+                t_off = tl.cast(t0 + j, tl.int64) * sg_t
+                g = _stem_window_grad(g_row + t_off, p_row + t_off, sg_s, q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3,
+                                      mask & (t0 + j < T), BLOCK_S, BLOCK_C)
+                gss = gss + (g.to(gs_ptr.dtype.element_ty),)
+        else:
+            gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
         out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
                              LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
@@ -563,6 +588,24 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     if launch and wrap is direct:
         plan = base._plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
                                      k_tensor is None, count is None, nbt is None, *params), build)
+    plan, tensors = _bn_fwd_buffers(plan, build, x, weight, bias, running_mean, running_var, k_tensor, params, flags,
+                                    launch, eager, count=count, nbt=nbt)
+    out = tensors["spikes"], tensors["mean"], tensors["rstd"], tensors["var"], tensors["ckpt"]
+    if launch:
+        for planned in plan.launches:
+            planned(wrap, tensors)
+    return out
+
+
+def _bn_fwd_buffers(plan: base._FwdPlan | None, build, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                    running_mean: Tensor | None, running_var: Tensor | None, k_tensor: Tensor | None,
+                    params: list[float], flags: int, launch: bool, eager: bool,
+                    **more: Tensor | None) -> tuple[base._FwdPlan, dict]:
+    """A batch-norm forward's plan (``plan``, or ``build(launch)`` where it is None) and the tensors its launches
+    take by name: the inputs, ``more``, and the outputs it allocates, ``spikes`` (the plan's ``out_shape`` and
+    ``out_strides``, x's dtype), the statistics ``mean``, ``rstd``, ``var`` (the running statistics' where there
+    are no batch statistics), the partial sums ``part`` and the checkpoints ``ckpt``: in an ``eager`` call of a
+    cached plan, float32 views of one allocation."""
     dev = x.device
     part = None
     if eager and plan is not None and plan.ws is not None:
@@ -582,24 +625,24 @@ def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_
     if not flags & F_BATCH_STATS:
         mean = running_mean.to(torch.float32, copy=True)  # an op's output may not alias its input
         rstd = torch.rsqrt(running_var.to(torch.float32) + params[4])
-    if not launch or not plan.launches:
-        return spikes, mean, rstd, var, ckpt
-    tensors = {"x": x.contiguous() if plan.copy else x, "mean": mean, "rstd": rstd, "var": var, "weight": weight,
-               "bias": bias, "k": k_tensor, "spikes": spikes, "ckpt": ckpt, "count": count, "rm": running_mean,
-               "rv": running_var, "nbt": nbt, "part": part}
-    for planned in plan.launches:
-        planned(wrap, tensors)
-    return spikes, mean, rstd, var, ckpt
+    return plan, {"x": x.contiguous() if plan.copy and launch and plan.launches else x, "mean": mean, "rstd": rstd,
+                  "var": var, "weight": weight, "bias": bias, "k": k_tensor, "spikes": spikes, "ckpt": ckpt,
+                  "rm": running_mean, "rv": running_var, "part": part, **more}
 
 
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False) -> base._BwdPlan:
-    """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer)."""
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False, pooled: bool = False) -> base._BwdPlan:
+    """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer). ``pooled``
+    (:mod:`snntrain.kernels.bn_neuron_pool`): ``grad_spikes`` is the gradient of the spikes max-pooled 3x3/2
+    (``[T, B, C, Ho, Wo]``, at the strides of the forward's window positions, the tensor ``pos``), gathered into
+    dL/dS by the scan's kernel."""
     plan, xk, expanded, B, C, S, (st, sb, sc, ss) = base._bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
         return plan
     sg, sd = base._bwd_grad_maps(plan, xk, grad_spikes, expanded)
+    if pooled and plan.copy_g:  # a copy would lose the positions' strides, which the gather reads the gradient at
+        raise ValueError(f"the pooled gradient's strides {grad_spikes.stride()} do not fold H and W into one run")
     batch = bool(flags & F_BATCH_STATS)
     cl = sc < ss
     chunk = ns.chunk_steps(T)
@@ -613,7 +656,9 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                   EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=ns.NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
                   num_warps=tuning.BWD_WARPS)
     args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
-    tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "sum0", "sum1", "grad_x")
+    tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "pos" if pooled else "gs", "sum0", "sum1",
+               "grad_x")
+    pool = (x.shape[-1], *grad_spikes.shape[-2:]) if pooled else (1, 1, 1)  # W, Ho, Wo
     groups, tpp = tuning.tile_groups(B, S, bs, g1, x.device, tuning.BWD_PROGRAMS_PER_SM)
     g0 = B * groups
     out = []
@@ -624,9 +669,9 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
         # PASS 1 leaves dL/dy in grad_x (the scan is not run a second time): see the module's description
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
                            (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
-                            T, B, C, S, groups, tpp, *args),
+                            T, B, C, S, *pool, groups, tpp, *args),
                            dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
-                                STORE_GK=need_k, STORE_GY=need_x, **common)))
+                                STORE_GK=need_k, STORE_GY=need_x, POOL=pooled, **common)))
         if sem is None:
             out.append(Planned(_pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
                                dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
@@ -643,8 +688,9 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                 dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
     elif need_x:  # no sums to take: dL/dx in one pass
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
-                           (*tensors, "mean", "mean", "mean", T, B, C, S, groups, tpp, *args),
-                           dict(PASS=2, FINISH=False, FINISH_R=1, STORE_GK=False, STORE_GY=False, **common)))
+                           (*tensors, "mean", "mean", "mean", T, B, C, S, *pool, groups, tpp, *args),
+                           dict(PASS=2, FINISH=False, FINISH_R=1, STORE_GK=False, STORE_GY=False, POOL=pooled,
+                                **common)))
     plan.launches = tuple(out)
     return plan
 
@@ -779,10 +825,27 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
     total stays below 2**24.
     """
+    T, flags, params, k_tensor, update = _bn_prepare(x, weight, bias, running_mean, running_var, training, eps, T,
+                                                     neuron)
+    if count is not None:  # inference: no autograd, no checkpoints
+        _check_count(count, x, weight, bias, k_tensor)
+        with profiled("snntrain::bn_neuron_fwd"):
+            spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
+                                                           params, flags, True, count=count, eager=True)
+        _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
+        return spikes
+    return _bn_dispatch(bn_neuron_fwd, _EagerBNNeuron, x, weight, bias, running_mean, running_var, k_tensor, T, params,
+                        flags, update, training, momentum, num_batches_tracked)
+
+
+def _bn_prepare(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                running_var: Tensor | None, training: bool, eps: float, T: int | None,
+                neuron: dict) -> tuple[int, int, list[float], Tensor | None, bool]:
+    """``(T, flags, params, k_tensor, update)`` of a call of a batch-norm entry point (:func:`bn_neuron`,
+    :func:`snntrain.kernels.bn_neuron_pool.bn_neuron_pool`): batch statistics in training or without running
+    statistics, checkpoints where a gradient will be taken, and whether the running statistics are updated."""
     expanded = T is not None
     T, flags, k, k_tensor = base._prepare(x, T, neuron)
-    if count is not None:
-        _check_count(count, x, weight, bias, k_tensor)
     batch = training or running_mean is None or running_var is None
     if batch:
         n = (1 if expanded else T) * x.shape[-4] * x.shape[-2] * x.shape[-1]
@@ -792,30 +855,44 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
         flags |= F_BATCH_STATS
     if base._needs_ckpt(x, weight, bias, k_tensor):
         flags |= ns.F_SAVE_CKPT
-    params = base._params(k, neuron, eps)
     update = training and running_mean is not None and running_var is not None
-    if count is not None:  # inference: no autograd, no checkpoints
-        with profiled("snntrain::bn_neuron_fwd"):
-            spikes, mean, _rstd, var, _ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
-                                                           params, flags, True, count=count, eager=True)
-    elif traced(x, weight, bias, k_tensor):  # the operator is functional: the running statistics follow it
-        spikes, mean, _rstd, var, _ckpt = bn_neuron_fwd(x, weight, bias, running_mean, running_var, k_tensor, T,
-                                                        params, flags)
+    return T, flags, base._params(k, neuron, eps), k_tensor, update
+
+
+def _bn_dispatch(op, eager: type[torch.autograd.Function], x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                 running_mean: Tensor | None, running_var: Tensor | None, k_tensor: Tensor | None, T: int,
+                 params: list[float], flags: int, update: bool, training: bool, momentum: float | Tensor,
+                 num_batches_tracked: Tensor | None) -> Tensor:
+    """The first output of a batch-norm forward, the registered operator ``op`` (traced calls; its outputs end with
+    ``mean, rstd, var, ckpt``) or its eager twin ``eager`` (which folds float32 running statistics with a float
+    momentum in its statistics kernel, and returns the batch statistics beside its first output only where they
+    are left to fold), the running statistics and the batch count updated as BatchNorm2d updates them."""
+    if traced(x, weight, bias, k_tensor):  # the operator is functional: the running statistics follow it
+        out = op(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags)
+        result, mean, var = out[0], out[-4], out[-2]
     else:
         if update and type(momentum) is float and running_mean.dtype == running_var.dtype == torch.float32:
             flags |= F_UPDATE_RUNNING
-            params.append(momentum)
+            params = [*params, momentum]
             update = False  # done by the statistics kernel
-        out = _EagerBNNeuron.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
-                                   num_batches_tracked if flags & F_UPDATE_RUNNING else None, update)
-        spikes, mean, var = out if update else (out, None, None)
+        out = eager.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
+                          num_batches_tracked if flags & F_UPDATE_RUNNING else None, update)
+        result, mean, var = out if update else (out, None, None)
+    _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
+    return result
+
+
+def _bn_fold_running(mean: Tensor, var: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+                     momentum: float | Tensor, update: bool, training: bool, flags: int,
+                     num_batches_tracked: Tensor | None) -> None:
+    """Fold the batch statistics into the running ones (``update``) and count the batch, where the statistics
+    kernel has not (F_UPDATE_RUNNING)."""
     if update:
         with torch.no_grad():
             running_mean.lerp_(mean.to(running_mean.dtype), momentum)
             running_var.lerp_(var.to(running_var.dtype), momentum)
     if training and num_batches_tracked is not None and not flags & F_UPDATE_RUNNING:
         num_batches_tracked.add_(1)
-    return spikes
 
 
 def _check_count(count: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,

@@ -44,6 +44,10 @@ and adds the gradient where the position is its own. Every tensor is addressed t
 channels-last maps (channels the unit stride) a pixel's channels are contiguous, one vector load each.
 Outputs and the input gradient take the input's memory format (channels-last in, channels-last out), as
 PyTorch's do. Offsets are 32-bit unless a tensor spans more than 2**31 elements (``WIDE``: 64-bit).
+
+The same gather for the stem's 3x3, stride-2, padding-1 windows, seen from one tile of input pixels, is written
+as device helpers (:func:`_stem_windows`, :func:`_stem_window_grad`) for the norm-neuron backward that
+:mod:`snntrain.kernels.bn_neuron_pool` runs with the pool fused into it.
 """
 
 from __future__ import annotations
@@ -161,6 +165,57 @@ def _max_pool_bwd_kernel(
     tl.store(dx_ptr + (n * sd_n + ih * sd_h + iw * sd_w)[:, None] + c[None, :] * sd_c,
              acc.to(dx_ptr.dtype.element_ty), mask=m)
 
+
+
+# ----------------------------------------------------------------------------
+# The backward's gather seen from inside another kernel: the stem's 3x3, stride-2, padding-1 windows
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _stem_windows(offs_s, W, Ho, Wo):
+    """The windows of a 3x3, stride-2, padding-1 max-pool (``Ho x Wo`` outputs) that cover the input pixels
+    ``offs_s`` (row-major indices into a map ``W`` wide): at most four, in ascending output order, the order in which
+    :func:`_max_pool_bwd_kernel` adds their gradients. Input row ``ih`` is covered by output row ``ih // 2`` at window
+    row ``1 + ih % 2`` and, for odd ``ih``, by the next output row (if there is one) at window row 0; columns
+    likewise. Returns the four windows' output pixels ``oh * Wo + ow``, whether the second, third and fourth exist
+    (the first always does) and the window position ``kh * 3 + kw`` the input pixel has in each."""
+    ih = offs_s // W
+    iw = offs_s % W
+    oh = ih // 2
+    ow = iw // 2
+    kh = 1 + ih % 2
+    kw = 1 + iw % 2
+    below = (kh == 2) & (oh + 1 < Ho)  # odd row: the next output row covers it too, at kh = 0
+    right = (kw == 2) & (ow + 1 < Wo)
+    q = oh * Wo + ow
+    return q, q + 1, q + Wo, q + Wo + 1, right, below, below & right, kh * 3 + kw, kh * 3, kw, kh * 0
+
+
+@triton.jit
+def _stem_window_grad(g_ptrs, p_ptrs, s_q, q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3, mask,
+                      BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dL/dx of one step at a tile of input pixels x channels of the 3x3, stride-2, padding-1 max-pool, from
+    dL/dy (``g_ptrs + q * s_q`` for output pixel ``q``) and the forward's uint8 positions (``p_ptrs + q * s_q``):
+    the windows of :func:`_stem_windows` whose saved position is the pixel's, their gradients summed in fp32 in
+    ascending output order, as :func:`_max_pool_bwd_kernel` sums them (the caller rounds once to the gradient's
+    dtype). ``mask``: the tile's valid elements; ``e1`` .. ``e3``: which of the windows exist."""
+    acc = tl.zeros([BLOCK_S, BLOCK_C], tl.float32)
+    for i in tl.static_range(4):
+        if i == 0:
+            q, m, code = q0, mask, c0
+        elif i == 1:
+            q, m, code = q1, mask & e1[:, None], c1
+        elif i == 2:
+            q, m, code = q2, mask & e2[:, None], c2
+        else:
+            q, m, code = q3, mask & e3[:, None], c3
+        off = (q.to(tl.int64) * s_q)[:, None]
+        chosen = tl.load(p_ptrs + off, mask=m, other=255)
+        # loaded whatever the position, so that the gradient's loads do not wait for the positions'
+        g = tl.load(g_ptrs + off, mask=m, other=0.0).to(tl.float32)
+        acc += tl.where(chosen.to(tl.int32) == code[:, None], g, 0.0)
+    return acc
 
 # ----------------------------------------------------------------------------
 # Host functions

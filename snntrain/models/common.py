@@ -33,7 +33,7 @@ from ..backend import check_backend
 from ..nn.layers import MultiStep
 from ..nn.neurons import build_neuron, config_neuron
 from ..nn.norm import build_norm2d
-from ..nn.norm_neuron import NormNeuron
+from ..nn.norm_neuron import NormNeuron, norm_neuron_max_pool
 from ..nn.pool import SpikeMaxPool2d
 from ..validation import one_of, positive_int
 
@@ -102,17 +102,22 @@ def over_time(x: torch.Tensor, T: int) -> torch.Tensor:
     raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
 
 
-def encode(conv: MultiStep, spiking: nn.Module, x: torch.Tensor, T: int) -> torch.Tensor:
+def encode(conv: MultiStep, spiking: nn.Module, x: torch.Tensor, T: int, pool: nn.Module | None = None) -> torch.Tensor:
     """Spikes ``[T, B, C, H, W]`` of a network's first convolution ``conv`` and the spiking layer after it
-    (a :class:`~snntrain.nn.NormNeuron` or a neuron). For a static image ``[B, C, H, W]`` (direct encoding) the
-    convolution runs once and its output is the input current of each of the ``T`` steps (the norm of a
-    ``NormNeuron`` sees it once); ``[T, B, C, H, W]`` input runs through both as it is."""
-    if x.dim() == 4:
-        y = conv.folded(x)
-        if isinstance(spiking, NormNeuron):
-            return spiking(y, T=T)
-        return spiking(over_time(y, T))
-    return spiking(conv(over_time(x, T)))
+    (a :class:`~snntrain.nn.NormNeuron` or a neuron), max-pooled by ``pool`` where given (the ImageNet stem; a
+    ``NormNeuron`` and its pool run as one op under Triton, :func:`~snntrain.nn.norm_neuron_max_pool`). For a
+    static image ``[B, C, H, W]`` (direct encoding) the convolution runs once and its output is the input current
+    of each of the ``T`` steps (the norm of a ``NormNeuron`` sees it once); ``[T, B, C, H, W]`` input runs through
+    both as it is."""
+    if pool is not None and isinstance(pool, nn.Identity):
+        pool = None
+    if isinstance(spiking, NormNeuron):
+        y, steps = (conv.folded(x), T) if x.dim() == 4 else (conv(over_time(x, T)), None)
+        if pool is not None:
+            return norm_neuron_max_pool(spiking, pool, y, T=steps)
+        return spiking(y, T=steps)
+    y = over_time(conv.folded(x), T) if x.dim() == 4 else conv(over_time(x, T))
+    return spiking(y) if pool is None else pool(spiking(y))
 
 
 class ClassifierHead(nn.Module):

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..backend import check_backend
 from ..nn.layers import MultiStep, check_connect, sew_connect
+from ..nn.norm_neuron import norm_neuron_max_pool
 from ..validation import one_of, positive_int
 from .common import LayerFactory, pick_variant
 
@@ -216,18 +217,25 @@ class SEWResNet(nn.Module):
                     if getattr(norm, "weight", None) is not None:
                         nn.init.zeros_(norm.weight)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Stem spikes ``[T, B, C, H, W]``; direct encoding for ``[B, C, H, W]`` input.
+    def encode(self, x: torch.Tensor, pool: bool = False) -> torch.Tensor:
+        """Stem spikes ``[T, B, C, H, W]``; direct encoding for ``[B, C, H, W]`` input. With ``pool``, max-pooled
+        by ``self.pool`` (the ImageNet stem).
 
         A static image gives the same stem convolution output at every step, so the
         convolution runs once and its output is the input current at each of the T steps
-        (``T`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once).
+        (``T`` of :class:`~snntrain.nn.norm_neuron.NormNeuron`: the norm sees it once). The pooled stem's norm,
+        neuron and pool run as one op under Triton (:func:`~snntrain.nn.norm_neuron_max_pool`; ``sn1`` and
+        ``pool`` keep their names and state).
         """
         if x.dim() == 4:
-            return self.sn1(self.stem(x), T=self.T)
-        if x.dim() == 5:
-            return self.sn1(self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2]))
-        raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
+            y, T = self.stem(x), self.T
+        elif x.dim() == 5:
+            y, T = self.stem(x.flatten(0, 1)).unflatten(0, x.shape[:2]), None
+        else:
+            raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
+        if pool and not isinstance(self.pool, nn.Identity):
+            return norm_neuron_max_pool(self.sn1, self.pool, y, T=T)
+        return self.sn1(y, T=T)
 
     @property
     def stage_strides(self) -> list[int]:
@@ -238,7 +246,7 @@ class SEWResNet(nn.Module):
     def forward_features(self, x: torch.Tensor, num_stages: int = 4) -> list[torch.Tensor]:
         """Spike maps ``[T, B, C, H, W]`` after each of the first ``num_stages`` (of four) stages that
         are built (a detector removes the stages above its pyramid's top level)."""
-        x = self.pool(self.encode(x))
+        x = self.encode(x, pool=True)
         feats = []
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4)[:num_stages]:
             if stage is None:

@@ -146,7 +146,7 @@ class SpikingResNet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The last stage's spike map ``[T, B, C, H, W]``."""
-        x = self.maxpool(encode(self.conv1, self.sn1, x, self.T))
+        x = encode(self.conv1, self.sn1, x, self.T, pool=self.maxpool)
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from .families import (
 from .layers import MultiStep, TemporalDropout
 from .neurons import IF, LIF, NEURONS, PLIF, BaseNeuron, build_neuron, register_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
-from .norm_neuron import NormNeuron
+from .norm_neuron import NormNeuron, norm_neuron_max_pool
 from .pool import SpikeMaxPool2d
 from .psn import PSN, MaskedPSN, ParallelNeuron, SlidingPSN
 from .step_neuron import StepNeuron, UnsupportedOp
@@ -27,6 +27,6 @@ __all__ = [
     "ALIF", "CLIF", "CUBALIF", "EIF", "IF", "ILIF", "KLIF", "LIF", "NEURONS", "NORMS", "PLIF", "PSN", "QIF", "RAF",
     "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MaskedPSN",
     "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeMaxPool2d", "StepNeuron",
-    "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional", "register_neuron",
-    "set_backend", "spike",
+    "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional", "norm_neuron_max_pool",
+    "register_neuron", "set_backend", "spike",
 ]

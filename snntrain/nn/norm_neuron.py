@@ -13,11 +13,16 @@ the reference. Batch norm keeps the semantics of :class:`torch.nn.BatchNorm2d` i
 training-mode batch statistics, running statistics updated with ``momentum`` (or the
 cumulative average when ``momentum`` is None) and ``num_batches_tracked``, eval mode
 with the running statistics.
+
+:func:`norm_neuron_max_pool` runs a ``NormNeuron`` and the max-pool of its spikes after it (the ResNets' ImageNet
+stem) as one op under Triton (:mod:`snntrain.kernels.bn_neuron_pool`), holding nothing itself: the modules, their
+names and state dicts stay as they are.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 from torch import nn
@@ -100,13 +105,7 @@ class NormNeuron(nn.Module):
         self.fused = True
 
     def forward(self, x: torch.Tensor, T: int | None = None) -> torch.Tensor:
-        # the one check of x and T: the fused kernels take them as given
-        if T is None and x.dim() != 5:
-            raise ValueError(f"NormNeuron expects [T, B, C, H, W] input (or [B, C, H, W] with T), got shape "
-                             f"{tuple(x.shape)}")
-        if T is not None and (x.dim() != 4 or isinstance(T, bool) or not isinstance(T, int) or T < 1):
-            raise ValueError(f"NormNeuron with T={T!r} expects [B, C, H, W] input and T a positive int, got shape "
-                             f"{tuple(x.shape)}")
+        self._check_steps(x, T)
         # never read under torch.compile: a compiled training step neither counts nor guards on the counter
         sink = None if torch.compiler.is_compiling() else self.activity
         counted = False  # by the fused kernel, into the sink's row
@@ -118,10 +117,7 @@ class NormNeuron(nn.Module):
             y = x if T is None else x.unsqueeze(0).expand(T, *x.shape)
             spikes = neuron(y)
         else:
-            channels = norm.num_channels if isinstance(norm, LayerNorm2d) else norm.num_features
-            if x.shape[-3] != channels:
-                raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
-                                 f"was built for {channels}")
+            self._check_channels(x, norm)
             if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
                     and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
                 spikes, counted = self._fused(x, T, norm, neuron, sink)
@@ -136,6 +132,23 @@ class NormNeuron(nn.Module):
         if sink is not None:
             sink(spikes, counted)
         return spikes
+
+    @staticmethod
+    def _check_steps(x: torch.Tensor, T: int | None) -> None:
+        """The one check of x's rank and T: the fused kernels take them as given."""
+        if T is None and x.dim() != 5:
+            raise ValueError(f"NormNeuron expects [T, B, C, H, W] input (or [B, C, H, W] with T), got shape "
+                             f"{tuple(x.shape)}")
+        if T is not None and (x.dim() != 4 or isinstance(T, bool) or not isinstance(T, int) or T < 1):
+            raise ValueError(f"NormNeuron with T={T!r} expects [B, C, H, W] input and T a positive int, got shape "
+                             f"{tuple(x.shape)}")
+
+    @staticmethod
+    def _check_channels(x: torch.Tensor, norm: nn.Module) -> None:
+        channels = norm.num_channels if isinstance(norm, LayerNorm2d) else norm.num_features
+        if x.shape[-3] != channels:
+            raise ValueError(f"input has {x.shape[-3]} channels (dim -3 of shape {tuple(x.shape)}) but the norm "
+                             f"was built for {channels}")
 
     @staticmethod
     def _fused_step(x: torch.Tensor, T: int | None, norm: nn.BatchNorm2d | LayerNorm2d,
@@ -184,3 +197,84 @@ class NormNeuron(nn.Module):
 
     def extra_repr(self) -> str:
         return f"backend={self.backend}"
+
+
+#: The configurations :func:`norm_neuron_max_pool` could not fuse, each warned about once per process.
+_POOL_WARNED: set[str] = set()
+
+
+def _watched(*modules: nn.Module) -> bool:
+    """Whether a forward or backward hook is registered on one of ``modules`` or on every module: the fused op
+    would skip the calls such a hook watches."""
+    from torch.nn.modules import module as M
+
+    if (M._global_forward_hooks or M._global_forward_pre_hooks or M._global_backward_hooks
+            or M._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
+
+
+def _pool_fusion(sn: NormNeuron, pool: nn.Module, x: torch.Tensor) -> str | None:
+    """None where :func:`norm_neuron_max_pool` runs the fused op; otherwise why not: ``""`` where the modules are
+    to run one after the other as they are (the PyTorch backend, ``fused = False``, monitoring), else the
+    configuration the fused op does not take (said once)."""
+    from ..kernels.bn_neuron_pool import POOL_PARAMS
+    from .layers import MultiStep
+    from .pool import SpikeMaxPool2d
+
+    inner = pool[0] if isinstance(pool, MultiStep) and len(pool) == 1 else pool
+    if not use_triton(sn.backend, x) or (isinstance(inner, SpikeMaxPool2d) and not use_triton(inner.backend, x)):
+        return ""
+    norm, neuron = sn._modules["norm"], sn._modules["neuron"]
+    if not sn.fused or getattr(neuron, "store_v_seq", False) or _watched(sn, norm, neuron, pool, inner) \
+            or (sn.activity is not None and not torch.compiler.is_compiling()):
+        return ""  # the modules' own calls: asked for, or watched (hooks, an activity counter, the membrane)
+    if not isinstance(inner, SpikeMaxPool2d):
+        return f"{type(inner).__name__} as the pool (it takes SpikeMaxPool2d)"
+    if tuple(inner._pool_params) != POOL_PARAMS:
+        return (f"max-pooling with kernel_size={inner.kernel_size}, stride={inner.stride}, padding={inner.padding}, "
+                f"dilation={inner.dilation}, ceil_mode={inner.ceil_mode} (it pools 3x3 with stride 2 and padding 1)")
+    if not isinstance(norm, nn.BatchNorm2d):
+        return f"{type(norm).__name__} as the norm (it takes torch.nn.BatchNorm2d)"
+    if not isinstance(neuron, BaseNeuron):
+        return f"{type(neuron).__name__} as the neuron (it takes IF, LIF and PLIF)"
+    if x.dtype not in _FUSED_DTYPES:
+        return f"{x.dtype} input (it takes float32, float16 and bfloat16)"
+    return None
+
+
+def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: int | None = None) -> torch.Tensor:
+    """``pool(sn(x, T=T))``: the spikes of a :class:`NormNeuron` max-pooled (the ImageNet stem of the ResNets:
+    convolution, batch norm, neuron, 3x3 stride-2 max-pool), as one op where it can be.
+
+    ``pool``: a :class:`~snntrain.nn.SpikeMaxPool2d` over ``[N, C, H, W]`` wrapped in a
+    :class:`~snntrain.nn.MultiStep` (as :meth:`snntrain.models.common.LayerFactory.max_pool` makes it), or another
+    module over ``[T, B, C, H, W]``. Under the Triton backend, with a :class:`torch.nn.BatchNorm2d`, an IF, LIF or
+    PLIF neuron and a 3x3, stride-2, padding-1 pool, the norm, the neuron and the pool run as
+    :func:`snntrain.kernels.bn_neuron_pool.bn_neuron_pool`: the same pooled spikes, gradients and running
+    statistics as the two modules one after the other, without the full-resolution spikes and their gradient in
+    memory. Otherwise the two modules run one after the other: silently under the PyTorch backend, with
+    ``sn.fused = False``, while a hook or an activity counter watches either module or the neuron keeps its
+    membrane (``store_v_seq``); for any other configuration a warning names it, once per configuration (eager
+    calls: a compiled graph runs the modules without saying so). The modules' state dicts, parameters and
+    buffers are used as they are: the function holds nothing."""
+    reason = _pool_fusion(sn, pool, x)
+    if reason is None:
+        from ..kernels.bn_neuron_pool import bn_neuron_pool
+
+        sn._check_steps(x, T)
+        norm, neuron = sn._modules["norm"], sn._modules["neuron"]
+        sn._check_channels(x, norm)
+        factor, nbt, use_running = _bn_bookkeeping(norm)
+        buffers, params = norm._buffers, norm._parameters
+        return bn_neuron_pool(
+            x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
+            buffers["running_var"] if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
+            T=T, num_batches_tracked=nbt, w=neuron._w(), **_neuron_options(neuron.params),
+        )
+    if reason and reason not in _POOL_WARNED and not torch.compiler.is_compiling():
+        _POOL_WARNED.add(reason)
+        warnings.warn(f"norm_neuron_max_pool: the fused batch norm -> neuron -> max-pool op does not take {reason}; "
+                      "running the norm-neuron and the max-pool one after the other", stacklevel=3)
+    return pool(sn(x, T=T))
