@@ -298,13 +298,18 @@ def test_channels_last_maps_are_read_in_place_with_per_channel_parameters():
         assert_close(a, b, what=f"dL/d{name}")
 
 
+@pytest.mark.parametrize("finish", [True, False])
 @pytest.mark.parametrize("layout, csum", [("short_runs", "CSUM_NEURON"), ("run", "CSUM_PROGRAM"),
                                            ("channels_last", "CSUM_ROWS"), ("one_channel", "CSUM_PROGRAM")])
-def test_per_channel_sums_in_each_layout_of_the_backward(layout, csum, monkeypatch):
+def test_per_channel_sums_in_each_layout_of_the_backward(layout, csum, finish, monkeypatch):
     """The backward stores a per-channel gradient per program where a block of neurons lies in one channel, per
     channel of each program where a block is whole rows of channels (channels-last), else per neuron; each way
-    gives autograd's gradients."""
-    from snntrain.kernels import neuron_codegen, step_neuron
+    gives autograd's gradients, whether the kernel's last program to arrive adds the sums up (``finish``, eager
+    calls with few sums) or one reduction after it does (the traced calls' way, here forced with a limit of 0)."""
+    from snntrain.kernels import neuron_codegen, step_neuron, step_neuron_tuning
+
+    if not finish:
+        monkeypatch.setattr(step_neuron_tuning, "FINISH_MAX_VALUES", 0)
 
     T, B, C, H, W = 3, 2, {"channels_last": 4, "one_channel": 1}.get(layout, 3), 4, 5
     if layout == "run":  # H * W a multiple of the backward's block
@@ -324,6 +329,7 @@ def test_per_channel_sums_in_each_layout_of_the_backward(layout, csum, monkeypat
     y_ref, _f, g_ref = _grads(neuron, x, {}, "torch", [neuron.tau, neuron.beta], weights)
     y, _f, g = _grads(neuron, x, {}, "triton", [neuron.tau, neuron.beta], weights)
     assert chosen == [getattr(neuron_codegen, csum)]
+    assert [plan.finish for plan in step_neuron._BWD_PLANS.values()] == [finish]
     assert torch.equal(y, y_ref) and 0 < y.sum() < y.numel()
     for name, a, b in zip(["x", "tau", "beta"], g, g_ref):
         assert_close(a, b, what=f"dL/d{name}")

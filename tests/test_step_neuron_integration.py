@@ -154,6 +154,33 @@ def test_batch_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
         assert_close(a.double(), b, rtol=1e-4, atol=1e-4 * float(b.abs().max()), what=f"dL/d{name}")
 
 
+@pytest.mark.parametrize("mode, csum", [("wide", "CSUM_PROGRAM"), ("wide_channels_last", "CSUM_ROWS"),
+                                        ("train", "CSUM_NEURON")])
+def test_batch_norm_sums_finished_in_the_backward_kernel_equal_the_separate_reduction(mode, csum, monkeypatch):
+    """Eager calls: the generated backward's last program to store its part of a channel's sums adds up the batch
+    norm's two sums and PLIF's per-channel dL/dw (no reduction launched after it; bn_input_grad reads them). The
+    same dL/dx, dL/dw, dL/dweight and dL/dbias as one reduction after the kernel (traced calls' plans; here forced
+    with a limit of 0), and as the float64 PyTorch reference, in float32 kernels."""
+    from snntrain.kernels import neuron_codegen
+
+    runs = {}
+    for finish in (True, False):
+        monkeypatch.setattr(step_kernels, "_BWD_PLANS", PlanCache())  # the plan made here
+        if not finish:
+            monkeypatch.setattr(step_tuning, "FINISH_MAX_VALUES", 0)
+        chosen, pick = [], step_kernels._channel_sums
+        monkeypatch.setattr(step_kernels, "_channel_sums", lambda *a: chosen.append(pick(*a)[0]) or pick(*a))
+        (_y0, _s0, _n0, ref), (_y1, _s1, _n1, runs[finish]) = _bn_step_case(mode, torch.float32, monkeypatch)
+        assert chosen == [getattr(neuron_codegen, csum)]
+        assert [plan.finish for plan in step_kernels._BWD_PLANS.values()] == [finish]
+        monkeypatch.undo()
+    for name, a, b, r in zip(["x", "w", "weight", "bias"], runs[True], runs[False], ref):
+        scale = float(r.abs().max())
+        # the two ways add the same partial sums in another order: float32 rounding apart
+        assert_close(a, b, rtol=1e-5, atol=1e-6 * scale, what=f"dL/d{name}, finished in the kernel vs reduced after")
+        assert_close(a.double(), r, rtol=1e-4, atol=1e-4 * scale, what=f"dL/d{name} vs the reference")
+
+
 def _ln_step_case(mode: str, dtype: torch.dtype, monkeypatch):
     """The Triton NormNeuron(LayerNorm2d, ALIF) and the unfused PyTorch one (the norm, then the step as a loop) on
     the same input, in ``dtype`` (the PyTorch one in float64 from the same values): for each, the spikes and the

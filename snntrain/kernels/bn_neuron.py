@@ -121,12 +121,12 @@ def _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.const
 
 
 @triton.jit
-def _last_to_arrive(sem_ptr):
-    """Whether this program is the last of the ``tl.num_programs(0)`` that share the counter ``sem_ptr`` to get
+def _last_to_arrive(sem_ptr, arrivals):
+    """Whether this program is the last of the ``arrivals`` programs that share the counter ``sem_ptr`` to get
     here: every thread's stores of the program are made visible (barrier, then an acquire-release atomic) before it
     counts, so the last one reads all the others' (the partials it then reads bypass L1: ``cache_modifier=".cg"``)."""
     tl.debug_barrier()
-    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
+    return tl.atomic_add(sem_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
 
 # ----------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def _bn_stats_kernel(
     tl.store(row + C, mean, mask=mask_c)
     tl.store(row + 2 * C, m2, mask=mask_c)
     if FINISH:
-        if _last_to_arrive(sem_ptr + pid1):
+        if _last_to_arrive(sem_ptr + pid1, tl.num_programs(0)):
             _bn_stats_finish(part_ptr, mean_ptr, rstd_ptr, var_ptr, rm_ptr, rv_ptr, nbt_ptr, offs_c, mask_c,
                              tl.num_programs(0), C, eps, momentum, pid1 == 0, UPDATE, COUNT_BATCH, BLOCK_R, BLOCK_C)
             tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
@@ -363,7 +363,7 @@ def _bn_neuron_bwd_kernel(
         if STORE_GK:
             tl.store(gk_part_ptr + pid0.to(tl.int64) * tl.num_programs(1) + pid1, tl.sum(tl.sum(gk, axis=1), axis=0))
         if FINISH:
-            if _last_to_arrive(sem_ptr + pid1):
+            if _last_to_arrive(sem_ptr + pid1, tl.num_programs(0)):
                 _pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
                           BLOCK_C)
                 tl.store(sem_ptr + pid1, 0)  # zero again for the next launch

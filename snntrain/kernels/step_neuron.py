@@ -26,8 +26,11 @@ and gradient laid out like X; other layouts are copied once. Parameters are one-
 numbering); a learnable ``[C]`` parameter's gradient is summed over T in the kernel and stored per program
 where a program's block of neurons lies in one channel (``S`` a multiple of the block), per channel of
 each program where the block is whole rows of channels (channels-last, ``C`` dividing the block), else
-per neuron (:func:`_channel_sums`), then added up per channel in one reduction with every other
-per-channel sum; a scalar one's per program (then in a fixed order).
+per neuron (:func:`_channel_sums`), then added up per channel with every other per-channel sum: in an eager
+call where one program's share is small (:data:`~snntrain.kernels.step_neuron_tuning.FINISH_MAX_VALUES`) by the
+kernel's last program to store its part of them (a channel's last with one value per program, else the last of
+all; arrival counters kept zeroed by the plan, as the hand-written batch norm's), else in one reduction after it
+(traced calls, CUDA-graph captures, large layers); a scalar one's per program (then in a fixed order).
 
 A batch norm in front (:func:`bn_step_neuron`, spec ``affine`` ``"bn"``)
 -----------------------------------------------------------------------
@@ -41,8 +44,9 @@ Bytes counted in tensors of the input's size ``E = T*B*C*H*W`` as in :mod:`snntr
   in X's dtype (3), with the two per-channel sums the norm needs (dL/dy and dL/dy * xhat) summed in
   registers and stored as the per-channel gradients are: 8 B per program of 256 neurons, ``8 C`` B per
   program for channels-last rows (2 B per neuron at C = 64), 8 B per neuron otherwise (a bf16 neuron's
-  four steps are 8 B: one E more at T = 4); then one elementwise pass reads dL/dy and X and writes dL/dx
-  over dL/dy (3) = **6 E**.
+  four steps are 8 B: one E more at T = 4), finished in the kernel or by one reduction as the per-channel
+  gradients are (eager calls with few sums: two launches, the hand-written op's count); then one elementwise
+  pass reads dL/dy and X and writes dL/dx over dL/dy (3) = **6 E**.
 
 So 9 E, the hand-written fused op's count (against 13 E for the norm and the neuron unfused), with no
 full-size temporary beyond dL/dx itself. With fixed statistics (eval mode) the backward kernel writes
@@ -90,7 +94,7 @@ from torch import Tensor
 
 from . import norm_neuron_base as base
 from . import step_neuron_tuning as step_tuning
-from .bn_neuron import bn_input_grad
+from .bn_neuron import _semaphores, bn_input_grad
 from .layer_norm import layer_norm_stats, ln_input_grad
 from .lif import (
     BWD_BLOCK,
@@ -287,18 +291,21 @@ class _BwdPlan:
     """What a backward of one layout allocates and launches (as :class:`_FwdPlan`): dL/dx's and dL/d(initial
     states)'s shapes and strides, the learnable parameters (``learn``; ``channel``: those per channel, whose sums
     share one buffer of ``rows`` rows, with the norm's two sums last; ``scalar``: the others, one row each of the
-    ``sbuf`` buffer of per-program sums), how the per-channel sums are added up (``C``, ``R``), whether ``x`` and
-    dL/dy are read from contiguous copies, the launch."""
+    ``sbuf`` buffer of per-program sums), how the per-channel sums are added up (``C``, ``R``; ``finish``: by the
+    kernel's last program to store its part of them, into a ``[rows, C]`` buffer, else by one reduction here),
+    whether ``x`` and dL/dy are read from contiguous copies, the launch."""
 
     __slots__ = ("order", "ct", "gx_shape", "gx_stride", "ginit_shape", "ginit_stride", "learn", "channel", "scalar",
-                 "rows", "sbuf", "C", "R", "copy_x", "copy_g", "launch")
+                 "rows", "sbuf", "C", "R", "finish", "copy_x", "copy_g", "launch")
 
 
 def _bwd_plan(x: Tensor, has_init: bool, grad_y: Tensor | None, has_gfinal: bool, key: str, flags: int,
               affine: tuple | None, norm_sums: bool, sum_t: bool, scaled: bool,
-              launches: bool) -> tuple[_BwdPlan, Tensor, Tensor | None]:
+              launches: bool, fuse: bool = False) -> tuple[_BwdPlan, Tensor, Tensor | None]:
     """The backward plan of a layout, with ``x`` and dL/dy as the kernel reads them (copies where ``copy_x``,
-    ``copy_g``)."""
+    ``copy_g``). ``fuse`` (eager plans): the kernel finishes the per-channel sums itself where one program's share
+    of them is small (:data:`~snntrain.kernels.step_neuron_tuning.FINISH_MAX_VALUES`; arrival counters as
+    :func:`~snntrain.kernels.bn_neuron._semaphores` keeps them), one launch fewer."""
     compiled = lookup(key)
     spec = compiled.spec
     K = len(spec.states)
@@ -317,14 +324,20 @@ def _bwd_plan(x: Tensor, has_init: bool, grad_y: Tensor | None, has_gfinal: bool
     block, warps = BWD_BLOCK, BWD_WARPS
     grid = cdiv(N, block)
     plan.sbuf = (len(plan.scalar), grid)
-    plan.rows, plan.C, plan.R = (0, 0), 1, 1
+    plan.rows, plan.C, plan.R, plan.finish = (0, 0), 1, 1, False
     plan.launch, plan.copy_x, plan.copy_g, xk, gy = None, False, False, x, grad_y
     if not launches or N == 0 or T == 0:
         return plan, xk, gy
     C, S = _channels(x, (*spec.per_channel, spec.affine), order)
     csum, cb, plan.R, M = _channel_sums(N, C, S, grid, block)
     plan.C = C
-    plan.rows = (len(plan.channel) + 2 * norm_sums, M)
+    nrows = len(plan.channel) + 2 * norm_sums
+    plan.rows = (nrows, M)
+    sem = None
+    if nrows and fuse and nrows * (M // C if csum == CSUM_PROGRAM else M) <= step_tuning.FINISH_MAX_VALUES:
+        sem = _semaphores(C if csum == CSUM_PROGRAM else 1, True, x.device)
+    plan.finish = sem is not None
+    fin_j, fin_c = step_tuning.finish_tile(1 if csum == CSUM_PROGRAM else C)
     xp = _permuted(x, order, 1)
     xk, stride_xt, stride_xn = _time_major(xp)
     plan.copy_x = xk is not xp
@@ -333,18 +346,22 @@ def _bwd_plan(x: Tensor, has_init: bool, grad_y: Tensor | None, has_gfinal: bool
         gp = _permuted(grad_y, order, 1)
         gy, stride_gt, stride_gn = _time_major(gp)
         plan.copy_g = gy is not gp
-    extra, norm_bufs = {}, ()
+    extra, rows, sums_shape, finish = {}, (), (), {}
     if spec.affine == "bn":
         extra = dict(**_bn_consts(spec.affine, affine), NORM_SUMS=norm_sums, SUM_T=sum_t, GX_SCALED=scaled)
-        norm_bufs = ("sg", "sgx") if norm_sums else ("a0", "a0")  # (not stored without NORM_SUMS)
     elif spec.affine == "ln":
         extra = dict(SUM_T=sum_t)
+    if plan.channel or spec.affine == "bn":  # the kernel has per-channel sums (rows_ptr, fin_ptr, sem_ptr)
+        rows = ("rows", "fin", sem) if sem is not None else ("rows", "rows", "rows")
+        sums_shape = (M, M // (C * plan.R), plan.R)
+        finish = dict(NROWS=nrows, FINISH=sem is not None, FINISH_J=fin_j, FINISH_C=fin_c)
     plan.launch = Planned(
         compiled.module.bwd_kernel, (grid,),
         ("x", "init", "ckpt", *_names("p", len(spec.params)), *_affine_names(affine), "gy", "gfinal",
-         "gx", "ginit", *(f"g{j}" for j in learn), *norm_bufs, T, N, C, S, stride_xt, stride_xn, stride_gt, stride_gn),
+         "gx", "ginit", *(f"g{j}" for j in plan.scalar), *rows, T, N, C, S, stride_xt, stride_xn, stride_gt,
+         stride_gn, *sums_shape),
         dict(HAS_INIT=has_init, HAS_GY=grad_y is not None, HAS_GFINAL=has_gfinal, STORE_GINIT=bool(flags & F_GRAD_INIT),
-             CSUM=csum, CB=cb, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps))
+             CSUM=csum, CB=cb, **finish, **extra, CHUNK=chunk_steps(T), BLOCK=block, num_warps=warps))
     return plan, xk, gy
 
 
@@ -368,7 +385,7 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params, grad_y: Tens
         plan = _BWD_PLANS.get(plan_key)
         if plan is None:
             plan, xk, gy = _bwd_plan(x, init is not None, grad_y, grad_final is not None, key, flags, affine, norm_sums,
-                                     sum_t, scaled, True)
+                                     sum_t, scaled, True, fuse=True)
             _BWD_PLANS.put(plan_key, plan)
         else:
             xk = _time_major(x, plan.order)[0] if plan.copy_x else x
@@ -402,25 +419,22 @@ def _bwd_host(x: Tensor, init: Tensor | None, ckpt: Tensor, params, grad_y: Tens
             sums[:] = [torch.zeros(x.shape[2], dtype=ct, device=dev) for _ in range(2)]
         return grad_x, grad_init, grads
     rows = torch.empty(plan.rows, dtype=ct, device=dev) if plan.rows[0] else None
+    fin = torch.empty((plan.rows[0], plan.C), dtype=ct, device=dev) if plan.finish else None
     sbuf = torch.empty(plan.sbuf, dtype=ct, device=dev) if plan.scalar else None
     tensors = {"x": xk, "init": None if init is None else _permuted(init, plan.order, 1).contiguous(), "ckpt": ckpt,
-               "gy": gy, "gx": grad_x, "ginit": grad_init, **_named("p", params)}
+               "gy": gy, "gx": grad_x, "ginit": grad_init, "rows": rows, "fin": fin, **_named("p", params)}
     if grad_final is not None:
         tensors["gfinal"] = _permuted(grad_final, plan.order, 1).to(ct).contiguous()
     else:
         tensors["gfinal"] = None
     if affine:
         tensors.update(_named("a", affine))
-    for q, j in enumerate(plan.channel):
-        tensors[f"g{j}"] = rows[q]
     for q, j in enumerate(plan.scalar):
         tensors[f"g{j}"] = sbuf[q]
-    if norm_sums:
-        tensors["sg"], tensors["sgx"] = rows[-2], rows[-1]
     plan.launch(wrap, tensors)
     if rows is not None:
-        per_channel = rows.view(rows.shape[0], -1, plan.C, plan.R).sum(dim=(1, 3))
-        separate = rows.shape[0] > 1  # the operator's outputs may not alias one another
+        per_channel = fin if fin is not None else rows.view(rows.shape[0], -1, plan.C, plan.R).sum(dim=(1, 3))
+        separate = rows.shape[0] > 1 and not eager  # the operator's outputs may not alias one another
         for q, j in enumerate(plan.channel):
             grads[j] = per_channel[q].reshape(params[j].shape).to(params[j].dtype, copy=separate)
         if norm_sums:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 
+from .norm_neuron_tuning import FINISH_C, finish_rows
 from .op_utils import next_pow2
 
 __all__ = ["LN_TILE_MAX_C", "LN_FWD_TILE", "LN_BWD_TILE", "LN_FWD_PER_WARP", "LN_BWD_PER_WARP", "LN_MAX_WARPS",
-           "ln_tile_fits", "ln_tiles"]
+           "FINISH_MAX_VALUES", "ln_tile_fits", "ln_tiles", "finish_tile"]
 
 #: The largest (power-of-two padded) channel count whose positions one program holds.
 LN_TILE_MAX_C = 1024
@@ -24,6 +25,20 @@ LN_TILE_MAX_C = 1024
 LN_FWD_TILE, LN_BWD_TILE = 1024, 512
 #: Elements per warp (32 threads): 4 per thread forward, 2 backward; at most LN_MAX_WARPS warps.
 LN_FWD_PER_WARP, LN_BWD_PER_WARP, LN_MAX_WARPS = 128, 64, 16
+
+#: The most partial sums one program of an eager generated backward adds up where it finishes the per-channel sums
+#: itself (the last of a channel's programs with one value per program, else the last of all programs, over every
+#: channel): beyond it the separate reduction, spread over the GPU, is the faster (one program reads serially).
+#: 32 Ki values (128 KiB in fp32), about what a reduction's launch costs; not yet measured on a GPU.
+FINISH_MAX_VALUES = 1 << 15
+
+
+def finish_tile(channels: int) -> tuple[int, int]:
+    """``(BLOCK_J, BLOCK_C)``: the tile in which a generated backward's last program adds up per-channel sums over
+    ``channels`` channels (1: one channel's), the batch norm's finishing tile (:mod:`snntrain.kernels.
+    norm_neuron_tuning`) laid over them."""
+    block_c = min(next_pow2(channels), FINISH_C)
+    return finish_rows(block_c), block_c
 
 
 def ln_tile_fits(C: int) -> bool:
