@@ -203,9 +203,10 @@ class SpikingFCOS(nn.Module):
 
     Args:
         num_classes: object classes (1 for faces).
-        in_channels, T, depth, variant, width, connect, stem, neuron, norm, zero_init_residual, backend,
-            spike_bytes: the SEW-ResNet backbone's settings (:class:`~snntrain.models.sew_resnet.SEWResNet`);
-            ``spike_bytes`` also for the pyramid's lateral and the head's convolutions, which read spikes.
+        in_channels, T, depth, variant, width, connect, stem, neuron, norm, zero_init_residual, backend:
+            the SEW-ResNet backbone's settings (:class:`~snntrain.models.sew_resnet.SEWResNet`).
+        spike_bytes: the backbone's, and the same for the pyramid's lateral convolutions and the head's, which
+            read spikes.
         head: head settings: ``fpn_levels`` (backbone stages 1-4 to use, fine to coarse),
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
             ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
