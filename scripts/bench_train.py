@@ -7,6 +7,8 @@ same weights and batch:
   surrogate, no detach), T = 4, 224x224, batch 32, 10 classes, SGD (momentum 0.9);
 * ``sew18-224-alif``: the same with ALIF neurons (an adaptive threshold, a second state; generated from its step
   function), against ``sew18-224``'s LIF;
+* ``sew18-224-nobytes``: ``sew18-224`` with ``model.spike_bytes=false``: the convolutions keep their spike inputs for
+  the backward in the step's dtype instead of as uint8 (compare the peak memory and time with ``sew18-224``'s);
 * ``sew18-32``: the same network at 32x32, batch 128;
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
@@ -93,6 +95,8 @@ CASES = {
     "sew18-224": {"size": 224, "batch": 32, "stem": "imagenet"},
     # the same step with ALIF (LIF with an adaptive threshold: a second state), generated from its step function
     "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
+    # the same step with the convolutions' spike inputs kept for the backward in the step's dtype, not as uint8
+    "sew18-224-nobytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": False},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
@@ -330,7 +334,8 @@ def sew_model(case: str, backend: str):
     c = CASES[case]
     torch.manual_seed(0)
     return SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
-                     T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend)
+                     T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
+                     spike_bytes=c.get("spike_bytes", True))
 
 
 def case_neuron(case: str) -> dict:
@@ -371,12 +376,28 @@ class _NormReLU(torch.nn.Module):
         return torch.relu(self.norm(x.flatten(0, 1))).unflatten(0, x.shape[:2])
 
 
+def plain_convolutions(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every convolution of spikes (``SpikeConv2d``, which keeps its input as uint8) replaced by a
+    ``Conv2d`` with the same parameters, in place: the convolutions of a network without neurons read real values."""
+    from snntrain.nn.layers import SpikeConv2d
+
+    for name, m in list(model.named_modules()):
+        if isinstance(m, SpikeConv2d):
+            conv = torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding, m.dilation,
+                                   m.groups, m.bias is not None, m.padding_mode, device="meta")
+            conv.weight, conv.bias = m.weight, m.bias
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, conv)
+    return model
+
+
 def relu_twin(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with every spiking neuron replaced by a ReLU, every norm-neuron by its norm and a ReLU and every
-    max-pool of spikes by PyTorch's max-pool, in place: the same network, not spiking (the floor; run it with T = 1
-    on a batch of T x B images)."""
+    """``model`` with every spiking neuron replaced by a ReLU, every norm-neuron by its norm and a ReLU, every
+    max-pool of spikes by PyTorch's max-pool and every convolution of spikes by a plain one, in place: the same
+    network, not spiking (the floor; run it with T = 1 on a batch of T x B images)."""
     from snntrain.nn import BaseNeuron, NormNeuron, SpikeMaxPool2d
 
+    plain_convolutions(model)
     replaced: list[str] = []
     for name, m in list(model.named_modules()):
         if any(name.startswith(r + ".") for r in replaced):
@@ -581,7 +602,8 @@ def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
               "model.neuron.detach_reset=false", "model.neuron.surrogate=sigmoid"]
     spec = c.get("model")
     if spec is None:
-        model = [f"model.stem={c['stem']}", "model.width=64", "model.depth=18", "model.connect=ADD", *neuron]
+        model = [f"model.stem={c['stem']}", "model.width=64", "model.depth=18", "model.connect=ADD", *neuron,
+                 *([f"model.spike_bytes={str(c['spike_bytes']).lower()}"] if "spike_bytes" in c else [])]
     else:
         model = [f"model={spec['name']}", f"model.variant={spec['variant']}",
                  *(neuron if spec["name"] != "ms_resnet" else [])]
@@ -807,12 +829,13 @@ def transformer(case: str, provider: str, precision: str, backend: str, mode: st
 
 
 def relu_network(model):
-    """``model`` with ReLU instead of every neuron (the fused layers run their norm, then the ReLU; projections keep
-    their real-valued inputs as they are), in place."""
+    """``model`` with ReLU instead of every neuron (the fused layers run their norm, then the ReLU; projections and
+    convolutions keep their real-valued inputs as they are), in place."""
     from snntrain.nn import BaseNeuron
     from snntrain.nn.attention import SpikeLinear
 
     unfuse_transformer(model, False)
+    plain_convolutions(model)
     for m in model.modules():
         if isinstance(m, SpikeLinear):
             m.narrow = False

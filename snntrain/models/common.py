@@ -10,8 +10,9 @@ architecture with ``variant``, named as SpikingJelly names its constructors (``s
 ``ms_resnet18``, ...).
 
 * :class:`LayerFactory` makes the layers with the network-wide settings: convolutions over the folded
-  ``[T * B, ...]`` batch, a norm and the neuron after it as one :class:`~snntrain.nn.NormNeuron` (fused
-  under Triton), a norm alone where a residual sum comes between the norm and the neuron, max pooling of
+  ``[T * B, ...]`` batch (a :class:`~snntrain.nn.layers.SpikeConv2d`, keeping its input for the backward in one
+  byte, where the network declares the input spikes or a bounded sum of them and ``spike_bytes`` is on), a norm
+  and the neuron after it as one :class:`~snntrain.nn.NormNeuron` (fused under Triton), a norm alone where a residual sum comes between the norm and the neuron, max pooling of
   spike maps (:class:`~snntrain.nn.SpikeMaxPool2d`, Triton kernels under Triton).
 * :func:`over_time` and :func:`encode` are the input convention: a static image ``[B, C, H, W]`` is
   encoded directly (the first convolution runs once and its output is the input current of every step,
@@ -30,12 +31,12 @@ import torch
 from torch import nn
 
 from ..backend import check_backend
-from ..nn.layers import MultiStep
-from ..nn.neurons import build_neuron, config_neuron
+from ..nn.layers import MultiStep, make_conv2d
+from ..nn.neurons import build_neuron, config_neuron, spike_max
 from ..nn.norm import build_norm2d
 from ..nn.norm_neuron import NormNeuron, norm_neuron_max_pool
 from ..nn.pool import SpikeMaxPool2d
-from ..validation import one_of, positive_int
+from ..validation import flag, one_of, positive_int
 
 #: The neuron of a network built without a ``neuron`` setting (and of ``conf/model/sew_resnet.yaml``).
 DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "atan"}
@@ -55,16 +56,22 @@ def pick_variant(variant: object, variants: Mapping[str, Any]) -> Any:
 class LayerFactory:
     """Creates layers with the network-wide settings: ``neuron`` (keyword arguments of
     :func:`snntrain.nn.build_neuron`), ``norm`` (``batchnorm`` or ``layernorm``, :data:`snntrain.nn.NORMS`),
-    ``backend`` and ``T`` (the time steps, for neuron types that take them). Both settings are checked once,
-    when the factory is made."""
+    ``backend``, ``T`` (the time steps, for neuron types that take them) and ``spike_bytes`` (convolutions of spikes
+    keep their input for the backward as uint8, :meth:`conv2d`). The settings are checked once, when the factory is
+    made.
+
+    :attr:`spike_max` is the largest value the network's neurons fire (1: binary spikes; None: not known integers,
+    :func:`snntrain.nn.neurons.spike_max`): a model passes it, or the bound of a sum of spikes
+    (:func:`snntrain.nn.layers.sew_connect_max`), as ``input_max`` of a convolution that reads them."""
 
     def __init__(self, neuron: Mapping[str, Any] | None = None, norm: str = "batchnorm",
-                 backend: str = "auto", T: int | None = None) -> None:
+                 backend: str = "auto", T: int | None = None, spike_bytes: bool = True) -> None:
         self.neuron_cfg = config_neuron(DEFAULT_NEURON if neuron is None else neuron)
         self.norm_name = norm
         self.backend = check_backend(backend)
         self.T = T
-        self.neuron(channels=1)  # validate the neuron settings once, up front
+        self.spike_bytes = flag("spike_bytes", spike_bytes)
+        self.spike_max = spike_max(self.neuron(channels=1))  # also validates the neuron settings once, up front
         build_norm2d(norm, 1, backend)
 
     def neuron(self, channels: int | None = None) -> nn.Module:
@@ -72,9 +79,18 @@ class LayerFactory:
         parameters)."""
         return build_neuron(**self.neuron_cfg, backend=self.backend, channels=channels, T=self.T)
 
-    def conv(self, cin: int, cout: int, k: int, stride: int = 1, bias: bool = False) -> MultiStep:
-        """A ``k x k`` convolution (padding ``k // 2``) over the folded ``[T * B, ...]`` batch."""
-        return MultiStep(nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=bias))
+    def conv2d(self, cin: int, cout: int, k: int, stride: int = 1, bias: bool = False,
+               input_max: int | None = None) -> nn.Conv2d:
+        """A ``k x k`` convolution (padding ``k // 2``): a :class:`~snntrain.nn.layers.SpikeConv2d` where
+        ``spike_bytes`` is on and ``input_max`` (the input is integers in ``[0, input_max]`` by construction: the
+        neurons' spikes, :attr:`spike_max`, or a sum of them; None: any values, an image or currents) is at most 255,
+        else a :class:`torch.nn.Conv2d` (:func:`~snntrain.nn.layers.make_conv2d`)."""
+        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes)
+
+    def conv(self, cin: int, cout: int, k: int, stride: int = 1, bias: bool = False,
+             input_max: int | None = None) -> MultiStep:
+        """:meth:`conv2d` over the folded ``[T * B, ...]`` batch."""
+        return MultiStep(self.conv2d(cin, cout, k, stride, bias, input_max))
 
     def norm_neuron(self, channels: int) -> NormNeuron:
         """The norm and neuron after a convolution (fused under the Triton backend)."""

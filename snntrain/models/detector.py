@@ -104,11 +104,16 @@ def _upsample_to(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 
 
 class SpikingFPN(nn.Module):
-    """Feature pyramid over spike maps; outputs are spike maps with ``channels`` channels."""
+    """Feature pyramid over spike maps; outputs are spike maps with ``channels`` channels. ``in_max``: each input map
+    is integers in ``[0, in_max[i]]`` (spikes or SEW ADD's counts; None: not known), the bound its lateral convolution
+    is built with (:meth:`LayerFactory.conv2d`); the output convolutions read sums of currents."""
 
-    def __init__(self, in_channels: Sequence[int], channels: int, f: LayerFactory) -> None:
+    def __init__(self, in_channels: Sequence[int], channels: int, f: LayerFactory,
+                 in_max: Sequence[int | None] | None = None) -> None:
         super().__init__()
-        self.lateral = nn.ModuleList(MultiStep(nn.Conv2d(c, channels, 1)) for c in in_channels)
+        in_max = [None] * len(in_channels) if in_max is None else list(in_max)
+        self.lateral = nn.ModuleList(MultiStep(f.conv2d(c, channels, 1, bias=True, input_max=m))
+                                     for c, m in zip(in_channels, in_max))
         self.output = nn.ModuleList(f.conv(channels, channels, 3) for _ in in_channels)
         self.neurons = nn.ModuleList(f.norm_neuron(channels) for _ in in_channels)
 
@@ -147,14 +152,15 @@ class FCOSHead(nn.Module):
         def tower() -> nn.Sequential:
             layers: list[nn.Module] = []
             for _ in range(num_convs):
-                layers += [f.conv(channels, channels, 3), f.norm_neuron(channels)]
+                layers += [f.conv(channels, channels, 3, input_max=f.spike_max), f.norm_neuron(channels)]
             return nn.Sequential(*layers)
 
+        # every convolution of the head reads spikes (the pyramid's, then the towers')
         self.cls_tower = tower()
         self.box_tower = tower()
-        self.cls_logits = MultiStep(nn.Conv2d(channels, num_classes, 3, padding=1))
-        self.box_ltrb = MultiStep(nn.Conv2d(channels, 4, 3, padding=1))
-        self.centerness = MultiStep(nn.Conv2d(channels, 1, 3, padding=1))
+        self.cls_logits = MultiStep(f.conv2d(channels, num_classes, 3, bias=True, input_max=f.spike_max))
+        self.box_ltrb = MultiStep(f.conv2d(channels, 4, 3, bias=True, input_max=f.spike_max))
+        self.centerness = MultiStep(f.conv2d(channels, 1, 3, bias=True, input_max=f.spike_max))
         self.cls_readout = Readout(num_classes, readout, f.neuron_cfg, f.backend)
         self.box_readout = Readout(4, readout, f.neuron_cfg, f.backend)
         self.ctr_readout = Readout(1, readout, f.neuron_cfg, f.backend)
@@ -199,6 +205,8 @@ class SpikingFCOS(nn.Module):
         num_classes: object classes (1 for faces).
         in_channels, T, depth, variant, width, connect, stem, neuron, norm, zero_init_residual, backend:
             the SEW-ResNet backbone's settings (:class:`~snntrain.models.sew_resnet.SEWResNet`).
+        spike_bytes: the backbone's, and the same for the pyramid's lateral convolutions and the head's, which
+            read spikes.
         head: head settings: ``fpn_levels`` (backbone stages 1-4 to use, fine to coarse),
             ``fpn_channels``, ``num_convs`` per tower, ``readout`` (membrane or rate),
             ``scale_ranges`` (per level ``[lo, hi]``; None: FCOS's 8 x stride rule),
@@ -231,6 +239,7 @@ class SpikingFCOS(nn.Module):
         head: Mapping[str, Any] | None = None,
         backend: str = "auto",
         variant: str | None = None,
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         head = dict(head or {})
@@ -279,7 +288,7 @@ class SpikingFCOS(nn.Module):
         self.num_classes = positive_int("num_classes", num_classes)
         self.backbone = SEWResNet(depth=depth, variant=variant, num_classes=0, in_channels=in_channels, T=T,
                                   connect=connect, stem=stem, width=width, neuron=neuron, norm=norm,
-                                  zero_init_residual=zero_init_residual, backend=backend)
+                                  zero_init_residual=zero_init_residual, backend=backend, spike_bytes=spike_bytes)
         self.levels = levels
         # stages above the pyramid's top level would never run: keep no parameters for them (DDP needs a
         # gradient for every parameter, and they would only cost memory)
@@ -293,8 +302,9 @@ class SpikingFCOS(nn.Module):
             if len(ranges) != len(levels):
                 raise ValueError(f"scale_ranges has {len(ranges)} entries; fpn_levels has {len(levels)}")
         self.scale_ranges = ranges
-        f = LayerFactory(neuron, norm, backend, T=T)
-        self.fpn = SpikingFPN([self.backbone.stage_channels[lv - 1] for lv in levels], channels, f)
+        f = LayerFactory(neuron, norm, backend, T=T, spike_bytes=spike_bytes)
+        self.fpn = SpikingFPN([self.backbone.stage_channels[lv - 1] for lv in levels], channels, f,
+                              [self.backbone.stage_max[lv - 1] for lv in levels])
         self.head = FCOSHead(channels, num_classes, num_convs, len(levels), readout, f)
         self._points_cache: dict[tuple, tuple[torch.Tensor, ...]] = {}
 

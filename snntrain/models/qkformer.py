@@ -56,12 +56,14 @@ class EmbedInit(nn.Module):
         self.norm1 = parts.norm2d(hidden)
         self.pool1 = nn.MaxPool2d(3, stride=2, padding=1) if pooling[0] == "1" else nn.Identity()
         self.neuron1 = parts.neuron()
-        self.conv2 = MultiStep(parts.conv(hidden, cout, bias=True), parts.norm2d(cout))
+        m = parts.spike_max  # every convolution but the first reads spikes
+        self.conv2 = MultiStep(parts.conv(hidden, cout, bias=True, input_max=m), parts.norm2d(cout))
         self.pool2 = _pool(pooling[1])
         self.neuron2 = parts.neuron()
-        self.conv3 = MultiStep(parts.conv(cout, cout, bias=True))
+        self.conv3 = MultiStep(parts.conv(cout, cout, bias=True, input_max=m))
         self.sn3 = parts.norm_neuron(cout)
-        self.shortcut = MultiStep(parts.conv(hidden, cout, 1, stride=2 if pooling[1] == "1" else 1, bias=True))
+        self.shortcut = MultiStep(parts.conv(hidden, cout, 1, stride=2 if pooling[1] == "1" else 1, bias=True,
+                                             input_max=m))
         self.shortcut_sn = parts.norm_neuron(cout)
 
     def forward(self, x: torch.Tensor, T: int) -> torch.Tensor:
@@ -78,16 +80,18 @@ class EmbedInit(nn.Module):
 
 class EmbedStage(nn.Module):
     """``conv-norm-pool-neuron``, ``conv-norm-neuron``, plus the shortcut ``neuron(norm(conv_1x1(x)))`` (stride 2
-    where the pool is on)."""
+    where the pool is on). ``input_max``: the input is spike counts in ``[0, input_max]`` (:func:`stage_max`; None:
+    not known)."""
 
-    def __init__(self, cin: int, cout: int, pool: str, parts: SpikingParts) -> None:
+    def __init__(self, cin: int, cout: int, pool: str, parts: SpikingParts, input_max: int | None = None) -> None:
         super().__init__()
-        self.conv1 = MultiStep(parts.conv(cin, cout, bias=True), parts.norm2d(cout))
+        self.conv1 = MultiStep(parts.conv(cin, cout, bias=True, input_max=input_max), parts.norm2d(cout))
         self.pool = _pool(pool)
         self.neuron1 = parts.neuron()
-        self.conv2 = MultiStep(parts.conv(cout, cout, bias=True))
+        self.conv2 = MultiStep(parts.conv(cout, cout, bias=True, input_max=parts.spike_max))
         self.sn2 = parts.norm_neuron(cout)
-        self.shortcut = MultiStep(parts.conv(cin, cout, 1, stride=2 if pool == "1" else 1, bias=True))
+        self.shortcut = MultiStep(parts.conv(cin, cout, 1, stride=2 if pool == "1" else 1, bias=True,
+                                             input_max=input_max))
         self.shortcut_sn = parts.norm_neuron(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,6 +113,12 @@ class Block(nn.Module):
         return x + self.mlp(x)
 
 
+def stage_max(spike_max: int | None, depth: int) -> int | None:
+    """The largest value of a stage's output tokens (spike counts): its embedding adds two spike maps, each of its
+    ``depth`` blocks two more (``x + attn(x)``, ``x + MLP(x)``); None where the neurons' ``spike_max`` is."""
+    return None if spike_max is None else 2 * spike_max * (1 + depth)
+
+
 def _triple(name: str, value: Any) -> tuple[int, int, int]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 3:
         raise ValueError(f"{name}={value!r} must be three integers, one per stage")
@@ -127,7 +137,7 @@ class QKFormer(nn.Module):
         pooling: four characters 0/1: the first embedding's two max-pools, the second's and the third's.
         qk_mode: the first two stages' Q-K attention, ``token`` (the paper) or ``channel``.
         mlp_ratio: MLP hidden channels over the stage's channels.
-        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend: as
+        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend, spike_bytes: as
             :class:`~snntrain.models.Spikformer`.
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
@@ -153,6 +163,7 @@ class QKFormer(nn.Module):
         norm: str = "batchnorm",
         checkpoint: bool = False,
         backend: str = "auto",
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         self.checkpoint = flag("checkpoint", checkpoint)
@@ -177,10 +188,11 @@ class QKFormer(nn.Module):
         self.num_classes = positive_int("num_classes", num_classes)
         one_of("qk_mode", qk_mode, QK_MODES)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T,
+                             spike_bytes=spike_bytes)
         self.embed1 = EmbedInit(positive_int("in_channels", in_channels), dims[0], pooling, parts)
-        self.embed2 = EmbedStage(dims[0], dims[1], pooling[2], parts)
-        self.embed3 = EmbedStage(dims[1], dims[2], pooling[3], parts)
+        self.embed2 = EmbedStage(dims[0], dims[1], pooling[2], parts, stage_max(parts.spike_max, depths[0]))
+        self.embed3 = EmbedStage(dims[1], dims[2], pooling[3], parts, stage_max(parts.spike_max, depths[1]))
         self.stage1, self.stage2, self.stage3 = (
             nn.ModuleList(Block(d, h, mlp_ratio, qk_mode if i < 2 else None, parts) for _ in range(n))
             for i, (d, h, n) in enumerate(zip(dims, heads, depths)))

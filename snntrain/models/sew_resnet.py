@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend
-from ..nn.layers import MultiStep, check_connect, sew_connect
+from ..nn.layers import MultiStep, check_connect, sew_connect, sew_connect_max
 from ..nn.norm_neuron import norm_neuron_max_pool
 from ..validation import one_of, positive_int
 from .common import LayerFactory, pick_variant
@@ -25,18 +25,25 @@ STEMS = ("cifar", "imagenet")
 
 
 class BasicBlock(nn.Module):
+    """``g(sn2(conv2(sn1(conv1(x)))), x or its downsampled spikes)``. ``input_max``: the block's input is integers in
+    ``[0, input_max]`` (spikes, or SEW ADD's counts; None: not known), the bound its convolutions of ``x`` are built
+    with (:meth:`LayerFactory.conv2d`); :attr:`output_max` is its output's."""
+
     expansion = 1
 
-    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str) -> None:
+    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str,
+                 input_max: int | None = None) -> None:
         super().__init__()
-        self.conv1 = f.conv(cin, planes, 3, stride)
+        self.conv1 = f.conv(cin, planes, 3, stride, input_max=input_max)
         self.sn1 = f.norm_neuron(planes)
-        self.conv2 = f.conv(planes, planes, 3)
+        self.conv2 = f.conv(planes, planes, 3, input_max=f.spike_max)
         self.sn2 = f.norm_neuron(planes)
         self.connect = connect
         self.downsample = None
         if stride != 1 or cin != planes:
-            self.downsample = nn.Sequential(f.conv(cin, planes, 1, stride), f.norm_neuron(planes))
+            self.downsample = nn.Sequential(f.conv(cin, planes, 1, stride, input_max=input_max),
+                                            f.norm_neuron(planes))
+        self.output_max = sew_connect_max(connect, f.spike_max, input_max if self.downsample is None else f.spike_max)
 
     def last_norm(self) -> nn.Module:
         return self.sn2.norm
@@ -48,21 +55,25 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
+    """The bottleneck block (1x1, 3x3, 1x1); ``input_max`` and :attr:`output_max` as :class:`BasicBlock`'s."""
+
     expansion = 4
 
-    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str) -> None:
+    def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int, connect: str,
+                 input_max: int | None = None) -> None:
         super().__init__()
         cout = planes * self.expansion
-        self.conv1 = f.conv(cin, planes, 1)
+        self.conv1 = f.conv(cin, planes, 1, input_max=input_max)
         self.sn1 = f.norm_neuron(planes)
-        self.conv2 = f.conv(planes, planes, 3, stride)
+        self.conv2 = f.conv(planes, planes, 3, stride, input_max=f.spike_max)
         self.sn2 = f.norm_neuron(planes)
-        self.conv3 = f.conv(planes, cout, 1)
+        self.conv3 = f.conv(planes, cout, 1, input_max=f.spike_max)
         self.sn3 = f.norm_neuron(cout)
         self.connect = connect
         self.downsample = None
         if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(f.conv(cin, cout, 1, stride), f.norm_neuron(cout))
+            self.downsample = nn.Sequential(f.conv(cin, cout, 1, stride, input_max=input_max), f.norm_neuron(cout))
+        self.output_max = sew_connect_max(connect, f.spike_max, input_max if self.downsample is None else f.spike_max)
 
     def last_norm(self) -> nn.Module:
         return self.sn3.norm
@@ -143,6 +154,9 @@ class SEWResNet(nn.Module):
         neuron: neuron settings, e.g. ``{"type": "LIF", "tau": 2.0, "surrogate": "atan"}``.
         norm: ``batchnorm`` or ``layernorm`` (:data:`snntrain.nn.norm.NORMS`); ``layernorm`` follows ``backend``.
         zero_init_residual: start each block's last norm at zero weight.
+        spike_bytes: every convolution after the stem keeps its input (spikes, or ADD's spike counts) for the
+            backward as uint8 instead of in the input's dtype (:class:`~snntrain.nn.layers.SpikeConv2d`: the same
+            results, a quarter of float32's bytes, half of bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
         backend: ``auto``, ``torch`` or ``triton`` for every spiking layer.
 
     ``forward`` returns logits averaged over T, ``[B, num_classes]``.
@@ -162,6 +176,7 @@ class SEWResNet(nn.Module):
         zero_init_residual: bool = False,
         backend: str = "auto",
         variant: str | None = None,
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         depth = resolve_depth(depth, variant)
@@ -173,7 +188,7 @@ class SEWResNet(nn.Module):
         width = positive_int("width", width)
         connect = check_connect(connect)
         check_backend(backend)
-        f = LayerFactory(neuron, norm, backend, T=self.T)
+        f = LayerFactory(neuron, norm, backend, T=self.T, spike_bytes=spike_bytes)
         block, layers = ARCHS[depth]
 
         if stem == "cifar":
@@ -185,16 +200,20 @@ class SEWResNet(nn.Module):
         self.sn1 = f.norm_neuron(width)
 
         cin = width
+        bound = f.spike_max  # the stem's spikes, max-pooled or not
         stages = []
         self.stage_channels: list[int] = []
+        #: each stage's output is integers in [0, stage_max[i]] (None: not known): SEW ADD sums spikes
+        self.stage_max: list[int | None] = []
         for i, n in enumerate(layers):
             planes = width * 2**i
             blocks = []
             for j in range(n):
-                blocks.append(block(f, cin, planes, 2 if (i > 0 and j == 0) else 1, connect))
-                cin = planes * block.expansion
+                blocks.append(block(f, cin, planes, 2 if (i > 0 and j == 0) else 1, connect, input_max=bound))
+                cin, bound = planes * block.expansion, blocks[-1].output_max
             stages.append(nn.Sequential(*blocks))
             self.stage_channels.append(cin)
+            self.stage_max.append(bound)
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.num_classes = num_classes
         if num_classes:

@@ -63,15 +63,15 @@ class PatchStem(nn.Module):
         self.sns = nn.ModuleList()
         self.pools = nn.ModuleList()
         cin = in_channels
-        for w, on in zip(widths, pooling):
-            self.convs.append(MultiStep(parts.conv(cin, w, bias=True)))
+        for i, (w, on) in enumerate(zip(widths, pooling)):  # the first convolution reads the image, the rest spikes
+            self.convs.append(MultiStep(parts.conv(cin, w, bias=True, input_max=parts.spike_max if i else None)))
             self.sns.append(parts.norm_neuron(w))
             self.pools.append(_pool(on, parts.backend))
             cin = w
-        self.final = MultiStep(parts.conv(cin, dim, bias=True), parts.norm2d(dim))
+        self.final = MultiStep(parts.conv(cin, dim, bias=True, input_max=parts.spike_max), parts.norm2d(dim))
         self.final_pool = _pool(pooling[3])
         self.final_neuron = parts.neuron()
-        self.rpe = MultiStep(parts.conv(dim, dim), parts.norm2d(dim))
+        self.rpe = MultiStep(parts.conv(dim, dim, input_max=parts.spike_max), parts.norm2d(dim))
 
     def forward(self, x: torch.Tensor, T: int, recompute: bool = False) -> torch.Tensor:
         """``recompute``: each stage's activations are recomputed in the backward (:func:`checkpointed`)."""
@@ -139,7 +139,7 @@ class SpikeDrivenTransformer(nn.Module):
         depth: blocks.
         pooling: four characters 0/1: which stem stages max-pool (stride 2).
         mlp_ratio: MLP hidden channels over ``E``.
-        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend: as
+        num_classes, in_channels, T, neuron, attn_v_threshold, norm, checkpoint, backend, spike_bytes: as
             :class:`~snntrain.models.Spikformer`.
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
@@ -163,6 +163,7 @@ class SpikeDrivenTransformer(nn.Module):
         norm: str = "batchnorm",
         checkpoint: bool = False,
         backend: str = "auto",
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         self.checkpoint = flag("checkpoint", checkpoint)
@@ -178,7 +179,8 @@ class SpikeDrivenTransformer(nn.Module):
         self.T = positive_int("T", T)
         self.num_classes = positive_int("num_classes", num_classes)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T,
+                             spike_bytes=spike_bytes)
         self.stem = PatchStem(positive_int("in_channels", in_channels), dim, pooling, parts)
         self.blocks = nn.ModuleList(Block(dim, mlp_ratio, parts) for _ in range(self.depth))
         self.head_neuron = parts.neuron()

@@ -59,14 +59,14 @@ class PatchStem(nn.Module):
         self.sns = nn.ModuleList()
         self.pools = nn.ModuleList()
         cin = in_channels
-        for i, w in enumerate(widths):
-            self.convs.append(MultiStep(parts.conv(cin, w)))
+        for i, w in enumerate(widths):  # the first convolution reads the image, the others spikes
+            self.convs.append(MultiStep(parts.conv(cin, w, input_max=parts.spike_max if i else None)))
             self.sns.append(parts.norm_neuron(w))
             pooled = i >= len(widths) - pools
             self.pools.append(MultiStep(SpikeMaxPool2d(3, stride=2, padding=1, backend=parts.backend)) if pooled
                               else nn.Identity())
             cin = w
-        self.rpe_conv = MultiStep(parts.conv(dim, dim))
+        self.rpe_conv = MultiStep(parts.conv(dim, dim, input_max=parts.spike_max))
         self.rpe_sn = parts.norm_neuron(dim)
 
     def forward(self, x: torch.Tensor, T: int, recompute: bool = False) -> torch.Tensor:
@@ -104,6 +104,9 @@ class Spikformer(nn.Module):
         checkpoint: activation recomputation in training: every block and stem stage keeps only its input and
             runs again in the backward (about a third more compute for a fraction of the activation memory).
         backend: ``auto``, ``torch`` or ``triton``.
+        spike_bytes: projections and convolutions of spikes keep their input for the backward as uint8 (one byte an
+            element: :class:`~snntrain.nn.attention.SpikeLinear`, :class:`~snntrain.nn.layers.SpikeConv2d`; the same
+            results); False: plain ``Linear`` and ``Conv2d``.
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """
@@ -129,6 +132,7 @@ class Spikformer(nn.Module):
         norm: str = "batchnorm",
         checkpoint: bool = False,
         backend: str = "auto",
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         self.checkpoint = flag("checkpoint", checkpoint)
@@ -146,7 +150,8 @@ class Spikformer(nn.Module):
         self.T = positive_int("T", T)
         self.num_classes = positive_int("num_classes", num_classes)
         mlp_ratio = number("mlp_ratio", mlp_ratio)
-        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T)
+        parts = SpikingParts(DEFAULT_NEURON if neuron is None else neuron, norm, backend, attn_v_threshold, T=T,
+                             spike_bytes=spike_bytes)
         self.stem = PatchStem(positive_int("in_channels", in_channels), dim, patch, parts)
         self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio, parts, scale) for _ in range(self.depth))
         self.head = nn.Linear(dim, self.num_classes)

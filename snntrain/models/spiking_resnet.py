@@ -28,9 +28,9 @@ class BasicBlock(nn.Module):
 
     def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int) -> None:
         super().__init__()
-        self.conv1 = f.conv(cin, planes, 3, stride)
+        self.conv1 = f.conv(cin, planes, 3, stride, input_max=f.spike_max)
         self.sn1 = f.norm_neuron(planes)
-        self.conv2 = f.conv(planes, planes, 3)
+        self.conv2 = f.conv(planes, planes, 3, input_max=f.spike_max)
         self.bn2 = MultiStep(f.norm(planes))
         self.downsample = _downsample(f, cin, planes, stride)
         self.sn2 = f.neuron(planes)
@@ -50,11 +50,11 @@ class Bottleneck(nn.Module):
     def __init__(self, f: LayerFactory, cin: int, planes: int, stride: int) -> None:
         super().__init__()
         cout = planes * self.expansion
-        self.conv1 = f.conv(cin, planes, 1)
+        self.conv1 = f.conv(cin, planes, 1, input_max=f.spike_max)
         self.sn1 = f.norm_neuron(planes)
-        self.conv2 = f.conv(planes, planes, 3, stride)
+        self.conv2 = f.conv(planes, planes, 3, stride, input_max=f.spike_max)
         self.sn2 = f.norm_neuron(planes)
-        self.conv3 = f.conv(planes, cout, 1)
+        self.conv3 = f.conv(planes, cout, 1, input_max=f.spike_max)
         self.bn3 = MultiStep(f.norm(cout))
         self.downsample = _downsample(f, cin, cout, stride)
         self.sn3 = f.neuron(cout)
@@ -70,10 +70,11 @@ class Bottleneck(nn.Module):
 
 
 def _downsample(f: LayerFactory, cin: int, cout: int, stride: int) -> MultiStep | None:
-    """The shortcut's 1x1 convolution and norm where the block changes the map's size or channels."""
+    """The shortcut's 1x1 convolution of the block's input spikes and norm, where the block changes the map's size or
+    channels."""
     if stride == 1 and cin == cout:
         return None
-    return MultiStep(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), f.norm(cout))
+    return MultiStep(f.conv2d(cin, cout, 1, stride, input_max=f.spike_max), f.norm(cout))
 
 
 #: ``model.variant`` -> (block, blocks per stage): SpikingJelly's constructor names.
@@ -95,6 +96,9 @@ class SpikingResNet(nn.Module):
         width: channels of the first stage (64 in ResNet); later stages double it.
         norm: ``batchnorm`` or ``layernorm``.
         zero_init_residual: start each block's last norm at zero weight.
+        spike_bytes: convolutions of spikes keep their input for the backward as uint8 instead of in the input's dtype
+            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, a quarter of float32's bytes, half of
+            bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
 
     ``forward`` returns logits averaged over T, ``[B, num_classes]``.
     """
@@ -111,13 +115,14 @@ class SpikingResNet(nn.Module):
         norm: str = "batchnorm",
         zero_init_residual: bool = False,
         backend: str = "auto",
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         block, layers = pick_variant(variant, VARIANTS)
         self.T, num_classes, in_channels = check_run_settings(T, num_classes, in_channels)
         one_of("stem", stem, STEMS)
         width = positive_int("width", width)
-        f = LayerFactory(neuron, norm, backend, T=self.T)
+        f = LayerFactory(neuron, norm, backend, T=self.T, spike_bytes=spike_bytes)
 
         if stem == "imagenet":
             self.conv1 = f.conv(in_channels, width, 7, stride=2)

@@ -51,6 +51,9 @@ class SpikingVGG(nn.Module):
         hidden: units of the ``vgg`` classifier's two hidden layers (4096 in VGG).
         dropout: dropout probability before the ``vgg`` classifier's second and third linear layers.
         norm: ``batchnorm`` or ``layernorm``, the norm of the ``_bn`` variants.
+        spike_bytes: every convolution after the first (they read spikes) keeps their input for the backward as uint8 instead of in the input's dtype
+            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, a quarter of float32's bytes, half of
+            bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
 
     The max-pools round up (``ceil_mode``), so that images smaller than 32 pixels (the embedded 8x8 and
     16x16 digits) keep a 1x1 map through all five; at sizes divisible by 32 nothing changes. ``forward``
@@ -70,6 +73,7 @@ class SpikingVGG(nn.Module):
         neuron: Mapping[str, Any] | None = None,
         norm: str = "batchnorm",
         backend: str = "auto",
+        spike_bytes: bool = True,
     ) -> None:
         super().__init__()
         depth, bn = pick_variant(variant, VARIANTS)
@@ -78,16 +82,17 @@ class SpikingVGG(nn.Module):
         one_of("classifier", classifier, CLASSIFIERS)
         hidden = positive_int("hidden", hidden)
         dropout = number("dropout", dropout)
-        f = LayerFactory(neuron, norm, backend, T=self.T)
+        f = LayerFactory(neuron, norm, backend, T=self.T, spike_bytes=spike_bytes)
 
         layers: list[nn.Module] = []
-        cin = in_channels
+        cin, bound = in_channels, None  # the image, then spikes
         for v in LAYERS[depth]:
             if v == "M":
                 layers.append(f.max_pool(2, stride=2, ceil_mode=True))
                 continue
             cout = v * width // 64
-            layers.append(f.conv(cin, cout, 3, bias=True))
+            layers.append(f.conv(cin, cout, 3, bias=True, input_max=bound))
+            bound = f.spike_max
             layers.append(f.norm_neuron(cout) if bn else f.neuron(cout))
             cin = cout
         self.features = nn.Sequential(*layers)

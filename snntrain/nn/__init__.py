@@ -14,7 +14,7 @@ from .families import (
     Izhikevich,
     LearnableThresholdLIF,
 )
-from .layers import MultiStep, TemporalDropout
+from .layers import MultiStep, SpikeConv2d, TemporalDropout
 from .neurons import IF, LIF, NEURONS, PLIF, BaseNeuron, build_neuron, register_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
 from .norm_neuron import NormNeuron, norm_neuron_max_pool
@@ -26,7 +26,8 @@ from .surrogate import SURROGATES, spike
 __all__ = [
     "ALIF", "CLIF", "CUBALIF", "EIF", "IF", "ILIF", "KLIF", "LIF", "NEURONS", "NORMS", "PLIF", "PSN", "QIF", "RAF",
     "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MaskedPSN",
-    "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeMaxPool2d", "StepNeuron",
-    "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional", "norm_neuron_max_pool",
+    "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeConv2d", "SpikeMaxPool2d",
+    "StepNeuron", "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional",
+    "norm_neuron_max_pool",
     "register_neuron", "set_backend", "spike",
 ]

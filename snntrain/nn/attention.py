@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backend import check_backend, use_triton
-from ..validation import number, one_of, positive_int
-from .layers import MultiStep
-from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters
+from ..validation import flag, number, one_of, positive_int
+from .layers import MultiStep, make_conv2d
+from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters, spike_max
 from .norm import build_norm2d
 from .norm_neuron import NormNeuron
 
@@ -173,10 +173,15 @@ class SpikingParts:
         backend: ``auto``, ``torch`` or ``triton``.
         attn_v_threshold: the attention neurons' threshold (None: the neuron settings' own).
         T: the time steps, for neuron types that take them (the parallel spiking neurons).
+        spike_bytes: projections and convolutions of spikes keep their input for the backward as uint8
+            (:class:`SpikeLinear`, :class:`~snntrain.nn.layers.SpikeConv2d`); False: plain ``Linear`` and ``Conv2d``.
+
+    :attr:`spike_max` is the largest value the neurons fire (1: binary spikes; None: not known integers,
+    :func:`snntrain.nn.neurons.spike_max`), what a model passes as ``input_max`` of a convolution of spikes.
     """
 
     def __init__(self, neuron: Mapping[str, Any], norm: str = "batchnorm", backend: str = "auto",
-                 attn_v_threshold: float | None = 0.5, T: int | None = None) -> None:
+                 attn_v_threshold: float | None = 0.5, T: int | None = None, spike_bytes: bool = True) -> None:
         self.neuron_cfg = config_neuron(neuron)
         self.T = T
         kind = self.neuron_cfg.get("type", "LIF")
@@ -188,8 +193,8 @@ class SpikingParts:
         self.norm = norm
         self.backend = check_backend(backend)
         self.attn_v_threshold = None if attn_v_threshold is None else number("attn_v_threshold", attn_v_threshold)
-        # the neurons fire binary spikes (IF/LIF/PLIF): projections of spikes keep their input as uint8
-        self.binary = isinstance(self.neuron(), BaseNeuron)  # validates the settings once, up front
+        self.spike_bytes = flag("spike_bytes", spike_bytes)
+        self.spike_max = spike_max(self.neuron())  # also validates the settings once, up front
         self.attention_neuron()
         build_norm2d(norm, 1, backend)
 
@@ -213,12 +218,15 @@ class SpikingParts:
     def norm_neuron(self, channels: int) -> NormNeuron:
         return NormNeuron(self.norm2d(channels), self.neuron(), self.backend)
 
-    def conv(self, cin: int, cout: int, k: int = 3, stride: int = 1, bias: bool = False) -> nn.Conv2d:
-        return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=bias)
+    def conv(self, cin: int, cout: int, k: int = 3, stride: int = 1, bias: bool = False,
+             input_max: int | None = None) -> nn.Conv2d:
+        """A ``k x k`` convolution; ``input_max`` as :func:`~snntrain.nn.layers.make_conv2d`'s (None: the image)."""
+        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes)
 
     def linear(self, cin: int, cout: int, bias: bool = True) -> nn.Linear:
-        """A projection of spikes or spike counts: a :class:`SpikeLinear` where the neurons fire binary spikes."""
-        return (SpikeLinear if self.binary else nn.Linear)(cin, cout, bias=bias)
+        """A projection of spikes or spike counts: a :class:`SpikeLinear` where the neurons fire binary spikes and
+        ``spike_bytes`` is on."""
+        return (SpikeLinear if self.spike_bytes and self.spike_max == 1 else nn.Linear)(cin, cout, bias=bias)
 
     def linear_norm_neuron(self, cin: int, cout: int, bias: bool = False) -> LinearNormNeuron:
         return LinearNormNeuron(self.linear(cin, cout, bias), self.norm_neuron(cout))

@@ -299,6 +299,11 @@ class ILIF(StepNeuron):
         r = s.detach() if self.detach_reset else s
         return s, h - r * v_threshold
 
+    @property
+    def spike_max(self) -> int:
+        """The counts are the integers ``0..max_spike_count``."""
+        return self.max_spike_count
+
 
 class ALIF(_Resetting):
     """LIF with an adaptive threshold ``v_threshold + beta * a``; ``a`` decays with ``tau_a`` and grows by one

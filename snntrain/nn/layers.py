@@ -1,10 +1,12 @@
-"""Building blocks for multi-step spiking networks: time-distributed layers, dropout over time and SEW
-connections."""
+"""Building blocks for multi-step spiking networks: time-distributed layers, convolutions of spikes that keep their
+input as bytes, dropout over time and SEW connections."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 CONNECTS = ("ADD", "AND", "IAND")
 
@@ -32,6 +34,125 @@ class MultiStep(nn.Sequential):
         """The layers on a batch that is already folded, ``[N, ...]``: a static image ``[B, C, H, W]`` that a
         stem convolution reads once before its output is repeated over T (direct encoding)."""
         return super().forward(x)
+
+
+#: The largest value :class:`SpikeConv2d` keeps exactly: its input is saved as uint8.
+BYTE_MAX = 255
+
+#: tensor (the base of the viewed input) -> (its view's geometry and version, the uint8 copy): see :func:`_byte_copy`
+_BYTE_COPIES = WeakIdKeyDictionary()
+
+
+def _byte_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as uint8, one copy for all the convolutions that read the same tensor (a block's first convolution and its
+    shortcut): the copy is remembered beside the tensor ``x`` views, weakly (it goes when that tensor goes), and used
+    again for the same view while the tensor is unchanged (its version counter; an in-place change makes a new copy).
+    Under ``torch.compile`` every call casts, and the compiler merges the equal casts."""
+    if torch.compiler.is_compiling():
+        return x.to(torch.uint8)
+    base = x if x._base is None else x._base
+    key = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x._version)
+    hit = _BYTE_COPIES.get(base)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    xb = x.to(torch.uint8)  # keeps the memory format: channels-last stays channels-last
+    _BYTE_COPIES[base] = (key, xb)
+    return xb
+
+
+class _ByteInputConv2d(torch.autograd.Function):
+    """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``xb``, its uint8 copy (``x`` holds integers in
+    [0, 255]: spikes or spike counts), and the weight as it is (not autocast's 16-bit copy); the backward casts ``xb``
+    back and runs PyTorch's convolution backward, so the gradients are those of :func:`torch.nn.functional.conv2d`
+    bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x, xb, weight, bias, stride, padding, dilation, groups, dtype):
+        ctx.save_for_backward(xb, weight)
+        ctx.conv = (stride, padding, dilation, groups)
+        ctx.dtype, ctx.x_dtype, ctx.weight_dtype = dtype, x.dtype, weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.bias_sizes = None if bias is None else [bias.shape[0]]
+        if dtype is not None:  # autocast's dtype: the casts nn.Conv2d's input and parameters get under autocast
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xs, weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        dtype = ctx.x_dtype if ctx.dtype is None else ctx.dtype
+        if ctx.dtype is not None:
+            weight = weight.to(dtype)
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        gx, gw, gb = torch.ops.aten.convolution_backward(
+            grad, xs.to(dtype), weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
+            [need_x, need_w, need_b and ctx.bias_sizes is not None])
+        return (None if gx is None else gx.to(ctx.x_dtype), None, None if gw is None else gw.to(ctx.weight_dtype),
+                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None)
+
+
+class SpikeConv2d(nn.Conv2d):
+    """A :class:`torch.nn.Conv2d` over spikes or spike counts that keeps its input for the backward as uint8, the
+    narrowest dtype that holds it exactly (half of bfloat16, a quarter of float32; channels-last input stays
+    channels-last), and the weight itself instead of autocast's 16-bit copy of it.
+
+    Its parameters, state dict, output and gradients are the ``Conv2d``'s, bit for bit, **for input of integers in
+    [0, 255]** (0/1 spikes, or sums of at most 255 of them): the values a uint8 holds. Any other input (an image, a
+    membrane current, dropout's scaled spikes, negative values) would get a wrong weight gradient, so a network builds
+    this class only where its input is integers in that range by construction: the model families' layer factories
+    (:class:`snntrain.models.LayerFactory`, :class:`snntrain.nn.attention.SpikingParts`) build it for a convolution
+    whose input the network declares as the output of its neurons (and only for neurons that declare the integers they
+    fire, :func:`snntrain.nn.neurons.spike_max`), or as a sum of such outputs whose largest value is at most 255; a
+    stem convolution reading the image, or one reading currents (MS-ResNet's shortcut), stays a ``Conv2d``. The model
+    option ``spike_bytes: false`` builds ``Conv2d`` everywhere.
+
+    The narrow path runs in training with a gradient recorded; evaluation, ``torch.no_grad``, unbatched ``[C, H, W]``
+    input and a ``padding_mode`` other than ``zeros`` (whose padding would keep the input for its own backward) run
+    ``Conv2d.forward``. The convolutions that read one tensor (a block's first one and its shortcut) keep one uint8
+    copy of it between them.
+
+    ``check_input = True`` (an attribute; off by default, when it costs nothing) asserts on the device that the input
+    is integers in [0, 255] (``torch._assert_async``: no wait for the device on CUDA, where a failure ends the process
+    as a device-side assertion), for debugging a network of one's own.
+    """
+
+    check_input = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dim() != 4 or self.padding_mode != "zeros" or not self.training or not torch.is_grad_enabled()
+                or not (x.requires_grad or self.weight.requires_grad)):
+            return super().forward(x)
+        if self.check_input:
+            torch._assert_async(((x >= 0) & (x <= BYTE_MAX) & (x == torch.round(x))).all(),
+                                f"{type(self).__name__}: input values must be integers in [0, {BYTE_MAX}] "
+                                "(spikes or spike counts); use torch.nn.Conv2d for other input")
+        padding = self.padding
+        if isinstance(padding, str):  # "valid", or "same": as many zeros on both sides, or one more after
+            total = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)] if padding == "same" else [0, 0]
+            if all(t % 2 == 0 for t in total):
+                padding = tuple(t // 2 for t in total)
+            else:  # as Conv2d does: pad the input, then no padding
+                x, padding = F.pad(x, self._reversed_padding_repeated_twice), (0, 0)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        with torch.autocast(device, enabled=False):
+            return _ByteInputConv2d.apply(x, _byte_copy(x), self.weight, self.bias, self.stride, padding,
+                                          self.dilation, self.groups, dtype)
+
+
+def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
+                spike_bytes: bool = True) -> nn.Conv2d:
+    """A ``k x k`` convolution (padding ``k // 2``), as the model families build theirs. ``input_max``: its input is
+    integers in ``[0, input_max]`` by construction (spikes: the neurons' :func:`~snntrain.nn.neurons.spike_max`; a sum
+    of spike maps: the sum of their bounds); None: any values (an image, currents). With ``spike_bytes`` and
+    ``input_max`` at most 255 it is a :class:`SpikeConv2d` (the same parameters and results, the input kept as uint8
+    for the backward), else a :class:`torch.nn.Conv2d`."""
+    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int) or input_max < 1):
+        raise ValueError(f"input_max={input_max!r} must be a positive int (the largest input value) or None")
+    narrow = spike_bytes and input_max is not None and input_max <= BYTE_MAX
+    return (SpikeConv2d if narrow else nn.Conv2d)(cin, cout, k, stride=stride, padding=k // 2, bias=bias)
 
 
 class TemporalDropout(nn.Module):
@@ -63,6 +184,21 @@ def check_connect(connect: object) -> str:
     if not isinstance(connect, str) or connect.upper() not in CONNECTS:
         raise ValueError(f"connect={connect!r} is not valid; choose one of {', '.join(CONNECTS)}")
     return connect.upper()
+
+
+def sew_connect_max(connect: str, out_max: int | None, identity_max: int | None) -> int | None:
+    """The largest value of :func:`sew_connect` ``(out, identity, connect)`` for ``out`` of integers in
+    ``[0, out_max]`` and ``identity`` of integers in ``[0, identity_max]``: its output is then integers in
+    ``[0, result]``. None where either bound is None or the output can be negative (IAND of counts above 1)."""
+    if out_max is None or identity_max is None:
+        return None
+    if connect == "ADD":
+        return out_max + identity_max
+    if connect == "AND":
+        return out_max * identity_max
+    if connect == "IAND":
+        return identity_max if out_max == 1 else None
+    raise ValueError(f"connect={connect!r} is not valid; choose one of {', '.join(CONNECTS)}")
 
 
 def sew_connect(out: torch.Tensor, identity: torch.Tensor, connect: str) -> torch.Tensor:

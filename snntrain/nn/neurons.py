@@ -35,6 +35,8 @@ class BaseNeuron(nn.Module):
     """
 
     kind = ""
+    #: the largest value the neuron fires: its spikes are 0 or 1 (:func:`spike_max`)
+    spike_max = 1
 
     def __init__(
         self,
@@ -187,6 +189,21 @@ def is_neuron(module: object) -> bool:
     any registered type (:data:`NEURONS`, those imported so far)."""
     return isinstance(module, tuple(c for c in NEURONS.values() if isinstance(c, type))
                       + (BaseNeuron, _StepNeuron, _ParallelNeuron))
+
+
+def spike_max(neuron: nn.Module) -> int | None:
+    """The largest value ``neuron`` fires where its outputs are the integers ``0..n`` by construction, whatever its
+    input: 1 for binary spikes (IF, LIF, PLIF, the parallel spiking neurons, a :class:`~snntrain.nn.StepNeuron`
+    whose step returns ``self.heaviside(...)``: every family but ILIF), ILIF's ``max_spike_count``; None where that is
+    not known (a registered type that does not declare it). A neuron class declares it as its attribute
+    ``spike_max`` (an int >= 1, or None); a subclass that fires other values sets it to None. The model families
+    keep the inputs of convolutions and projections that read such outputs in one byte
+    (:class:`~snntrain.nn.layers.SpikeConv2d`), which is exact only for integers in [0, 255]."""
+    n = getattr(neuron, "spike_max", None)
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"{type(neuron).__name__}.spike_max={n!r} must be an int >= 1 (the largest value the neuron "
+                         "fires) or None (its outputs are not known integers)")
+    return n
 
 
 def neuron_class(type: str) -> type[nn.Module]:

@@ -56,6 +56,8 @@ class ParallelNeuron(nn.Module):
 
     #: read by the NIR export (:mod:`snntrain.nir_graph`), which refuses these neurons with this reason
     nir_refusal = NIR_REFUSAL
+    #: the largest value the neuron fires: its spikes are 0 or 1 (:func:`snntrain.nn.neurons.spike_max`)
+    spike_max = 1
 
     def __init__(self, surrogate: str = "atan", alpha: float | None = None, step_mode: str = "m",
                  backend: str = "triton") -> None:

@@ -182,6 +182,16 @@ class StepNeuron(nn.Module):
 
     # -- the step -----------------------------------------------------------------------------------
 
+    @property
+    def spike_max(self) -> int | None:
+        """1 where the step's output is :meth:`heaviside` of something (0 or 1 whatever the input), else None: not
+        known to be integers (:func:`snntrain.nn.neurons.spike_max`). A subclass that fires other integers says so
+        (ILIF: its ``max_spike_count``)."""
+        graph = self._graph
+        if graph is None or not graph.outputs:
+            return None
+        return 1 if graph.nodes[graph.outputs[0]].op == "spike" else None
+
     def step(self, x, *states_and_params, **params):  # pragma: no cover - every subclass writes it
         raise NotImplementedError(f"{type(self).__name__} must define step(self, x, *states, **params)")
 
