@@ -7,8 +7,8 @@ same weights and batch:
   surrogate, no detach), T = 4, 224x224, batch 32, 10 classes, SGD (momentum 0.9);
 * ``sew18-224-alif``: the same with ALIF neurons (an adaptive threshold, a second state; generated from its step
   function), against ``sew18-224``'s LIF;
-* ``sew18-224-nobytes``: ``sew18-224`` with ``model.spike_bytes=false``: the convolutions keep their spike inputs for
-  the backward in the step's dtype instead of as uint8 (compare the peak memory and time with ``sew18-224``'s);
+* ``sew18-224-bytes``: ``sew18-224`` with ``model.spike_bytes=true``: the convolutions keep their spike inputs for
+  the backward as uint8 instead of in the step's dtype (compare the peak memory and time with ``sew18-224``'s);
 * ``sew18-32``: the same network at 32x32, batch 128;
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
@@ -96,7 +96,7 @@ CASES = {
     # the same step with ALIF (LIF with an adaptive threshold: a second state), generated from its step function
     "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
     # the same step with the convolutions' spike inputs kept for the backward in the step's dtype, not as uint8
-    "sew18-224-nobytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": False},
+    "sew18-224-bytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
@@ -335,7 +335,7 @@ def sew_model(case: str, backend: str):
     torch.manual_seed(0)
     return SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
                      T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
-                     spike_bytes=c.get("spike_bytes", True))
+                     spike_bytes=c.get("spike_bytes", False))
 
 
 def case_neuron(case: str) -> dict:

@@ -185,18 +185,19 @@ def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):
     assert "model.neuron.type=ALIF" in module.cli_overrides("sew18-224-alif", "bf16", 10)
 
 
-def test_the_nobytes_case_keeps_spike_inputs_in_the_step_dtype_and_relu_twins_have_plain_convolutions(bench):
-    """``sew18-224-nobytes`` builds ``sew18-224`` (same state dict) with plain convolutions, and says so on its command
-    line; a ReLU twin's convolutions are plain (their inputs are real values), with the network's parameters."""
+def test_the_bytes_case_keeps_spike_inputs_in_one_byte_and_relu_twins_have_plain_convolutions(bench):
+    """``sew18-224-bytes`` builds ``sew18-224`` (same state dict) with its convolutions of spikes as ``SpikeConv2d``,
+    and says so on its command line; a ReLU twin's convolutions are plain (their inputs are real values), with the
+    network's parameters."""
     from snntrain.nn.layers import SpikeConv2d
 
     module, _ = bench
     with torch.device("meta"):
-        on, off = module.sew_model("sew18-224", "torch"), module.sew_model("sew18-224-nobytes", "torch")
+        off, on = module.sew_model("sew18-224", "torch"), module.sew_model("sew18-224-bytes", "torch")
     assert on.state_dict().keys() == off.state_dict().keys()
     assert sum(isinstance(m, SpikeConv2d) for m in on.modules()) == 19
     assert not any(isinstance(m, SpikeConv2d) for m in off.modules())
-    assert "model.spike_bytes=false" in module.cli_overrides("sew18-224-nobytes", "bf16", 10)
+    assert "model.spike_bytes=true" in module.cli_overrides("sew18-224-bytes", "bf16", 10)
     assert not any("spike_bytes" in o for o in module.cli_overrides("sew18-224", "bf16", 10))
     weight = on.layer1[0].conv1[0].weight
     twin = module.relu_twin(on)

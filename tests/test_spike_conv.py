@@ -175,23 +175,24 @@ def test_sew_connect_max():
 
 
 def test_sew_resnet_builds_spike_convolutions_after_the_stem_only():
-    kinds = _kinds(SEWResNet(depth=18, width=4, stem="imagenet", backend="torch"))
+    kinds = _kinds(SEWResNet(depth=18, width=4, stem="imagenet", backend="torch", spike_bytes=True))
     assert kinds.pop("stem.0") == "Conv2d"  # reads the image
     assert set(kinds.values()) == {"SpikeConv2d"} and len(kinds) == 19
-    assert set(_kinds(SEWResNet(depth=18, width=4, backend="torch", spike_bytes=False)).values()) == {"Conv2d"}
+    assert set(_kinds(SEWResNet(depth=18, width=4, backend="torch")).values()) == {"Conv2d"}  # the default: off
     # ILIF fires counts up to 100: a stage's ADD sums reach 300 (the next stage's first block reads them with plain
     # convolutions), IAND of counts can be negative
-    m = SEWResNet(depth=18, width=4, backend="torch", neuron={"type": "ILIF", "max_spike_count": 100})
+    m = SEWResNet(depth=18, width=4, backend="torch", neuron={"type": "ILIF", "max_spike_count": 100}, spike_bytes=True)
     assert m.stage_max == [300, 300, 300, 300]
     assert type(m.layer1[1].conv1[0]) is SpikeConv2d  # reads sums up to 200
     assert type(m.layer2[0].conv1[0]) is type(m.layer2[0].downsample[0][0]) is nn.Conv2d
     assert type(m.layer2[0].conv2[0]) is SpikeConv2d
-    m = SEWResNet(depth=18, width=4, backend="torch", connect="IAND", neuron={"type": "ILIF"})
+    m = SEWResNet(depth=18, width=4, backend="torch", connect="IAND", neuron={"type": "ILIF"}, spike_bytes=True)
     assert type(m.layer1[0].conv1[0]) is SpikeConv2d and type(m.layer1[1].conv1[0]) is nn.Conv2d
 
 
 def test_families_keep_convolutions_of_images_and_currents_plain():
-    zoo = {name: build_model({"name": name, "num_classes": 3, "in_channels": 2, "T": 2, "width": 4, **kw},
+    zoo = {name: build_model({"name": name, "num_classes": 3, "in_channels": 2, "T": 2, "width": 4, "spike_bytes": True,
+                              **kw},
                              backend="torch")
            for name, kw in (("spiking_resnet", {}), ("ms_resnet", {}), ("spiking_vgg", {"classifier": "linear"}))}
     plain = {n for n, k in _kinds(zoo["spiking_resnet"]).items() if k == "Conv2d"}
@@ -202,11 +203,11 @@ def test_families_keep_convolutions_of_images_and_currents_plain():
     plain = {n for n, k in _kinds(zoo["spiking_vgg"]).items() if k == "Conv2d"}
     assert plain == {"features.0.0"}
     tiny_head = {"fpn_levels": [1, 2], "fpn_channels": 4, "num_convs": 1}
-    det = build_model({"name": "sew_fcos", "width": 4, "T": 2, "head": tiny_head}, backend="torch")
+    det = build_model({"name": "sew_fcos", "width": 4, "T": 2, "head": tiny_head, "spike_bytes": True}, backend="torch")
     plain = {n for n, k in _kinds(det).items() if k == "Conv2d"}
     assert plain == {"backbone.stem.0", "fpn.output.0.0", "fpn.output.1.0"}  # the pyramid's sums of currents
     # an unknown neuron output (a type without spike_max) keeps every convolution plain
-    f = LayerFactory({"type": "LIF"}, backend="torch")
+    f = LayerFactory({"type": "LIF"}, backend="torch", spike_bytes=True)
     f.spike_max = None
     assert type(BasicBlock(f, 4, 8, 2, "ADD", input_max=f.spike_max).conv2[0]) is nn.Conv2d
 
@@ -216,22 +217,23 @@ def test_transformers_keep_their_stem_image_convolution_plain(family):
     from snntrain.nn.attention import SpikeLinear
     from test_transformers import tiny
 
-    on, off = tiny(family), tiny(family, spike_bytes=False)
+    on, off = tiny(family, spike_bytes=True), tiny(family)
     kinds = _kinds(on)
     first = {"spikformer": "stem.convs.0.0", "spike_driven_transformer": "stem.convs.0.0",
              "qkformer": "embed1.conv1.0"}[family]
     assert kinds.pop(first) == "Conv2d" and set(kinds.values()) == {"SpikeConv2d"}
     assert set(_kinds(off).values()) == {"Conv2d"}
-    assert any(isinstance(m, SpikeLinear) for m in on.modules())
-    assert not any(isinstance(m, SpikeLinear) for m in off.modules())
+    # projections of binary spikes keep their input as uint8 whatever the option says
+    assert any(isinstance(m, SpikeLinear) for m in on.modules()) and any(isinstance(m, SpikeLinear) for m in off.modules())
     assert on.state_dict().keys() == off.state_dict().keys()
 
 
 def test_make_conv2d_refuses_a_bad_bound():
-    assert type(make_conv2d(2, 3, 3, input_max=255)) is SpikeConv2d
-    assert type(make_conv2d(2, 3, 3, input_max=256)) is nn.Conv2d
+    assert type(make_conv2d(2, 3, 3, input_max=255, spike_bytes=True)) is SpikeConv2d
+    assert type(make_conv2d(2, 3, 3, input_max=256, spike_bytes=True)) is nn.Conv2d
+    assert type(make_conv2d(2, 3, 3, input_max=1)) is nn.Conv2d  # the default: off
     with pytest.raises(ValueError, match="input_max=0"):
-        make_conv2d(2, 3, 3, input_max=0)
+        make_conv2d(2, 3, 3, input_max=0, spike_bytes=True)
 
 
 # ------------------------------------------------------------------------------------------------- the networks
@@ -289,7 +291,7 @@ def test_compiled_sew_resnet_step_equals_eager():
 
 def test_config_key_is_validated(compose_run):
     cfg = compose_run(None, "model=spiking_vgg")
-    assert cfg.model.spike_bytes is True
+    assert cfg.model.spike_bytes is False
     for name in ("sew_resnet", "spiking_resnet", "ms_resnet", "spiking_vgg"):
         with pytest.raises(ValueError, match="spike_bytes='yes' must be true or false"):
             build_model({"name": name, "spike_bytes": "yes"}, backend="torch")

@@ -65,7 +65,7 @@ class LayerFactory:
     (:func:`snntrain.nn.layers.sew_connect_max`), as ``input_max`` of a convolution that reads them."""
 
     def __init__(self, neuron: Mapping[str, Any] | None = None, norm: str = "batchnorm",
-                 backend: str = "auto", T: int | None = None, spike_bytes: bool = True) -> None:
+                 backend: str = "auto", T: int | None = None, spike_bytes: bool = False) -> None:
         self.neuron_cfg = config_neuron(DEFAULT_NEURON if neuron is None else neuron)
         self.norm_name = norm
         self.backend = check_backend(backend)

@@ -239,7 +239,7 @@ class SpikingFCOS(nn.Module):
         head: Mapping[str, Any] | None = None,
         backend: str = "auto",
         variant: str | None = None,
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         head = dict(head or {})

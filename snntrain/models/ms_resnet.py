@@ -98,7 +98,7 @@ class MSResNet(nn.Module):
         neuron: Mapping[str, Any] | None = None,
         norm: str = "batchnorm",
         backend: str = "auto",
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         layers = pick_variant(variant, VARIANTS)

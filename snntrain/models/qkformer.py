@@ -163,7 +163,7 @@ class QKFormer(nn.Module):
         norm: str = "batchnorm",
         checkpoint: bool = False,
         backend: str = "auto",
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         self.checkpoint = flag("checkpoint", checkpoint)

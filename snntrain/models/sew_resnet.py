@@ -176,7 +176,7 @@ class SEWResNet(nn.Module):
         zero_init_residual: bool = False,
         backend: str = "auto",
         variant: str | None = None,
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         depth = resolve_depth(depth, variant)

@@ -104,9 +104,9 @@ class Spikformer(nn.Module):
         checkpoint: activation recomputation in training: every block and stem stage keeps only its input and
             runs again in the backward (about a third more compute for a fraction of the activation memory).
         backend: ``auto``, ``torch`` or ``triton``.
-        spike_bytes: projections and convolutions of spikes keep their input for the backward as uint8 (one byte an
-            element: :class:`~snntrain.nn.attention.SpikeLinear`, :class:`~snntrain.nn.layers.SpikeConv2d`; the same
-            results); False: plain ``Linear`` and ``Conv2d``.
+        spike_bytes: convolutions of spikes keep their input for the backward as uint8 (one byte an element,
+            :class:`~snntrain.nn.layers.SpikeConv2d`; the same results); False: plain ``Conv2d``. Projections of
+            binary spikes keep theirs as uint8 either way (:class:`~snntrain.nn.attention.SpikeLinear`).
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """
@@ -132,7 +132,7 @@ class Spikformer(nn.Module):
         norm: str = "batchnorm",
         checkpoint: bool = False,
         backend: str = "auto",
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         self.checkpoint = flag("checkpoint", checkpoint)

@@ -115,7 +115,7 @@ class SpikingResNet(nn.Module):
         norm: str = "batchnorm",
         zero_init_residual: bool = False,
         backend: str = "auto",
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         block, layers = pick_variant(variant, VARIANTS)

@@ -73,7 +73,7 @@ class SpikingVGG(nn.Module):
         neuron: Mapping[str, Any] | None = None,
         norm: str = "batchnorm",
         backend: str = "auto",
-        spike_bytes: bool = True,
+        spike_bytes: bool = False,
     ) -> None:
         super().__init__()
         depth, bn = pick_variant(variant, VARIANTS)

@@ -173,15 +173,16 @@ class SpikingParts:
         backend: ``auto``, ``torch`` or ``triton``.
         attn_v_threshold: the attention neurons' threshold (None: the neuron settings' own).
         T: the time steps, for neuron types that take them (the parallel spiking neurons).
-        spike_bytes: projections and convolutions of spikes keep their input for the backward as uint8
-            (:class:`SpikeLinear`, :class:`~snntrain.nn.layers.SpikeConv2d`); False: plain ``Linear`` and ``Conv2d``.
+        spike_bytes: convolutions of spikes keep their input for the backward as uint8
+            (:class:`~snntrain.nn.layers.SpikeConv2d`); False (the default): plain ``Conv2d``. Projections of binary
+            spikes are :class:`SpikeLinear` (uint8) either way.
 
     :attr:`spike_max` is the largest value the neurons fire (1: binary spikes; None: not known integers,
     :func:`snntrain.nn.neurons.spike_max`), what a model passes as ``input_max`` of a convolution of spikes.
     """
 
     def __init__(self, neuron: Mapping[str, Any], norm: str = "batchnorm", backend: str = "auto",
-                 attn_v_threshold: float | None = 0.5, T: int | None = None, spike_bytes: bool = True) -> None:
+                 attn_v_threshold: float | None = 0.5, T: int | None = None, spike_bytes: bool = False) -> None:
         self.neuron_cfg = config_neuron(neuron)
         self.T = T
         kind = self.neuron_cfg.get("type", "LIF")
@@ -224,9 +225,9 @@ class SpikingParts:
         return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes)
 
     def linear(self, cin: int, cout: int, bias: bool = True) -> nn.Linear:
-        """A projection of spikes or spike counts: a :class:`SpikeLinear` where the neurons fire binary spikes and
-        ``spike_bytes`` is on."""
-        return (SpikeLinear if self.spike_bytes and self.spike_max == 1 else nn.Linear)(cin, cout, bias=bias)
+        """A projection of spikes or spike counts: a :class:`SpikeLinear` (its input kept as uint8) where the neurons
+        fire binary spikes, whatever ``spike_bytes`` says (which is about the convolutions)."""
+        return (SpikeLinear if self.spike_max == 1 else nn.Linear)(cin, cout, bias=bias)
 
     def linear_norm_neuron(self, cin: int, cout: int, bias: bool = False) -> LinearNormNeuron:
         return LinearNormNeuron(self.linear(cin, cout, bias), self.norm_neuron(cout))

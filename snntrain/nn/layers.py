@@ -143,7 +143,7 @@ class SpikeConv2d(nn.Conv2d):
 
 
 def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
-                spike_bytes: bool = True) -> nn.Conv2d:
+                spike_bytes: bool = False) -> nn.Conv2d:
     """A ``k x k`` convolution (padding ``k // 2``), as the model families build theirs. ``input_max``: its input is
     integers in ``[0, input_max]`` by construction (spikes: the neurons' :func:`~snntrain.nn.neurons.spike_max`; a sum
     of spike maps: the sum of their bounds); None: any values (an image, currents). With ``spike_bytes`` and
