@@ -253,16 +253,18 @@ GPU_NETS = {
 def test_compiled_and_whole_step_graph_steps_match_eager_on_gpu(family):
     """Each family, channels-last on the Triton kernels: three steps under torch.compile and three captured as one
     CUDA graph (StepGraph, as cuda_graph=true runs them) give the eager steps' losses and weights (fp32; a spike
-    that flips on a rounding difference changes a gradient locally, so weights are compared in norm; a parameter
+    that flips on a rounding difference changes a gradient locally, so weights are compared in norm: all of them
+    together within 3e-3, each within 5e-2 (a norm's bias starts at zero, so after three steps it is its updates
+    alone, which one flipped spike moves by a few percent), with norms below 1e-4 counted as 1e-4 (a parameter
     whose gradient is zero in exact arithmetic, the bias of a convolution in front of a batch norm, holds only
-    rounding noise of about 1e-12 after the steps, so norms below 1e-6 count as 1e-6)."""
+    rounding noise of about 1e-12))."""
     import copy
 
     from snntrain.tasks.speed import compile_model, to_channels_last
     from snntrain.tasks.step_graph import StepGraph, training_step_fn
 
     def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6))
+        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-4))
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -290,5 +292,7 @@ def test_compiled_and_whole_step_graph_steps_match_eager_on_gpu(family):
         runs[mode] = torch.stack(losses), {n: p.detach().clone() for n, p in model.named_parameters()}
     for mode in ("compile", "graph"):
         torch.testing.assert_close(runs[mode][0], runs["eager"][0], rtol=1e-4, atol=1e-5, msg=mode)
+        flat = {m: torch.cat([p.flatten() for p in runs[m][1].values()]) for m in (mode, "eager")}
+        assert rel_err(flat[mode], flat["eager"]) <= 3e-3, mode
         for name, p in runs["eager"][1].items():
-            assert rel_err(runs[mode][1][name], p) <= 3e-3, f"{mode}: {name}"
+            assert rel_err(runs[mode][1][name], p) <= 5e-2, f"{mode}: {name}"

@@ -418,7 +418,7 @@ def test_benchmark_script_smoke(tmp_path):
 
     pytest.importorskip("spikingjelly")
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     for suite in (["families", "--family", "QIF"], ["api-lif"]):
         subprocess.run([sys.executable, str(root / "scripts" / "bench_neurons.py"), "--out", str(tmp_path), "--suite",
                         *suite, "--smoke"], check=True, env=env, capture_output=True, timeout=600)

@@ -223,12 +223,17 @@ def _pool_fusion(sn: NormNeuron, pool: nn.Module, x: torch.Tensor) -> str | None
     from .layers import MultiStep
     from .pool import SpikeMaxPool2d
 
+    if torch.compiler.is_compiling():
+        # torch.compile and torch.export trace the two modules, whose operators compile on the GPU; the fused
+        # operator's training graph failed under inductor on CUDA (AOT autograd: "a leaf Variable that requires grad
+        # is being used in an in-place operation"), which the CPU's compilers do not reproduce
+        return ""
     inner = pool[0] if isinstance(pool, MultiStep) and len(pool) == 1 else pool
     if not use_triton(sn.backend, x) or (isinstance(inner, SpikeMaxPool2d) and not use_triton(inner.backend, x)):
         return ""
     norm, neuron = sn._modules["norm"], sn._modules["neuron"]
     if not sn.fused or getattr(neuron, "store_v_seq", False) or _watched(sn, norm, neuron, pool, inner) \
-            or (sn.activity is not None and not torch.compiler.is_compiling()):
+            or sn.activity is not None:
         return ""  # the modules' own calls: asked for, or watched (hooks, an activity counter, the membrane)
     if not isinstance(inner, SpikeMaxPool2d):
         return f"{type(inner).__name__} as the pool (it takes SpikeMaxPool2d)"
@@ -256,8 +261,9 @@ def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: in
     statistics as the two modules one after the other, without the full-resolution spikes and their gradient in
     memory. Otherwise the two modules run one after the other: silently under the PyTorch backend, with
     ``sn.fused = False``, while a hook or an activity counter watches either module or the neuron keeps its
-    membrane (``store_v_seq``); for any other configuration a warning names it, once per configuration (eager
-    calls: a compiled graph runs the modules without saying so). The modules' state dicts, parameters and
+    membrane (``store_v_seq``), and in a compiled graph (``torch.compile``, ``torch.export``: the fused op runs in
+    eager calls and in CUDA graphs captured from them, as ``trainer.cuda_graph`` does); for any other
+    configuration a warning names it, once per configuration. The modules' state dicts, parameters and
     buffers are used as they are: the function holds nothing."""
     reason = _pool_fusion(sn, pool, x)
     if reason is None:
@@ -273,7 +279,7 @@ def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: in
             buffers["running_var"] if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
             T=T, num_batches_tracked=nbt, w=neuron._w(), **_neuron_options(neuron.params),
         )
-    if reason and reason not in _POOL_WARNED and not torch.compiler.is_compiling():
+    if reason and reason not in _POOL_WARNED:
         _POOL_WARNED.add(reason)
         warnings.warn(f"norm_neuron_max_pool: the fused batch norm -> neuron -> max-pool op does not take {reason}; "
                       "running the norm-neuron and the max-pool one after the other", stacklevel=3)
