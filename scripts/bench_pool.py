@@ -88,7 +88,8 @@ STEM_CASES = [
     ("stem/event", (16, 16, 64, 64, 64), None),
     ("stem/sew18-32", (128, 64, 16, 16), 4),
 ]
-#: --stem --sweep: (FWD_TILE and FWD_STRIDED_TILE, FWD_CL_CHANNELS, FWD_WARPS) of snntrain.kernels.bn_neuron_pool_tuning
+#: --stem --sweep: (FWD_TILE and FWD_STRIDED_TILE, FWD_CL_CHANNELS, FWD_WARPS and FWD_WARPS_LONG) of
+#: snntrain.kernels.bn_neuron_pool_tuning
 STEM_SWEEP = list(itertools.product((256, 512, 1024), (16, 32, 64), (4, 8)))
 
 
@@ -262,7 +263,7 @@ def stem_sweep(quick, deadline, formats, dtypes, copy_gbps):
     from snntrain.kernels import bn_neuron_pool as BNP
     from snntrain.kernels import bn_neuron_pool_tuning as tuning
 
-    saved = (tuning.FWD_TILE, tuning.FWD_STRIDED_TILE, tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS)
+    saved = (tuning.FWD_TILE, tuning.FWD_STRIDED_TILE, tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS, tuning.FWD_WARPS_LONG)
     rows = []
     try:
         for (bench, shape, steps), dname, fmt in itertools.product(STEM_CASES, dtypes, formats):
@@ -273,7 +274,7 @@ def stem_sweep(quick, deadline, formats, dtypes, copy_gbps):
                 if time.time() > deadline:
                     break
                 tuning.FWD_TILE = tuning.FWD_STRIDED_TILE = tile
-                tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS = channels, warps
+                tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS, tuning.FWD_WARPS_LONG = channels, warps, warps
                 tuning.fwd_tiles.cache_clear()
                 BNP._FWD_PLANS.clear()  # the eager plans hold the launch sizes
                 ms = time_fn(fused, x, gy, quick, graph_only=True)["fwd+bwd graph"]
@@ -285,7 +286,8 @@ def stem_sweep(quick, deadline, formats, dtypes, copy_gbps):
             if not DRY:
                 torch.cuda.empty_cache()
     finally:
-        tuning.FWD_TILE, tuning.FWD_STRIDED_TILE, tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS = saved
+        (tuning.FWD_TILE, tuning.FWD_STRIDED_TILE, tuning.FWD_CL_CHANNELS, tuning.FWD_WARPS,
+         tuning.FWD_WARPS_LONG) = saved
         tuning.fwd_tiles.cache_clear()
         BNP._FWD_PLANS.clear()
     return rows

@@ -282,7 +282,7 @@ def _fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, h
          st, sb, sc, ss, *base._spike_strides(plan), k, v_threshold, v_reset),
         dict(**base._neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
              STORE_CKPT=plan.ckpt_shape[0] > 0, NO_FMA=ns.NO_FMA, CHUNK=ns.chunk_steps(T),
-             BLOCK_P=bp, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
+             BLOCK_P=bp, BLOCK_C=bc, num_warps=tuning.fwd_warps(T))))
     plan.launches = tuple(out)
     stats = C if flags & bn.F_BATCH_STATS else 0
     plan.ws = (stats, stats, stats, 3 * stats * plan.part_shape[0] if stats else 0, math.prod(plan.ckpt_shape))

@@ -10,11 +10,19 @@ that each pixel's channels are one contiguous run of loads and stores; elsewhere
 The backward is the norm-neuron backward's kernel and launch sizes (:mod:`snntrain.kernels.norm_neuron_tuning`)
 with a gather of the pooled gradient in place of the load of dL/dS.
 
-Not yet measured on a GPU: the values follow the plain forward's and the max-pool's measured sizes
-(``scripts/bench_pool.py --sweep``, ``scripts/bench_bn_neuron.py --sweep``), scaled for the state the window keeps,
-and keep every stem case of ``scripts/kernel_resources.py --family neuron --only bn_pool`` free of register spills
-for sm_90 (channels-last bf16 at the SEW-ResNet-18 stem: 137 registers, 3 programs per SM; NCHW tiles of 512
-elements spilled with checkpoints, of 256 do not). ``scripts/bench_pool.py --stem --sweep`` times the choices.
+Measured (``scripts/bench_pool.py --stem --sweep``, NVIDIA H200, bf16 channels-last, forward plus backward as
+CUDA-graph replays, ms, 2026-12-02): 64 channels a tile is the fastest in both stem cases; 4 warps at T = 4 and 8 at
+T = 16 (the event stem's longer scan):
+
+| tile, channels, warps | SEW-ResNet-18 at 224 (T = 4) | event stem (T = 16) |
+|---|---:|---:|
+| 512, 32, 4 (the first choice) | 0.935 | 1.011 |
+| 512, 64, 4 | **0.925** | 0.961 |
+| 512, 64, 8 | 0.964 | **0.929** |
+| 256, 16, 8 | 0.995 | 1.459 |
+
+Every stem case of ``scripts/kernel_resources.py --family neuron --only bn_pool`` is free of register spills for
+sm_90 (NCHW tiles of 512 elements spilled with checkpoints, of 256 do not).
 """
 
 from __future__ import annotations
@@ -23,12 +31,19 @@ import functools
 
 from .op_utils import next_pow2
 
-__all__ = ["FWD_TILE", "FWD_STRIDED_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "FWD_STRIDED_CHANNELS", "fwd_tiles"]
+__all__ = ["FWD_TILE", "FWD_STRIDED_TILE", "FWD_WARPS", "FWD_WARPS_LONG", "FWD_CL_CHANNELS", "FWD_STRIDED_CHANNELS",
+           "fwd_tiles", "fwd_warps"]
 
-#: Elements (pooled pixels x channels) per program tile of the forward (channels-last, NCHW), warps per program.
-FWD_TILE, FWD_STRIDED_TILE, FWD_WARPS = 512, 256, 4
+#: Elements (pooled pixels x channels) per program tile of the forward (channels-last, NCHW); warps per program for
+#: T <= 4 and for longer scans.
+FWD_TILE, FWD_STRIDED_TILE, FWD_WARPS, FWD_WARPS_LONG = 512, 256, 4, 8
 #: Channels per forward tile where the channel stride is 1, and where it is not.
-FWD_CL_CHANNELS, FWD_STRIDED_CHANNELS = 32, 4
+FWD_CL_CHANNELS, FWD_STRIDED_CHANNELS = 64, 4
+
+
+def fwd_warps(T: int) -> int:
+    """Warps per program of the forward over ``T`` steps."""
+    return FWD_WARPS if T <= 4 else FWD_WARPS_LONG
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of its arguments, called on every launch plan
