@@ -69,3 +69,18 @@ def capture_cuda_graph(step, warmup: int = 2):
     with torch.cuda.graph(graph):
         outputs = step()
     return graph, outputs
+
+
+def count_plans(monkeypatch, module, makers: tuple[str, ...], caches: tuple[str, ...]) -> list[str]:
+    """Empty ``module``'s plan caches (attribute names ``caches``) for the test and record the name of each of its plan
+    makers (``makers``) as it is called, in order: the list returned."""
+    from snntrain.kernels.op_utils import PlanCache
+
+    made: list[str] = []
+    for name in makers:
+        make = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, _make=make, _name=name, **kwargs:
+                            made.append(_name) or _make(*args, **kwargs))
+    for name in caches:
+        monkeypatch.setattr(module, name, PlanCache())
+    return made

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _testing import DEVICE, SUMMED, assert_close
+from _testing import DEVICE, SUMMED, assert_close, count_plans
 from snntrain.kernels import neuron_jit
 from snntrain.kernels.op_utils import PlanCache
 from snntrain.nn import LIF, NEURONS, StepNeuron, UnsupportedOp, build_neuron, register_neuron, spike
@@ -135,16 +135,7 @@ def test_eager_plans_are_reused_for_one_layout_and_made_for_another(monkeypatch)
     makes none, another shape, stride order or dtype makes new ones, and every call equals the PyTorch loop."""
     from snntrain.kernels import step_neuron
 
-    made = []
-
-    def counted(name):
-        make = getattr(step_neuron, name)
-        return lambda *args, **kwargs: made.append(name) or make(*args, **kwargs)
-
-    for name in ("_fwd_plan", "_bwd_plan"):
-        monkeypatch.setattr(step_neuron, name, counted(name))
-    monkeypatch.setattr(step_neuron, "_FWD_PLANS", PlanCache())
-    monkeypatch.setattr(step_neuron, "_BWD_PLANS", PlanCache())
+    made = count_plans(monkeypatch, step_neuron, ("_fwd_plan", "_bwd_plan"), ("_FWD_PLANS", "_BWD_PLANS"))
     neuron = ApiLIF(tau=2.0, backend="triton")
     torch.manual_seed(3)
 

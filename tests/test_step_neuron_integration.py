@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph
+from _testing import DEVICE, SUMMED, assert_close, capture_cuda_graph, count_plans
 from snntrain import efficiency as E
 from snntrain.kernels import step_neuron as step_kernels
 from snntrain.kernels import step_neuron_tuning as step_tuning
@@ -280,16 +280,8 @@ def test_layer_norm_folded_into_a_step_neuron_fp32_kernels(mode, monkeypatch):
 def test_layer_norm_tile_plans_are_reused_for_one_layout_and_made_for_another(monkeypatch):
     """The layer-norm tile kernels' eager launch plans: made once per layout (a second call on the same layout makes
     none, another shape or a channels-last map makes new ones), and every call equals the unfused PyTorch path."""
-    made = []
-
-    def counted(name):
-        make = getattr(step_kernels, name)
-        return lambda *args, **kwargs: made.append(name) or make(*args, **kwargs)
-
-    for name in ("_ln_tile_fwd_plan", "_ln_tile_bwd_plan"):
-        monkeypatch.setattr(step_kernels, name, counted(name))
-    monkeypatch.setattr(step_kernels, "_LN_FWD_PLANS", PlanCache())
-    monkeypatch.setattr(step_kernels, "_LN_BWD_PLANS", PlanCache())
+    made = count_plans(monkeypatch, step_kernels, ("_ln_tile_fwd_plan", "_ln_tile_bwd_plan"),
+                       ("_LN_FWD_PLANS", "_LN_BWD_PLANS"))
     C = 3
 
     def call(x):
