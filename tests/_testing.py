@@ -17,6 +17,8 @@ test had before this table.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 #: where kernel tests run: CUDA when present, else the CPU (Triton's interpreter)
@@ -84,3 +86,21 @@ def count_plans(monkeypatch, module, makers: tuple[str, ...], caches: tuple[str,
     for name in caches:
         monkeypatch.setattr(module, name, PlanCache())
     return made
+
+
+@contextlib.contextmanager
+def one_cpu_thread():
+    """Run the block with one intra-op thread on the CPU (no effect on CUDA work).
+
+    PyTorch's CPU convolution computes the weight gradient of a channels-last 1x1 stride-2 convolution
+    with 4 input channels (the test models' downsampling shortcut at width 4) wrongly when it runs on
+    several threads: the values change from call to call, by up to the gradient's own size, and the heap
+    can be corrupted. With one thread the gradient is the float64 reference's within rounding. Tests that
+    compare the weight gradients of two runs of a channels-last test model on the CPU run them in here.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

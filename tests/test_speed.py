@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _testing import one_cpu_thread
 from snntrain.cli import run
 from snntrain.models import SEWResNet
 from snntrain.tasks import TASKS
@@ -62,17 +63,10 @@ def test_settings_are_checked():
                                           pytest.param("triton", "batchnorm", marks=pytest.mark.slow),
                                           pytest.param("triton", "layernorm", marks=pytest.mark.slow)])
 def test_channels_last_same_results_row_major_state(backend, norm):
-    """NHWC weights give the same outputs and gradients; the state-dict stays row-major.
-
-    One intra-op thread: how CPU convolutions split their sums over threads may change from
-    run to run, and a last-bit change that moves a membrane across the threshold flips a
-    spike, so with several threads the comparison would depend on the run, not the layout."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    """NHWC weights give the same outputs and gradients; the state-dict stays row-major. (One CPU thread: see
+    ``one_cpu_thread``.)"""
+    with one_cpu_thread():
         _channels_last_same_results(backend, norm)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _channels_last_same_results(backend, norm):
