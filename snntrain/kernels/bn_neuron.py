@@ -78,7 +78,7 @@ from .norm_neuron_base import (
 from .op_utils import FLOAT_DTYPES, PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 from .spike_pool import _stem_window_grad, _stem_windows
 
-__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "bn_stats", "bn_input_grad"]
+__all__ = ["bn_neuron", "bn_neuron_fwd", "bn_neuron_bwd", "bn_stats", "bn_input_grad", "residual_fits"]
 
 #: Flag bits beyond the neuron's (:mod:`snntrain.kernels.neuron_step`) and ``F_GRAD_WB``
 #: (:mod:`snntrain.kernels.norm_neuron_base`): batch statistics (training mode).
@@ -257,7 +257,8 @@ def _bn_neuron_fwd_kernel(
     w_ptr,  # [C] norm weight, read when HAS_W
     b_ptr,  # [C] norm bias, read when HAS_B
     k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
-    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s
+    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s; RESIDUAL: spikes + r
+    r_ptr,  # [T, B, C, S] RESIDUAL: added to the spikes (SEW's ADD), at the spikes' strides
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
     cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
     T, B, C, S, s_tiles,
@@ -270,6 +271,7 @@ def _bn_neuron_fwd_kernel(
     EXPANDED: tl.constexpr,
     STORE_CKPT: tl.constexpr,
     COUNT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
@@ -280,9 +282,10 @@ def _bn_neuron_fwd_kernel(
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
                                                   so_s, so_c, B, C, S)
+    r_base = _at(r_ptr, b, offs_s, offs_c, so_b, so_s, so_c) if RESIDUAL else s_base
     fired = _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
                            v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
-                           NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+                           NO_FMA, CHUNK, BLOCK_S, BLOCK_C, r_base, RESIDUAL)
     if COUNT:  # the activity report's spikes per channel, while they are in registers (no second read)
         tl.atomic_add(cnt_ptr + offs_c, tl.sum(fired, axis=0), mask=mask_c)
 
@@ -514,8 +517,10 @@ def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
 
 
 def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
-                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False) -> base._FwdPlan:
-    """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer)."""
+                 count: bool, launches: bool, nbt: bool = False, fuse: bool = False,
+                 residual: bool = False) -> base._FwdPlan:
+    """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer); ``residual``:
+    the kernel adds the tensor ``residual`` (at the spikes' strides) to the spikes it stores."""
     plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
@@ -532,10 +537,11 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
     so = base._spike_strides(plan)
     out.append(Planned(
         _bn_neuron_fwd_kernel, (B * s_tiles, cdiv(C, bc)),
-        ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "ckpt", "count" if count else "mean",
-         T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
+        ("x", "mean", "rstd", "weight", "bias", "k", "spikes", "residual" if residual else "spikes", "ckpt",
+         "count" if count else "mean", T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
         dict(**base._neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
-             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, NO_FMA=ns.NO_FMA, CHUNK=ns.chunk_steps(T),
+             STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, RESIDUAL=residual, NO_FMA=ns.NO_FMA,
+             CHUNK=ns.chunk_steps(T),
              BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
     plan.launches = tuple(out)
     stats = C if flags & F_BATCH_STATS else 0
@@ -574,22 +580,23 @@ _BN_BWD_PLANS = PlanCache()
 def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                  running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
                  launch: bool, wrap=direct, count: Tensor | None = None, nbt: Tensor | None = None,
-                 eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 eager: bool = False, residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
     that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
-    ``num_batches_tracked`` to count the batch in. Calls that launch directly reuse the plan of their layout;
-    ``eager`` (not the operator, whose outputs may not alias one another): the float32 tensors are views of one
-    allocation."""
+    ``num_batches_tracked`` to count the batch in; ``residual`` (eager calls, laid out as the spikes:
+    :func:`residual_fits`): added to the spikes, the first output is their sum. Calls that launch directly reuse
+    the plan of their layout; ``eager`` (not the operator, whose outputs may not alias one another): the float32
+    tensors are views of one allocation."""
     def build(launches: bool, fuse: bool = False) -> base._FwdPlan:
         return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                            count is not None, launches, nbt is not None, fuse)
+                            count is not None, launches, nbt is not None, fuse, residual is not None)
 
     plan = None
     if launch and wrap is direct:
         plan = base._plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
-                                     k_tensor is None, count is None, nbt is None, *params), build)
+                                     k_tensor is None, count is None, nbt is None, residual is None, *params), build)
     plan, tensors = _bn_fwd_buffers(plan, build, x, weight, bias, running_mean, running_var, k_tensor, params, flags,
-                                    launch, eager, count=count, nbt=nbt)
+                                    launch, eager, count=count, nbt=nbt, residual=residual)
     out = tensors["spikes"], tensors["mean"], tensors["rstd"], tensors["var"], tensors["ckpt"]
     if launch:
         for planned in plan.launches:
@@ -775,15 +782,19 @@ class _EagerBNNeuron(torch.autograd.Function):
     takes two inputs more: ``num_batches_tracked`` (eager training folds the running statistics in its statistics
     kernel and counts the batch there), and ``stats``: whether to return the batch mean and unbiased variance
     beside the spikes (for the caller to fold in; otherwise it returns the spikes alone, and keeps the statistics
-    and checkpoints on ``ctx``: fewer outputs for autograd to wrap)."""
+    and checkpoints on ``ctx``: fewer outputs for autograd to wrap). A twelfth input, ``residual``, is added to the
+    spikes by the forward kernel (:func:`bn_neuron`'s ``residual``): the output's gradient is the spikes' and the
+    residual's."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats):
+    def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats,
+                residual=None):
         with profiled("snntrain::bn_neuron_fwd"):
             spikes, mean, rstd, var, ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
-                                                         params, flags, True, nbt=nbt, eager=True)
+                                                         params, flags, True, nbt=nbt, eager=True, residual=residual)
         ctx.save_for_backward(x, weight, bias, k_tensor)
         ctx.mean, ctx.rstd, ctx.ckpt, ctx.T, ctx.params, ctx.flags = mean, rstd, ckpt, T, params, flags
+        ctx.residual = residual is not None
         ctx.set_materialize_grads(False)
         if stats:
             ctx.mark_non_differentiable(mean, var)
@@ -793,8 +804,11 @@ class _EagerBNNeuron(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_spikes, *_stats):
         x, weight, bias, k_tensor = ctx.saved_tensors
-        return *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes, _eager_bn_bwd), \
-            None, None
+        grads = *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes,
+                           _eager_bn_bwd), None, None
+        if ctx.residual:
+            return *grads, grad_spikes if ctx.needs_input_grad[11] else None
+        return grads
 
 
 # ----------------------------------------------------------------------------
@@ -805,8 +819,8 @@ class _EagerBNNeuron(torch.autograd.Function):
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
               T: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
-              **neuron) -> Tensor:
-    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels.
+              residual: Tensor | None = None, **neuron) -> Tensor:
+    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels (plus ``residual``, where given).
 
     ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (the same input at every
     step). Batch statistics when ``training`` or without running statistics (as
@@ -824,7 +838,17 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     counted in registers as they are fired (the activity report, :mod:`snntrain.efficiency`), for inference
     without gradients and outside ``torch.compile`` (validation, ``task=report``); exact while a channel's
     total stays below 2**24.
+
+    ``residual``: a tensor of the spikes' shape to add to them (SEW-ResNet's ``ADD`` connection), the result
+    equal to ``spikes + residual`` and differentiable in ``residual`` too. In an eager call with ``residual``
+    laid out as the spikes (:func:`residual_fits`) the forward kernel adds it as it stores the spikes: one tensor
+    read instead of an addition's two reads and a write. Otherwise (traced calls, ``count``, other layouts) the
+    spikes are added to it after the kernels.
     """
+    if residual is not None and (count is not None or traced(x, weight, bias, residual)
+                                 or not residual_fits(x, T, residual)):
+        return bn_neuron(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps,
+                         T=T, count=count, num_batches_tracked=num_batches_tracked, **neuron) + residual
     T, flags, params, k_tensor, update = _bn_prepare(x, weight, bias, running_mean, running_var, training, eps, T,
                                                      neuron)
     if count is not None:  # inference: no autograd, no checkpoints
@@ -835,7 +859,15 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
         _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
         return spikes
     return _bn_dispatch(bn_neuron_fwd, _EagerBNNeuron, x, weight, bias, running_mean, running_var, k_tensor, T, params,
-                        flags, update, training, momentum, num_batches_tracked)
+                        flags, update, training, momentum, num_batches_tracked, residual)
+
+
+def residual_fits(x: Tensor, T: int | None, residual: Tensor) -> bool:
+    """Whether the forward kernel of :func:`bn_neuron` can add ``residual`` to the spikes of ``x`` as it stores them:
+    the spikes' shape, strides (:func:`~snntrain.kernels.norm_neuron_base.spike_layout`), dtype and device."""
+    shape, strides = base.spike_layout(x, x.shape[0] if T is None else T)
+    return (residual.dtype == x.dtype and residual.device == x.device and tuple(residual.shape) == shape
+            and all(a == b for a, b, n in zip(residual.stride(), strides, shape) if n > 1))
 
 
 def _bn_prepare(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
@@ -862,7 +894,7 @@ def _bn_prepare(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_m
 def _bn_dispatch(op, eager: type[torch.autograd.Function], x: Tensor, weight: Tensor | None, bias: Tensor | None,
                  running_mean: Tensor | None, running_var: Tensor | None, k_tensor: Tensor | None, T: int,
                  params: list[float], flags: int, update: bool, training: bool, momentum: float | Tensor,
-                 num_batches_tracked: Tensor | None) -> Tensor:
+                 num_batches_tracked: Tensor | None, residual: Tensor | None = None) -> Tensor:
     """The first output of a batch-norm forward, the registered operator ``op`` (traced calls; its outputs end with
     ``mean, rstd, var, ckpt``) or its eager twin ``eager`` (which folds float32 running statistics with a float
     momentum in its statistics kernel, and returns the batch statistics beside its first output only where they
@@ -876,7 +908,8 @@ def _bn_dispatch(op, eager: type[torch.autograd.Function], x: Tensor, weight: Te
             params = [*params, momentum]
             update = False  # done by the statistics kernel
         out = eager.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
-                          num_batches_tracked if flags & F_UPDATE_RUNNING else None, update)
+                          num_batches_tracked if flags & F_UPDATE_RUNNING else None, update,
+                          *(() if residual is None else (residual,)))
         result, mean, var = out if update else (out, None, None)
     _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
     return result

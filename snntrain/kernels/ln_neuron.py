@@ -100,7 +100,8 @@ def _ln_neuron_fwd_kernel(
     x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
                                                   so_s, so_c, B, C, S)
     _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
-                   LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+                   LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C,
+                   s_base, False)
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -141,13 +141,15 @@ def _load_chunk(ptrs, stride_t, t0, T, mask, CHUNK: tl.constexpr):
 def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm_b, C, eps, k, v_r, v_threshold,
               v_reset, LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,
               LAYER_NORM: tl.constexpr, EXPANDED: tl.constexpr, STORE_CKPT: tl.constexpr, COUNT: tl.constexpr,
-              NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+              NO_FMA: tl.constexpr, CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+              r_ptrs, RESIDUAL: tl.constexpr):
     """The forward over T of a tile from the state ``v``: chunk by chunk, the chunk's inputs loaded (step t at
     ``x_ptrs + t * sx_t``), then each step's input normalised by :func:`_normalise` and the neuron's step, its
     spikes stored at ``s_ptrs + t * so_t`` before the reset (the order these kernels were tuned in) and, with
     ``COUNT``, counted; the state checkpointed before every chunk but the first at ``ck_ptrs + (c - 1) * NCK``
-    (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. Returns the spikes of each
-    element (``COUNT``; zero otherwise)."""
+    (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. ``RESIDUAL``: what is stored
+    is the spikes plus the tensor at ``r_ptrs`` (the spikes' strides), added in float32 and rounded once, as
+    PyTorch adds the two. Returns the spikes of each element (``COUNT``; zero otherwise)."""
     out_dtype = s_ptrs.dtype.element_ty
     if EXPANDED:
         y_e = _normalise(tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32), mask, C, eps, norm_a, norm_b,
@@ -169,7 +171,10 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
                 y = _normalise(xs[j].to(tl.float32), mask, C, eps, norm_a, norm_b, LAYER_NORM)
             h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = fire(h, v_threshold)
-            tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, tl.where(spike, 1.0, 0.0).to(out_dtype), mask=mask & valid)
+            out = tl.where(spike, 1.0, 0.0)
+            if RESIDUAL:  # SEW's ADD: the block's output in place of its spikes
+                out += tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
+            tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, out.to(out_dtype), mask=mask & valid)
             if COUNT:
                 fired += tl.where(spike & mask & valid, 1.0, 0.0)
             v = tl.where(valid, reset(h, spike, v_threshold, v_reset, HARD_RESET), v)
@@ -293,12 +298,19 @@ def _fwd_plan(x: Tensor, T: int, flags: int) -> tuple[_FwdPlan, bool, int, int, 
     plan = _FwdPlan()
     plan.copy, plan.C, plan.part_shape, plan.launches = xk is not x, C, None, ()
     S = H * W
-    channels_last = C > 1 and S > 1 and x.stride()[-3] == 1
-    plan.out_shape = (T, B, C, H, W)
-    plan.out_strides = (B * S * C, S * C, 1, W * C, C) if channels_last else (B * C * S, C * S, S, W, 1)
+    plan.out_shape, plan.out_strides = spike_layout(x, T)
     plan.ckpt_shape = (_n_ckpt(T, flags), B, C, S)
     plan.ws = None
     return plan, expanded, B, C, S, strides
+
+
+def spike_layout(x: Tensor, T: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape and strides of the spikes of a forward of ``x`` (``[T, B, C, H, W]``, or ``[B, C, H, W]`` repeated
+    over ``T``): ``[T, B, C, H, W]``, channels-last where ``x`` is (its channels of stride 1), else contiguous."""
+    B, C, H, W = x.shape[-4:]
+    S = H * W
+    channels_last = C > 1 and S > 1 and x.stride()[-3] == 1
+    return (T, B, C, H, W), ((B * S * C, S * C, 1, W * C, C) if channels_last else (B * C * S, C * S, S, W, 1))
 
 
 def _spike_strides(plan: _FwdPlan) -> tuple[int, int, int, int]:

@@ -9,7 +9,7 @@ scanning over T), fused into one Triton op under ``backend=triton``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,11 +17,21 @@ from torch import nn
 
 from ..backend import check_backend
 from ..nn.layers import MultiStep, check_connect, sew_connect, sew_connect_max
-from ..nn.norm_neuron import norm_neuron_max_pool
+from ..nn.norm_neuron import norm_neuron_add, norm_neuron_max_pool
 from ..validation import one_of, positive_int
 from .common import LayerFactory, pick_variant
 
 STEMS = ("cifar", "imagenet")
+
+
+def _connect(sn: nn.Module, y: torch.Tensor, shortcut: Callable[[], torch.Tensor], connect: str) -> torch.Tensor:
+    """``sew_connect(sn(y), shortcut(), connect)``, a block's last norm-neuron, its shortcut and their connection:
+    ``ADD`` is added in the fused kernel that writes the spikes where it can be
+    (:func:`~snntrain.nn.norm_neuron_add`)."""
+    if connect == "ADD":
+        return norm_neuron_add(sn, y, shortcut)
+    out = sn(y)
+    return sew_connect(out, shortcut(), connect)
 
 
 class BasicBlock(nn.Module):
@@ -49,9 +59,8 @@ class BasicBlock(nn.Module):
         return self.sn2.norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.sn2(self.conv2(self.sn1(self.conv1(x))))
-        identity = x if self.downsample is None else self.downsample(x)
-        return sew_connect(out, identity, self.connect)
+        y = self.conv2(self.sn1(self.conv1(x)))
+        return _connect(self.sn2, y, lambda: x if self.downsample is None else self.downsample(x), self.connect)
 
 
 class Bottleneck(nn.Module):
@@ -80,10 +89,8 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.sn1(self.conv1(x))
-        out = self.sn2(self.conv2(out))
-        out = self.sn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return sew_connect(out, identity, self.connect)
+        y = self.conv3(self.sn2(self.conv2(out)))
+        return _connect(self.sn3, y, lambda: x if self.downsample is None else self.downsample(x), self.connect)
 
 
 #: State-dict names of checkpoints written before each norm and its neuron became one

@@ -15,14 +15,16 @@ cumulative average when ``momentum`` is None) and ``num_batches_tracked``, eval 
 with the running statistics.
 
 :func:`norm_neuron_max_pool` runs a ``NormNeuron`` and the max-pool of its spikes after it (the ResNets' ImageNet
-stem) as one op under Triton (:mod:`snntrain.kernels.bn_neuron_pool`), holding nothing itself: the modules, their
-names and state dicts stay as they are.
+stem) as one op under Triton (:mod:`snntrain.kernels.bn_neuron_pool`), and :func:`norm_neuron_add` a ``NormNeuron``
+and the addition of a residual to its spikes (SEW-ResNet's ``ADD``) in the fused kernel, each holding nothing
+itself: the modules, their names and state dicts stay as they are.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -118,8 +120,7 @@ class NormNeuron(nn.Module):
             spikes = neuron(y)
         else:
             self._check_channels(x, norm)
-            if (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
-                    and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm)):
+            if self._fuses(x, norm, neuron):
                 spikes, counted = self._fused(x, T, norm, neuron, sink)
             elif (self.fused and isinstance(neuron, StepNeuron) and isinstance(norm, (nn.BatchNorm2d, LayerNorm2d))
                   and not isinstance(norm, nn.SyncBatchNorm) and use_triton(self.backend, x) and neuron.fusable(x)):
@@ -132,6 +133,11 @@ class NormNeuron(nn.Module):
         if sink is not None:
             sink(spikes, counted)
         return spikes
+
+    def _fuses(self, x: torch.Tensor, norm: nn.Module, neuron: nn.Module) -> bool:
+        """Whether the forward runs the fused kernels of the norm and a built-in neuron (:meth:`_fused`)."""
+        return (self.fused and isinstance(neuron, BaseNeuron) and use_triton(self.backend, x)
+                and x.dtype in _FUSED_DTYPES and not neuron.store_v_seq and not isinstance(norm, nn.SyncBatchNorm))
 
     @staticmethod
     def _check_steps(x: torch.Tensor, T: int | None) -> None:
@@ -175,8 +181,10 @@ class NormNeuron(nn.Module):
 
     @staticmethod
     def _fused(x: torch.Tensor, T: int | None, norm: nn.Module, neuron: BaseNeuron,
-               sink=None) -> tuple[torch.Tensor, bool]:
-        """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference)."""
+               sink=None, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference);
+        with ``residual`` (batch norm, no ``sink``), the spikes plus ``residual``
+        (:func:`norm_neuron_add`)."""
         from ..kernels import bn_neuron, ln_neuron
 
         options = _neuron_options(neuron.params)
@@ -191,7 +199,7 @@ class NormNeuron(nn.Module):
         spikes = bn_neuron.bn_neuron(
             x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
             buffers["running_var"] if use_running else None, training=training, momentum=factor, eps=norm.eps,
-            T=T, count=row, num_batches_tracked=nbt, w=w, **options,
+            T=T, count=row, num_batches_tracked=nbt, w=w, residual=residual, **options,
         )
         return spikes, row is not None
 
@@ -284,3 +292,34 @@ def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: in
         warnings.warn(f"norm_neuron_max_pool: the fused batch norm -> neuron -> max-pool op does not take {reason}; "
                       "running the norm-neuron and the max-pool one after the other", stacklevel=3)
     return pool(sn(x, T=T))
+
+
+def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Callable[[], torch.Tensor],
+                    T: int | None = None) -> torch.Tensor:
+    """``sn(x, T=T) + residual``: the spikes of a :class:`NormNeuron` plus a tensor of their shape (SEW-ResNet's
+    ``ADD`` connection of a block's last spikes and its shortcut), the addition folded into the fused kernel where
+    it can be.
+
+    ``residual``: the tensor, or a function without arguments that returns it (the shortcut's layers, run after
+    ``sn`` where the addition is not folded and before it where it is, so that layers watched by hooks run in the
+    order of the unfolded block).
+
+    Under the Triton backend, with a :class:`torch.nn.BatchNorm2d` and an IF, LIF or PLIF neuron in an eager call
+    (and CUDA graphs captured from one), the forward kernel adds ``residual`` to the spikes as it stores them
+    (:func:`snntrain.kernels.bn_neuron.bn_neuron`'s ``residual``, where ``residual`` is laid out as the spikes): one
+    read of ``residual`` instead of an addition's two reads and one write, and the sum is what the kernel writes,
+    the spikes never are. The result and every gradient are those of the module followed by the addition, bit for
+    bit. Otherwise the module runs and the addition follows: under the PyTorch backend, with ``sn.fused = False``,
+    for other norms and neurons, while a hook or an activity counter watches the module, its norm or its neuron
+    (they see the spikes, as without this function) and where the neuron keeps its membrane (``store_v_seq``). The
+    module's state dict, parameters and buffers are used as they are: the function holds nothing."""
+    if isinstance(sn, NormNeuron):
+        norm, neuron = sn._modules["norm"], sn._modules["neuron"]
+        if (isinstance(norm, nn.BatchNorm2d) and sn.activity is None and sn._fuses(x, norm, neuron)
+                and not _watched(sn, norm, neuron)):
+            sn._check_steps(x, T)
+            sn._check_channels(x, norm)
+            r = residual() if callable(residual) else residual
+            return sn._fused(x, T, norm, neuron, residual=r)[0]
+    out = sn(x) if T is None else sn(x, T=T)  # a module put in sn's place may not take T
+    return out + (residual() if callable(residual) else residual)

@@ -1,0 +1,265 @@
+"""SEW's ADD folded into the fused batch norm -> neuron kernel (``bn_neuron(residual=...)``,
+:func:`snntrain.nn.norm_neuron_add`).
+
+The oracle is the same kernels without the fold followed by PyTorch's addition: the kernel adds the residual in
+float32 and rounds once, as PyTorch adds two float16/bfloat16 tensors, and the backward is the unfused one, so the
+sum, every gradient (x, the norm's weight and bias, PLIF's ``w``, the residual) and the running statistics are
+equal bit for bit. Each fold is checked to have happened: no ``aten.add`` of the output's shape ran.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from _testing import DEVICE, capture_cuda_graph
+from snntrain.kernels.bn_neuron import bn_neuron, residual_fits
+from snntrain.nn import LayerNorm2d, NormNeuron, build_neuron, norm_neuron_add
+
+OPTIONS = dict(kind="lif", tau=2.0, v_threshold=1.0, v_reset=0.0, decay_input=True, detach_reset=True,
+               surrogate="atan", alpha=2.0)
+
+
+class _Adds(TorchDispatchMode):
+    """Records the shapes of the ``aten.add.Tensor`` calls below autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.add.Tensor:
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    """A [T, B, C, H, W] (or [B, C, H, W]) tensor channels-last, as NormNeuron's kernels write spikes."""
+    if t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    return t.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, t.shape[:2])
+
+
+def _run(fold: bool, x, weight, bias, residual, grad, T, training=True, **neuron):
+    """Output, gradients and running statistics of bn_neuron with the residual folded in or added after."""
+    x, r = x.clone().requires_grad_(), residual.clone().requires_grad_()
+    w = None if weight is None else weight.clone().requires_grad_()
+    b = None if bias is None else bias.clone().requires_grad_()
+    stats = torch.zeros(x.shape[-3], device=DEVICE), torch.ones(x.shape[-3], device=DEVICE)
+    options = {**OPTIONS, **neuron}
+    if "w" in options:
+        options["w"] = options["w"].clone().requires_grad_()
+    args = dict(training=training, momentum=0.1, eps=1e-5, T=T, **options)
+    adds = _Adds()
+    with adds:
+        y = bn_neuron(x, w, b, *stats, residual=r, **args) if fold else bn_neuron(x, w, b, *stats, **args) + r
+    y.backward(grad)
+    leaves = [x, r, w, b] + ([options["w"]] if "w" in options else [])
+    return y.detach(), [t.grad for t in leaves if t is not None], stats, adds.shapes, y.stride()
+
+
+CASES = {
+    "fp32": (torch.float32, False, False, {}),
+    "bf16-cl": (torch.bfloat16, True, False, {}),
+    "fp16-cl-repeated": (torch.float16, True, True, {}),
+    "bf16-plif-soft": (torch.bfloat16, False, False, dict(kind="plif", v_reset=None, tau=None)),
+    "fp32-cl-if-eval": (torch.float32, True, False, dict(kind="if", tau=None, training=False)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_folded_add_equals_the_kernel_then_the_addition(case):
+    dtype, cl, repeated, neuron = CASES[case]
+    neuron = dict(neuron)
+    training = neuron.pop("training", True)
+    if neuron.get("kind") == "plif":
+        neuron["w"] = torch.tensor(0.3, device=DEVICE)
+    g = torch.Generator().manual_seed(0)
+    T, B, C, H, W = 3, 2, 5, 4, 3
+    shape = (B, C, H, W) if repeated else (T, B, C, H, W)
+    x = (torch.randn(shape, generator=g) * 1.5 + 0.5).to(dtype).to(DEVICE)
+    residual = torch.randint(0, 3, (T, B, C, H, W), generator=g).to(dtype).to(DEVICE)  # SEW counts
+    grad = torch.randn(T, B, C, H, W, generator=g).to(dtype).to(DEVICE)
+    if cl:
+        x, residual, grad = _cl(x), _cl(residual), _cl(grad)
+    w, b = (torch.rand(C, generator=g) + 0.5).to(DEVICE), (torch.rand(C, generator=g) - 0.3).to(DEVICE)
+    steps = T if repeated else None
+    assert residual_fits(x, steps, residual)
+    folded = _run(True, x, w, b, residual, grad, steps, training, **neuron)
+    added = _run(False, x, w, b, residual, grad, steps, training, **neuron)
+    assert torch.equal(folded[0], added[0])
+    assert len(folded[1]) == len(added[1]) and all(torch.equal(p, q) for p, q in zip(folded[1], added[1]))
+    assert all(torch.equal(p, q) for p, q in zip(folded[2], added[2]))
+    assert folded[4] == added[4]  # the spikes' layout
+    out = (T, B, C, H, W)
+    assert out not in folded[3] and out in added[3]  # the fold happened: no addition of the output's size
+
+
+def test_other_layouts_and_dtypes_are_added_after():
+    """A residual laid out otherwise than the spikes, or of another dtype, is added after the kernels: same
+    results, with the addition."""
+    g = torch.Generator().manual_seed(1)
+    x = _cl(torch.randn(2, 2, 3, 4, 4, generator=g).to(DEVICE))  # channels-last spikes
+    grad = torch.randn(2, 2, 3, 4, 4, generator=g).to(DEVICE)
+    w, b = torch.ones(3, device=DEVICE), torch.zeros(3, device=DEVICE)
+    for residual in (torch.randn(2, 2, 3, 4, 4, generator=g).to(DEVICE),  # contiguous
+                     torch.randn(2, 2, 3, 4, 4, generator=g).double().to(DEVICE)):
+        assert not residual_fits(x, None, residual)
+        folded = _run(True, x, w, b, residual, grad, None)
+        added = _run(False, x, w, b, residual, grad, None)
+        assert torch.equal(folded[0], added[0]) and all(torch.equal(p, q) for p, q in zip(folded[1], added[1]))
+        assert (2, 2, 3, 4, 4) in folded[3]
+    assert not residual_fits(x, None, torch.zeros(2, 2, 3, 4, 5, device=DEVICE))
+
+
+def _sn(norm: str = "batch", neuron: str = "LIF", backend: str = "triton") -> NormNeuron:
+    torch.manual_seed(0)
+    n = nn.BatchNorm2d(4) if norm == "batch" else LayerNorm2d(4)
+    return NormNeuron(n, build_neuron(type=neuron, tau=2.0) if neuron != "IF" else build_neuron(type="IF"),
+                      backend=backend).to(DEVICE)
+
+
+def _module_run(sn: NormNeuron, x, r, fn):
+    x, r = x.clone().requires_grad_(), r.clone().requires_grad_()
+    adds = _Adds()
+    with adds:
+        y = fn(sn, x, r)
+    y.backward(torch.arange(y.numel(), dtype=y.dtype, device=DEVICE).reshape(y.shape).remainder(7) - 3.0)
+    grads = [x.grad, r.grad, *(p.grad for p in sn.parameters())]
+    return y.detach(), grads, [t.clone() for t in sn.buffers()], adds.shapes
+
+
+def _compare(make, x, r, fold_expected: bool):
+    a, b = make(), make()
+    got = _module_run(a, x, r, lambda sn, x, r: norm_neuron_add(sn, x, r))
+    want = _module_run(b, x, r, lambda sn, x, r: sn(x) + r)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(p, q) for p, q in zip(got[1], want[1]))
+    assert all(torch.equal(p, q) for p, q in zip(got[2], want[2]))
+    assert (tuple(x.shape) not in got[3]) == fold_expected, got[3]
+    return a
+
+
+def test_norm_neuron_add_folds_the_batch_norm_and_the_built_in_neurons():
+    g = torch.Generator().manual_seed(2)
+    x = _cl(torch.randn(3, 2, 4, 5, 5, generator=g).to(DEVICE) + 0.5)
+    r = _cl(torch.randint(0, 2, (3, 2, 4, 5, 5), generator=g).float().to(DEVICE))
+    for neuron in ("LIF", "IF", "PLIF"):
+        _compare(lambda neuron=neuron: _sn(neuron=neuron), x, r, True)
+    sn = _compare(_sn, x, r, True)
+    assert sn.norm.num_batches_tracked.item() == 1
+
+
+def test_norm_neuron_add_runs_the_module_then_the_addition_where_it_does_not_fold():
+    """The PyTorch backend, a layer norm, a generated neuron, fused = False, the membrane kept, and a hook or an
+    activity counter watching: the module runs (hooks see its spikes) and the addition follows."""
+    g = torch.Generator().manual_seed(3)
+    x = _cl(torch.randn(2, 2, 4, 3, 3, generator=g).to(DEVICE))
+    r = _cl(torch.randint(0, 2, (2, 2, 4, 3, 3), generator=g).float().to(DEVICE))
+    _compare(lambda: _sn(backend="torch"), x, r, False)
+    _compare(lambda: _sn(norm="layer"), x, r, False)
+    _compare(lambda: _sn(neuron="ALIF"), x, r, False)
+
+    def unfused():
+        sn = _sn()
+        sn.fused = False
+        return sn
+
+    _compare(unfused, x, r, False)
+
+    def keeps_membrane():
+        sn = _sn()
+        sn.neuron.store_v_seq = True
+        return sn
+
+    _compare(keeps_membrane, x, r, False)
+    seen = []
+
+    def hooked():
+        sn = _sn()
+        sn.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        return sn
+
+    _compare(hooked, x, r, False)
+    assert seen and all(((s == 0) | (s == 1)).all() for s in seen)  # the hook saw spikes, not the sum
+
+
+def test_sew_resnet_blocks_fold_their_add():
+    """SEW-ResNet's ADD blocks fold their connection into their last norm-neuron: logits and every gradient equal
+    the model's with the fold held off (a forward hook on each block's last norm-neuron), and the fold takes the
+    additions of the blocks' outputs away."""
+    from snntrain.models.sew_resnet import SEWResNet
+
+    torch.manual_seed(0)
+    model = SEWResNet(depth=18, num_classes=3, T=2, stem="cifar", width=4, backend="triton").to(DEVICE)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    def lasts(m):
+        return [block.sn2 for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for block in layer]
+
+    def run(m, hold_off: bool):
+        handles = [sn.register_forward_hook(lambda *a: None) for sn in lasts(m)] if hold_off else []
+        m.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_()
+        adds = _Adds()
+        with adds:
+            logits = m(leaf)
+        (logits * torch.arange(1.0, 4.0, device=DEVICE)).sum().backward()
+        for h in handles:
+            h.remove()
+        return logits.detach(), [leaf.grad, *(p.grad.clone() for p in m.parameters())], adds.shapes
+
+    copy_ = copy.deepcopy(model)
+    folded, held = run(model, False), run(copy_, True)
+    assert torch.equal(folded[0], held[0])
+    assert all(torch.equal(p, q) for p, q in zip(folded[1], held[1]))
+    assert all(torch.equal(p, q) for p, q in zip(model.buffers(), copy_.buffers()))
+    five = [s for s in held[2] if len(s) == 5]
+    assert len(five) >= len(lasts(model)) and not [s for s in folded[2] if len(s) == 5]
+
+
+
+def test_a_residual_function_runs_after_the_module_unless_the_add_is_folded():
+    g = torch.Generator().manual_seed(6)
+    x = _cl(torch.randn(2, 2, 4, 3, 3, generator=g).to(DEVICE))
+    r = _cl(torch.randint(0, 2, (2, 2, 4, 3, 3), generator=g).float().to(DEVICE))
+    for hooked in (False, True):
+        sn, order = _sn(), []
+        if hooked:
+            sn.register_forward_hook(lambda *a: order.append("sn"))
+
+        def shortcut():
+            order.append("shortcut")
+            return r
+
+        y = norm_neuron_add(sn, x, shortcut)
+        assert torch.equal(y, _sn()(x) + r)
+        assert order == (["sn", "shortcut"] if hooked else ["shortcut"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (gpu marker)")
+def test_folded_add_in_a_cuda_graph():
+    """A captured forward and backward of the folded layer replays to the eager results."""
+    g = torch.Generator().manual_seed(5)
+    x = _cl(torch.randn(4, 8, 64, 14, 14, generator=g).bfloat16().to(DEVICE))
+    r = _cl(torch.randint(0, 3, (4, 8, 64, 14, 14), generator=g).bfloat16().to(DEVICE))
+    sn = _sn().to(DEVICE)
+    sn.norm = nn.BatchNorm2d(64).to(DEVICE)
+    xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
+
+    def step():
+        xs.grad = rs.grad = None
+        y = norm_neuron_add(sn, xs, rs)
+        y.backward(torch.ones_like(y))
+        return y, xs.grad, rs.grad
+
+    want = [t.clone() for t in step()]
+    graph, outs = capture_cuda_graph(step)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], want[0]) and torch.equal(outs[2], want[2])
+    torch.testing.assert_close(outs[1], want[1])
