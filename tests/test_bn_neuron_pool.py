@@ -204,27 +204,37 @@ def test_positions_are_the_max_pools_and_ties_take_the_first():
 
 
 def test_models_use_it_and_keep_their_state_dicts(monkeypatch):
-    """SEW-ResNet's and Spiking ResNet's ImageNet stems run the fused op under Triton: logits, every gradient and
-    every buffer equal the same network running its NormNeuron and max-pool one after the other (a hook on the pool
-    makes it so), the state dict has the same names as under the PyTorch backend, and loading it into the PyTorch
-    model gives its logits."""
-    from snntrain.models import SEWResNet
+    """SEW-ResNet's and Spiking ResNet's ImageNet stems, and the pooled stem stages of Spikformer and the
+    Spike-driven Transformer, run the fused op under Triton: logits, every gradient and every buffer equal the same
+    network running its NormNeuron and max-pool one after the other (a hook on the pool makes it so), the state dict
+    has the same names as under the PyTorch backend, and loading it into the PyTorch model gives its logits."""
+    from snntrain.models import SEWResNet, build_model
     from snntrain.models.spiking_resnet import SpikingResNet
 
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # on a GPU: the runs differ in the stem alone
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    builds = {
-        "sew_resnet": lambda backend: SEWResNet(depth=18, num_classes=3, T=2, stem="imagenet", width=4,
-                                                neuron={"type": "PLIF"}, backend=backend),
-        "spiking_resnet": lambda backend: SpikingResNet(num_classes=3, T=2, stem="imagenet", width=4, backend=backend),
+
+    def transformer(**config):
+        return lambda backend: build_model({**config, "num_classes": 3, "in_channels": 3, "T": 2}, backend=backend)
+
+    builds = {  # the model, its pools of a norm-neuron's spikes, the image
+        "sew_resnet": (lambda backend: SEWResNet(depth=18, num_classes=3, T=2, stem="imagenet", width=4,
+                                                 neuron={"type": "PLIF"}, backend=backend),
+                       lambda m: [m.pool], (15, 17)),
+        "spiking_resnet": (lambda backend: SpikingResNet(num_classes=3, T=2, stem="imagenet", width=4,
+                                                         backend=backend), lambda m: [m.maxpool], (15, 17)),
+        "spikformer": (transformer(name="spikformer", variant="spikformer_cifar10", embed_dim=16, depth=1, heads=2,
+                                   patch_size=4), lambda m: list(m.stem.pools[2:]), (16, 16)),
+        "spike_driven_transformer": (transformer(name="spike_driven_transformer", variant="sdt_2_512", embed_dim=16,
+                                                 depth=1, pooling="0011"), lambda m: [m.stem.pools[2]], (16, 16)),
     }
-    x = torch.randn(2, 3, 15, 17, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    for family, build in builds.items():
+    for family, (build, pools, size) in builds.items():
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1)).to(DEVICE)
         torch.manual_seed(0)
         model = build("triton").to(DEVICE)
         separate = copy.deepcopy(model)
-        pool = separate.pool if family == "sew_resnet" else separate.maxpool
-        pool.register_forward_hook(lambda *args: None)
+        for pool in pools(separate):
+            pool.register_forward_hook(lambda *args: None)
         calls = _fused_called(monkeypatch)
         results = []
         for m in (model, separate):
@@ -233,7 +243,7 @@ def test_models_use_it_and_keep_their_state_dicts(monkeypatch):
             (logits * torch.arange(1.0, 4.0, device=DEVICE)).sum().backward()
             results.append((logits.detach(), leaf.grad, {n: p.grad for n, p in m.named_parameters()},
                             dict(m.named_buffers())))
-        assert len(calls) == 1, f"{family}: the fused op ran {len(calls)} times"
+        assert len(calls) == len(pools(model)), f"{family}: the fused op ran {len(calls)} times"
         (l0, g0, p0, b0), (l1, g1, p1, b1) = results
         assert torch.equal(l0, l1), family
         assert_close(g0, g1, **SUMMED, what=f"{family} dx")

@@ -30,7 +30,7 @@ from ..nn.attention import (
 from ..nn.layers import MultiStep
 from ..nn.pool import SpikeMaxPool2d
 from ..validation import flag, number, positive_int
-from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
+from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, pooled_spikes, resolve_variant
 
 #: Variant name -> architecture: ``sdt_8_384`` as SpikingJelly 2.0.0 builds it (ImageNet, 224 -> 14x14 tokens);
 #: ``sdt_2_512`` the paper's CIFAR model (32 -> 8x8 tokens); ``sdt_2_256`` its event-camera model (128 -> 16x16).
@@ -76,12 +76,12 @@ class PatchStem(nn.Module):
     def forward(self, x: torch.Tensor, T: int, recompute: bool = False) -> torch.Tensor:
         """``recompute``: each stage's activations are recomputed in the backward (:func:`checkpointed`)."""
         def first(x):
-            return self.pools[0](encode_stem(self.convs[0], self.sns[0], x, T))
+            return encode_stem(self.convs[0], self.sns[0], x, T, self.pools[0])
 
         x = checkpointed(self, first, x) if recompute else first(x)
         for conv, sn, pool in zip(self.convs[1:], self.sns[1:], self.pools[1:]):
             def stage(x, conv=conv, sn=sn, pool=pool):
-                return pool(sn(conv(x)))
+                return pooled_spikes(sn, pool, conv(x))
 
             x = checkpointed(self, stage, x) if recompute else stage(x)
 

@@ -24,7 +24,7 @@ from ..nn.attention import SpikingMLP, SpikingParts, SpikingSelfAttention, check
 from ..nn.layers import MultiStep
 from ..nn.pool import SpikeMaxPool2d
 from ..validation import flag, number, positive_int
-from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, resolve_variant
+from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, pooled_spikes, resolve_variant
 
 #: Variant name -> architecture, as SpikingJelly 2.0.0's constructors of the same name build it.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -72,12 +72,12 @@ class PatchStem(nn.Module):
     def forward(self, x: torch.Tensor, T: int, recompute: bool = False) -> torch.Tensor:
         """``recompute``: each stage's activations are recomputed in the backward (:func:`checkpointed`)."""
         def first(x):
-            return self.pools[0](encode_stem(self.convs[0], self.sns[0], x, T))
+            return encode_stem(self.convs[0], self.sns[0], x, T, self.pools[0])
 
         x = checkpointed(self, first, x) if recompute else first(x)
         for conv, sn, pool in zip(self.convs[1:], self.sns[1:], self.pools[1:]):
             def stage(x, conv=conv, sn=sn, pool=pool):
-                return pool(sn(conv(x)))
+                return pooled_spikes(sn, pool, conv(x))
 
             x = checkpointed(self, stage, x) if recompute else stage(x)
         return x + self.rpe_sn(self.rpe_conv(x))

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..nn.norm_neuron import NormNeuron, norm_neuron_max_pool
+
 #: SpikingJelly's neuron in these models: LIF, tau 2, hard reset to 0, threshold 1, reset detached, sigmoid
 #: surrogate (alpha 4).
 DEFAULT_NEURON: dict[str, Any] = {"type": "LIF", "tau": 2.0, "detach_reset": True, "surrogate": "sigmoid"}
@@ -29,16 +31,27 @@ def resolve_variant(family: str, variants: Mapping[str, Mapping[str, Any]], vari
     return {**variants[variant], **{k: v for k, v in overrides.items() if v is not None}}
 
 
-def encode_stem(conv: nn.Sequential, sn: nn.Module, x: torch.Tensor, T: int) -> torch.Tensor:
-    """The first conv-norm-neuron stage. A static image ``[B, C, H, W]`` is encoded directly: the convolution
-    (``conv[0]``) runs once and its output is the input current of each of the T steps (``sn(.., T=T)``, the
-    norm sees it once), what repeating the image T times computes. ``[T, B, C, H, W]`` input (events) runs at every
-    step."""
+def encode_stem(conv: nn.Sequential, sn: nn.Module, x: torch.Tensor, T: int,
+                pool: nn.Module | None = None) -> torch.Tensor:
+    """The first conv-norm-neuron stage (its spikes max-pooled by ``pool``, where given: :func:`pooled_spikes`). A
+    static image ``[B, C, H, W]`` is encoded directly: the convolution (``conv[0]``) runs once and its output is the
+    input current of each of the T steps (``sn(.., T=T)``, the norm sees it once), what repeating the image T times
+    computes. ``[T, B, C, H, W]`` input (events) runs at every step."""
     if x.dim() == 4:
-        return sn(conv[0](x), T=T)
+        return pooled_spikes(sn, pool, conv[0](x), T=T)
     if x.dim() == 5:
-        return sn(conv(x))
+        return pooled_spikes(sn, pool, conv(x))
     raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
+
+
+def pooled_spikes(sn: nn.Module, pool: nn.Module | None, y: torch.Tensor, T: int | None = None) -> torch.Tensor:
+    """``pool(sn(y, T=T))`` for a stem stage's norm-neuron and the max-pool of its spikes (``pool`` None or an
+    ``nn.Identity``: not pooled), the two as one op where they can be (:func:`~snntrain.nn.norm_neuron_max_pool`)."""
+    if pool is None or isinstance(pool, nn.Identity):
+        return sn(y) if T is None else sn(y, T=T)
+    if not isinstance(sn, NormNeuron):  # a module put in its place
+        return pool(sn(y) if T is None else sn(y, T=T))
+    return norm_neuron_max_pool(sn, pool, y, T=T)
 
 
 def init_transformer(model: nn.Module) -> None:
