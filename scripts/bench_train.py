@@ -9,6 +9,8 @@ same weights and batch:
   function), against ``sew18-224``'s LIF;
 * ``sew18-224-bytes``: ``sew18-224`` with ``model.spike_bytes=true``: the convolutions keep their spike inputs for
   the backward as uint8 instead of in the step's dtype (compare the peak memory and time with ``sew18-224``'s);
+* ``sew18-224-addafter``: ``sew18-224`` with each block's ``ADD`` run as PyTorch's addition after the block's last
+  norm-neuron instead of in its kernel (:func:`snntrain.nn.norm_neuron_add` held off by a no-op forward hook);
 * ``sew18-32``: the same network at 32x32, batch 128;
 * ``sew18-cifar``: the CIFAR stem (3x3 conv, no max-pool) at 32x32, batch 128;
 * ``event``: the same network (2 input channels, 11 classes) on event-like input that changes at every
@@ -97,6 +99,8 @@ CASES = {
     "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
     # the same step with the convolutions' spike inputs kept for the backward in the step's dtype, not as uint8
     "sew18-224-bytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True},
+    # the same step with each block's ADD an addition after its last norm-neuron, not folded into its kernel
+    "sew18-224-addafter": {"size": 224, "batch": 32, "stem": "imagenet", "add_after": True},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
@@ -333,9 +337,14 @@ def sew_model(case: str, backend: str):
 
     c = CASES[case]
     torch.manual_seed(0)
-    return SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
-                     T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
-                     spike_bytes=c.get("spike_bytes", False))
+    model = SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
+                      T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
+                      spike_bytes=c.get("spike_bytes", False))
+    if c.get("add_after"):  # a watched norm-neuron runs, and its block adds the shortcut after it
+        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for block in layer:
+                block.sn2.register_forward_hook(lambda *args: None)
+    return model
 
 
 def case_neuron(case: str) -> dict:

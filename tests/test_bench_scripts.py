@@ -185,6 +185,40 @@ def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):
     assert "model.neuron.type=ALIF" in module.cli_overrides("sew18-224-alif", "bf16", 10)
 
 
+def test_the_addafter_case_holds_the_folded_add_off(bench):
+    """``sew18-224-addafter`` is ``sew18-224`` (same weights) with every block's ADD as an addition after its last
+    norm-neuron: at test size on the CPU, the same logits, and an addition of the blocks' size per block."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Adds(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func is torch.ops.aten.add.Tensor and args[0].dim() == 5
+            return func(*args, **(kwargs or {}))
+
+    module, _ = bench
+    case = dict(module.CASES["sew18-224"])
+    module.CASES["tiny"] = {**case, "size": 16, "batch": 1}
+    module.CASES["tiny-addafter"] = {**case, "size": 16, "batch": 1, "add_after": True}
+    try:
+        folded, after = module.sew_model("tiny", "triton"), module.sew_model("tiny-addafter", "triton")
+    finally:
+        del module.CASES["tiny"], module.CASES["tiny-addafter"]
+    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    counts = []
+    with torch.no_grad():
+        for m in (folded, after):
+            adds = Adds()
+            with adds:
+                y = m(x)
+            counts.append((y, adds.n))
+    assert torch.equal(counts[0][0], counts[1][0])
+    assert counts[0][1] == 0 and counts[1][1] == 8
+
+
 def test_the_bytes_case_keeps_spike_inputs_in_one_byte_and_relu_twins_have_plain_convolutions(bench):
     """``sew18-224-bytes`` builds ``sew18-224`` (same state dict) with its convolutions of spikes as ``SpikeConv2d``,
     and says so on its command line; a ReLU twin's convolutions are plain (their inputs are real values), with the
