@@ -67,11 +67,11 @@ from .neuron_step import chunk_backward, scalars, sum_kernel
 from .norm_neuron_base import (
     _at,
     _bn_apply,
+    _ckpt_at,
     _fwd_scan,
     _load_chunk,
     _pair_sum,
     _pair_sum_kernel,
-    _pointers,
     _state_before,
     _tile,
 )
@@ -280,8 +280,9 @@ def _bn_neuron_fwd_kernel(
     _mean, _rstd, scale, shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
-                                                  so_s, so_c, B, C, S)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
     r_base = _at(r_ptr, b, offs_s, offs_c, so_b, so_s, so_c) if RESIDUAL else s_base
     fired = _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
                            v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
@@ -385,8 +386,9 @@ def _bn_bwd_tile(
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx. With ``POOL`` each step's
     dL/dS is gathered from the pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`)
     and rounded to the gradient's dtype, the values the separate max-pool backward would have written."""
-    x_base, gx_base, ck_base, _nck = _pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c,
-                                                    sd_b, sd_s, sd_c, 1, C, S)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
+    ck_base = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S)
     if POOL:  # the (at most four) windows over each pixel, and the channels' rows of dL/d(pooled S) and positions
         q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3 = _stem_windows(offs_s, W, Ho, Wo)
         c_off = b * sg_b + offs_c.to(tl.int64)[None, :] * sg_c

@@ -24,7 +24,16 @@ from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
 from .neuron_step import chunk_backward, scalars, sum_kernel
-from .norm_neuron_base import _at, _fwd_scan, _ln_rows, _load_chunk, _pair_sum_kernel, _pointers, _state_before, _tile
+from .norm_neuron_base import (
+    _at,
+    _ckpt_at,
+    _fwd_scan,
+    _ln_rows,
+    _load_chunk,
+    _pair_sum_kernel,
+    _state_before,
+    _tile,
+)
 from .op_utils import PlanCache, Planned, cdiv, direct, eager_function, op_wrap, profiled, register_op, traced
 
 __all__ = ["ln_neuron", "ln_neuron_fwd", "ln_neuron_bwd"]
@@ -58,15 +67,15 @@ def _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W: tl.constexpr, HAS_B: tl.cons
 
 
 @triton.jit
-def _ln_tile(w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
-             HARD_RESET: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_S: tl.constexpr,
-             BLOCK_C: tl.constexpr):
-    """A program's tile (all C channels of ``BLOCK_S`` positions), the norm's weight and bias over it and the neuron's
-    scalars: ``(b, offs_s, offs_c, mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r)``."""
-    b, offs_s, offs_c, mask_c, mask = _tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+def _ln_values(w_ptr, b_ptr, k_ptr, offs_c, mask_c, eps, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
+               HARD_RESET: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The norm's weight and bias over a tile's channels and the neuron's scalars:
+    ``(w, bias, eps, k, v_threshold, v_reset, v_r)``. (Values only: the tile's offsets come from
+    :func:`~snntrain.kernels.norm_neuron_base._tile`, which takes no pointer; see
+    :func:`~snntrain.kernels.norm_neuron_base._ckpt_at`.)"""
     w, bias = _ln_params(w_ptr, b_ptr, offs_c, mask_c, HAS_W, HAS_B, BLOCK_C)
     k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    return b, offs_s, offs_c, mask_c, mask, w, bias, tl.cast(eps, tl.float32), k, v_threshold, v_reset, v_r
+    return w, bias, tl.cast(eps, tl.float32), k, v_threshold, v_reset, v_r
 
 
 # ----------------------------------------------------------------------------
@@ -93,12 +102,14 @@ def _ln_neuron_fwd_kernel(
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr, STORE_CKPT: tl.constexpr,  # rounding, steps per chunk, checkpoints
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
-    b, offs_s, offs_c, _mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r = _ln_tile(
-        w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
-        BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = _tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    w, bias, eps, k, v_threshold, v_reset, v_r = _ln_values(
+        w_ptr, b_ptr, k_ptr, offs_c, mask_c, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
+        BLOCK_C)
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    x_base, s_base, ck_base, NCK = _pointers(x_ptr, s_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b,
-                                                  so_s, so_c, B, C, S)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
     _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
                    LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C,
                    s_base, False)
@@ -130,13 +141,15 @@ def _ln_neuron_bwd_kernel(
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
-    b, offs_s, offs_c, mask_c, mask, w, bias, eps, k, v_threshold, v_reset, v_r = _ln_tile(
-        w_ptr, b_ptr, k_ptr, s_tiles, S, C, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
-        BLOCK_S, BLOCK_C)
+    b, offs_s, offs_c, mask_c, mask = _tile(tl.program_id(0), 0, s_tiles, S, C, BLOCK_S, BLOCK_C)
+    w, bias, eps, k, v_threshold, v_reset, v_r = _ln_values(
+        w_ptr, b_ptr, k_ptr, offs_c, mask_c, eps, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET, HAS_W, HAS_B,
+        BLOCK_C)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
-    x_base, gx_base, ck_base, NCK = _pointers(x_ptr, gx_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, sd_b,
-                                                   sd_s, sd_c, B, C, S)
+    x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
+    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
     gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r

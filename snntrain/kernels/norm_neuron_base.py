@@ -120,11 +120,15 @@ def _normalise(x, mask, C, eps, a, b, LAYER_NORM: tl.constexpr):
 
 
 @triton.jit
-def _pointers(x_ptr, out_ptr, ckpt_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c, so_b, so_s, so_c, B, C, S):
-    """The tile's pointers at step 0 into the input, into an output (the spikes, dL/dx) and into the checkpoints
-    (contiguous ``[., B, C, S]``), and the checkpoints' row size."""
-    return (_at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c), _at(out_ptr, b, offs_s, offs_c, so_b, so_s, so_c),
-            _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S), tl.cast(B, tl.int64) * C * S)
+def _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S):
+    """The tile's pointers at step 0 into the checkpoints (contiguous ``[., B, C, S]``; rows ``B * C * S`` apart).
+
+    Each pointer a kernel stores through comes from its own call of :func:`_at` or this (one pointer argument per
+    call), with offsets from helpers that take no pointer (:func:`_tile`): PyTorch's analysis of which arguments a
+    Triton kernel writes (``torch.compile``'s ``identify_accessed_tensors``) counts a store at an address computed
+    from anything a helper returned as a write to every pointer that helper took, and would take the kernel's
+    inputs for mutated ones (``tests/test_kernel_writes.py``)."""
+    return _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
 
 
 @triton.jit

@@ -142,11 +142,12 @@ def _current_fma(q_base, kv_ptr, t, tb_h, offs_n, offs_d, mask_n, mask_d, sq_t, 
 
 
 @triton.jit
-def _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR: tl.constexpr,
-           HARD_RESET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The tokens and head of program ``(token block, b * H + h)`` and the neuron's scalars: ``(b, b * H + h, offs_n,
-    offs_d, mask_d, mask, Q's and KV's block pointers, the block's offsets within one step of the contiguous
-    ``[T, B, N, C]`` outputs, a step's size, scale, k, v_threshold, v_reset, v_r)``."""
+def _block(B, N, H, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The tokens and head of program ``(token block, b * H + h)``: ``(b, b * H + h, offs_n, offs_d, mask_d, mask,
+    the block's offsets within one step of the contiguous ``[T, B, N, C]`` outputs, a step's size)``. It takes no
+    pointer: PyTorch's analysis of the arguments a kernel writes (``torch.compile``) would count every pointer a
+    helper takes as written where what it returns addresses a store
+    (:func:`~snntrain.kernels.norm_neuron_base._ckpt_at`)."""
     pid_bh = tl.program_id(1)  # b * H + h
     h = pid_bh % H
     b = pid_bh // H
@@ -155,12 +156,14 @@ def _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_rese
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     mask = (offs_n < N)[:, None] & mask_d[None, :]
-    q_base = q_ptr + tl.cast(b, tl.int64) * sq_b + h * D
-    kv_base = kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
     out_offs = tl.cast(b, tl.int64) * N * C + tl.cast(offs_n, tl.int64)[:, None] * C + h * D + offs_d[None, :]
-    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
-    return (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, tl.cast(B, tl.int64) * N * C,
-            tl.cast(scale, tl.float32), k, v_threshold, v_reset, v_r)
+    return b, pid_bh, offs_n, offs_d, mask_d, mask, out_offs, tl.cast(B, tl.int64) * N * C
+
+
+@triton.jit
+def _bases(q_ptr, kv_ptr, b, pid_bh, H, D, sq_b):
+    """Q's and KV's block pointers of program ``(token block, b * H + h)`` (read only)."""
+    return q_ptr + tl.cast(b, tl.int64) * sq_b + (pid_bh % H) * D, kv_ptr + tl.cast(pid_bh, tl.int64) * D * D
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -180,9 +183,10 @@ def _ssa_fwd_kernel(
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
-     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
-                   BLOCK_N, BLOCK_D)
+    b, pid_bh, offs_n, offs_d, mask_d, mask, out_offs, step_size = _block(B, N, H, D, BLOCK_N, BLOCK_D)
+    q_base, kv_base = _bases(q_ptr, kv_ptr, b, pid_bh, H, D, sq_b)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    scale = tl.cast(scale, tl.float32)
     out_dtype = s_ptr.dtype.element_ty
     v = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32) + v_r
     # a loop over the steps, not unrolled: one product's operands staged in shared memory at a time
@@ -215,9 +219,10 @@ def _ssa_bwd_kernel(
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # tokens and head channels of a program
 ):
-    (b, pid_bh, offs_n, offs_d, mask_d, mask, q_base, kv_base, out_offs, step_size, scale, k, v_threshold, v_reset,
-     v_r) = _block(q_ptr, kv_ptr, k_ptr, B, N, H, D, sq_b, scale, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET,
-                   BLOCK_N, BLOCK_D)
+    b, pid_bh, offs_n, offs_d, mask_d, mask, out_offs, step_size = _block(B, N, H, D, BLOCK_N, BLOCK_D)
+    q_base, kv_base = _bases(q_ptr, kv_ptr, b, pid_bh, H, D, sq_b)
+    k, v_threshold, v_reset, v_r = scalars(k_ptr, k, v_threshold, v_reset, K_FROM_PTR, HARD_RESET)
+    scale = tl.cast(scale, tl.float32)
     alpha = tl.cast(alpha, tl.float32)
     one_minus_k = 1.0 - k
     h = pid_bh % H
