@@ -25,8 +25,9 @@ class MultiStep(nn.Sequential):
         x = x.flatten(0, 1)
         if not x.is_cuda and x.dim() == 4 and len(self) and isinstance(self[0], nn.Conv2d) and not x.is_contiguous():
             # PyTorch's CPU convolution (oneDNN) gets the weight gradient wrong (a different value on every call),
-            # or crashes, on some channels-last maps (a strided 1x1 convolution of 4 or 8 channels): the CPU path
-            # hands a convolution contiguous maps
+            # or crashes, on some channels-last maps (a strided 1x1 convolution of 4 channels, on several threads):
+            # the CPU path hands a convolution contiguous maps. A channels-last weight alone still meets it, which is
+            # why channels_last=auto keeps CPU models row-major
             x = x.contiguous()
         return super().forward(x).unflatten(0, (t, b))
 
