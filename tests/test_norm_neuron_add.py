@@ -240,6 +240,40 @@ def test_a_residual_function_runs_after_the_module_unless_the_add_is_folded():
         assert order == (["sn", "shortcut"] if hooked else ["shortcut"])
 
 
+@pytest.mark.parametrize("family", ["spikformer", "qkformer"])
+def test_transformer_stems_fold_their_add(family):
+    """Spikformer's relative position encoding (``x + norm-neuron(conv(x))``) and QKFormer's stem stages (``spikes +
+    shortcut spikes``) add in their last norm-neuron's kernel: the same logits and gradients as with the fold held
+    off, and fewer additions of maps."""
+    from snntrain.models import build_model
+
+    spec = {"spikformer": dict(name="spikformer", variant="spikformer_cifar10", embed_dim=16, depth=1, heads=2,
+                               patch_size=4),
+            "qkformer": dict(name="qkformer", variant="qkformer_4_384", embed_dim=16, heads=[2, 2, 2],
+                             depths=[1, 1, 1], pooling="0011")}[family]
+    torch.manual_seed(0)
+    model = build_model({**spec, "num_classes": 3, "in_channels": 3, "T": 2}, backend="triton").to(DEVICE)
+    model = model.to(memory_format=torch.channels_last)
+    held = copy.deepcopy(model)
+    lasts = {"spikformer": lambda m: [m.stem.rpe_sn],
+             "qkformer": lambda m: [m.embed1.sn3, m.embed2.sn2, m.embed3.sn2]}[family]
+    for sn in lasts(held):
+        sn.register_forward_hook(lambda *a: None)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    runs = []
+    for m in (model, held):
+        leaf = x.clone().requires_grad_()
+        adds = _Adds()
+        with adds:
+            logits = m(leaf)
+        (logits * torch.arange(1.0, 4.0, device=DEVICE)).sum().backward()
+        runs.append((logits.detach(), [leaf.grad, *(p.grad for p in m.parameters())],
+                     [s for s in adds.shapes if len(s) == 5]))
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1]))
+    assert len(runs[1][2]) - len(runs[0][2]) == len(lasts(model)), (runs[0][2], runs[1][2])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (gpu marker)")
 def test_folded_add_in_a_cuda_graph():

@@ -28,6 +28,7 @@ from ..nn.attention import (
     tokens_from_map,
 )
 from ..nn.layers import MultiStep
+from ..nn.norm_neuron import norm_neuron_add
 from ..validation import flag, number, one_of, positive_int
 from .transformer import DEFAULT_NEURON, init_transformer, resolve_variant
 
@@ -74,8 +75,8 @@ class EmbedInit(nn.Module):
             x = self.neuron1(MultiStep(self.norm1, self.pool1)(self.conv1(x)))
         else:
             raise ValueError(f"input has shape {tuple(x.shape)}; expected [B, C, H, W] or [T, B, C, H, W]")
-        out = self.sn3(self.conv3(self.neuron2(self.pool2(self.conv2(x)))))
-        return out + self.shortcut_sn(self.shortcut(x))
+        y = self.conv3(self.neuron2(self.pool2(self.conv2(x))))
+        return norm_neuron_add(self.sn3, y, lambda: self.shortcut_sn(self.shortcut(x)))
 
 
 class EmbedStage(nn.Module):
@@ -95,8 +96,8 @@ class EmbedStage(nn.Module):
         self.shortcut_sn = parts.norm_neuron(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.sn2(self.conv2(self.neuron1(self.pool(self.conv1(x)))))
-        return out + self.shortcut_sn(self.shortcut(x))
+        y = self.conv2(self.neuron1(self.pool(self.conv1(x))))
+        return norm_neuron_add(self.sn2, y, lambda: self.shortcut_sn(self.shortcut(x)))
 
 
 class Block(nn.Module):

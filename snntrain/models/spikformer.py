@@ -22,6 +22,7 @@ from torch import nn
 
 from ..nn.attention import SpikingMLP, SpikingParts, SpikingSelfAttention, checkpointed, tokens_from_map
 from ..nn.layers import MultiStep
+from ..nn.norm_neuron import norm_neuron_add
 from ..nn.pool import SpikeMaxPool2d
 from ..validation import flag, number, positive_int
 from .transformer import DEFAULT_NEURON, encode_stem, init_transformer, pooled_spikes, resolve_variant
@@ -80,7 +81,7 @@ class PatchStem(nn.Module):
                 return pooled_spikes(sn, pool, conv(x))
 
             x = checkpointed(self, stage, x) if recompute else stage(x)
-        return x + self.rpe_sn(self.rpe_conv(x))
+        return norm_neuron_add(self.rpe_sn, self.rpe_conv(x), x)
 
 
 class Spikformer(nn.Module):
