@@ -1,10 +1,15 @@
-"""SEW's ADD folded into the fused batch norm -> neuron kernel (``bn_neuron(residual=...)``,
-:func:`snntrain.nn.norm_neuron_add`).
+"""Residual additions folded into the fused batch norm -> neuron kernel.
 
-The oracle is the same kernels without the fold followed by PyTorch's addition: the kernel adds the residual in
-float32 and rounds once, as PyTorch adds two float16/bfloat16 tensors, and the backward is the unfused one, so the
-sum, every gradient (x, the norm's weight and bias, PLIF's ``w``, the residual) and the running statistics are
-equal bit for bit. Each fold is checked to have happened: no ``aten.add`` of the output's shape ran.
+SEW's ADD (``bn_neuron(residual=...)``, :func:`snntrain.nn.norm_neuron_add`): the oracle is the same kernels without
+the fold followed by PyTorch's addition. The kernel adds the residual in float32 and rounds once, as PyTorch adds
+two float16/bfloat16 tensors, and the backward is the unfused one, so the sum, every gradient (x, the norm's weight
+and bias, PLIF's ``w``, the residual) and the running statistics are equal bit for bit. Each fold is checked to have
+happened: no ``aten.add`` of the output's shape ran.
+
+Spiking ResNet's residual added to the neuron's input (``residual_to="input"``, :func:`snntrain.nn.norm_add_neuron`):
+the oracle is PyTorch's batch norm, addition and neuron in float64; the kernel computes in float32 without rounding
+the norm's output or the sum to the input's dtype, so spikes are equal on these inputs and gradients agree within the
+float32 tolerance of the fused norm-neuron tests (two units in the last place of bfloat16 for 16-bit input).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from _testing import DEVICE, capture_cuda_graph
+from _testing import DEVICE, SUMMED, TOLERANCES, assert_close, capture_cuda_graph
+from snntrain.kernels import bn_neuron as BN
 from snntrain.kernels.bn_neuron import bn_neuron, residual_fits
-from snntrain.nn import LayerNorm2d, NormNeuron, build_neuron, norm_neuron_add
+from snntrain.nn import LayerNorm2d, MultiStep, NormNeuron, build_neuron, norm_add_neuron, norm_neuron_add
 
 OPTIONS = dict(kind="lif", tau=2.0, v_threshold=1.0, v_reset=0.0, decay_input=True, detach_reset=True,
                surrogate="atan", alpha=2.0)
@@ -272,6 +278,157 @@ def test_transformer_stems_fold_their_add(family):
     assert torch.equal(runs[0][0], runs[1][0])
     assert all(torch.equal(p, q) for p, q in zip(runs[0][1], runs[1][1]))
     assert len(runs[1][2]) - len(runs[0][2]) == len(lasts(model)), (runs[0][2], runs[1][2])
+
+
+INPUT_CASES = {  # dtype, channels-last, T, neuron, training
+    "fp32-checkpoints": (torch.float32, False, 9, dict(type="LIF", tau=2.0, surrogate="sigmoid"), True),
+    "bf16-cl": (torch.bfloat16, True, 3, dict(type="LIF", tau=2.0, surrogate="atan", detach_reset=True), True),
+    "fp32-cl-plif-soft": (torch.float32, True, 4, dict(type="PLIF", init_tau=2.5, v_reset=None), True),
+    "fp16-if-eval": (torch.float16, False, 3, dict(type="IF", v_threshold=0.8), False),
+}
+
+
+def _input_reference(x, r, weight, bias, running, neuron, training):
+    """neuron(batch_norm(x) + r) in float64 with PyTorch's modules: output, gradients, running statistics."""
+    T, B = x.shape[:2]
+    xs, rs = x.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    w, b = weight.detach().double().requires_grad_(), bias.detach().double().requires_grad_()
+    rm, rv = (t.double().clone() for t in running)
+    y = torch.nn.functional.batch_norm(xs.flatten(0, 1), rm, rv, w, b, training=training, momentum=0.1,
+                                       eps=1e-5).unflatten(0, (T, B))
+    ref = copy.deepcopy(neuron).double()
+    ref.backend = "torch"
+    out = ref(y + rs)
+    return out, [xs, rs, w, b, *ref.parameters()], (rm, rv)
+
+
+@pytest.mark.parametrize("case", INPUT_CASES)
+def test_residual_to_input_matches_pytorch_in_float64(case):
+    dtype, cl, T, spec, training = INPUT_CASES[case]
+    g = torch.Generator().manual_seed(11)
+    B, C, H, W = 2, 5, 4, 3
+    x = (torch.randn(T, B, C, H, W, generator=g) * 1.2 + 0.3).to(dtype).to(DEVICE)
+    r = torch.randn(T, B, C, H, W, generator=g).to(dtype).to(DEVICE)
+    grad = torch.randn(T, B, C, H, W, generator=g).to(dtype).to(DEVICE)
+    if cl:
+        x, r, grad = _cl(x), _cl(r), _cl(grad)
+    weight = (torch.rand(C, generator=g) + 0.5).to(DEVICE)
+    bias = (torch.rand(C, generator=g) - 0.3).to(DEVICE)
+    running = (torch.rand(C, generator=g) * 0.2).to(DEVICE), (torch.rand(C, generator=g) + 0.5).to(DEVICE)
+    neuron = build_neuron(**spec).to(DEVICE)
+    want, leaves, stats = _input_reference(x, r, weight, bias, running, neuron, training)
+    want.backward(grad.double())
+    xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
+    w, b = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    rm, rv = (t.clone() for t in running)
+    got = bn_neuron(xs, w, b, rm, rv, training=training, momentum=0.1, eps=1e-5, residual=rs, residual_to="input",
+                    w=neuron._w(), **_options(neuron))
+    got.backward(grad)
+    assert torch.equal(got.double(), want.detach()), "spikes"
+    low = dtype != torch.float32
+    for name, ours, theirs in zip(("dx", "dresidual", "dweight", "dbias", "dw"),
+                                  [xs.grad, rs.grad, w.grad, b.grad, *(p.grad for p in neuron.parameters())],
+                                  [t.grad for t in leaves]):
+        scale = theirs.abs().max().item() or 1.0
+        tol = TOLERANCES[dtype][0] if low and name in ("dx", "dresidual") else SUMMED["rtol"]
+        assert_close(ours.double(), theirs, rtol=0, atol=tol * scale * (4 if low else 1), what=name)
+    for ours, theirs in zip((rm, rv), stats):
+        assert_close(ours.double(), theirs, rtol=1e-5, atol=1e-7, what="running statistics")
+
+
+def _options(neuron) -> dict:
+    from snntrain.nn.norm_neuron import _neuron_options
+
+    return _neuron_options(neuron.params)
+
+
+def test_residual_to_input_refuses_what_it_cannot_fold():
+    x = _cl(torch.randn(2, 2, 3, 4, 4, device=DEVICE))
+    args = (torch.ones(3, device=DEVICE), torch.zeros(3, device=DEVICE), None, None)
+    opts = dict(training=True, momentum=0.1, eps=1e-5, kind="lif", tau=2.0, v_threshold=1.0, v_reset=0.0,
+                decay_input=True, detach_reset=False, surrogate="atan", alpha=2.0)
+    with pytest.raises(ValueError, match="residual_to='output' is not valid; choose 'spikes' or 'input'"):
+        bn_neuron(x, *args, residual=torch.zeros_like(x), residual_to="output", **opts)
+    with pytest.raises(ValueError, match=r"residual \(2, 2, 3, 4, 4\) at strides \(96, 48, 16, 4, 1\)"):
+        bn_neuron(x, *args, residual=torch.zeros(2, 2, 3, 4, 4, device=DEVICE), residual_to="input", **opts)
+    with pytest.raises(ValueError, match="T=2"):
+        bn_neuron(x[0], *args, T=2, residual=torch.zeros_like(x), residual_to="input", **opts)
+
+
+def _block_parts(backend: str = "triton", norm: str = "batch", neuron: str = "LIF"):
+    torch.manual_seed(0)
+    bn = MultiStep(nn.BatchNorm2d(4) if norm == "batch" else LayerNorm2d(4)).to(DEVICE)
+    return bn, build_neuron(type=neuron, backend=backend).to(DEVICE)
+
+
+def _add_neuron_run(parts, x, r, fused_fn: bool):
+    norm, neuron = parts
+    x, r = x.clone().requires_grad_(), r.clone().requires_grad_()
+    adds = _Adds()
+    with adds:
+        y = norm_add_neuron(norm, neuron, x, r) if fused_fn else neuron(norm(x) + r)
+    y.backward(torch.arange(y.numel(), dtype=y.dtype, device=DEVICE).reshape(y.shape).remainder(5) - 2.0)
+    grads = [x.grad, r.grad, *(p.grad for p in norm.parameters()), *(p.grad for p in neuron.parameters())]
+    return y.detach(), grads, [b.clone() for b in norm.buffers()], adds.shapes
+
+
+def test_norm_add_neuron_fuses_where_it_can_and_runs_the_modules_elsewhere():
+    g = torch.Generator().manual_seed(12)
+    x = _cl(torch.randn(3, 2, 4, 5, 5, generator=g).to(DEVICE))
+    r = _cl(torch.randn(3, 2, 4, 5, 5, generator=g).to(DEVICE))
+    for neuron in ("LIF", "PLIF", "IF"):
+        got = _add_neuron_run(_block_parts(neuron=neuron), x, r, True)
+        want = _add_neuron_run(_block_parts(neuron=neuron), x, r, False)
+        assert torch.equal(got[0], want[0]), neuron
+        for a, b in zip(got[1], want[1]):
+            assert_close(a, b, **SUMMED, what=neuron)
+        for a, b in zip(got[2], want[2]):
+            assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-7, what=f"{neuron} running statistics")
+        assert tuple(x.shape) not in got[3] and tuple(x.shape) in want[3], neuron  # fused: no addition of maps
+    for parts in (_block_parts(backend="torch"), _block_parts(norm="layer"), _block_parts(neuron="ALIF")):
+        got, want = _add_neuron_run(parts, x, r, True), _add_neuron_run(copy.deepcopy(parts), x, r, False)
+        assert torch.equal(got[0], want[0]) and tuple(x.shape) in got[3]
+    norm, neuron = _block_parts()
+    order = []
+    norm.register_forward_hook(lambda *a: order.append("norm"))
+    norm_add_neuron(norm, neuron, x, lambda: order.append("shortcut") or r)
+    assert order == ["norm", "shortcut"]  # watched: the modules, in the block's order
+
+
+def test_spiking_resnet_blocks_use_it():
+    """Spiking ResNet's blocks run their last norm, shortcut addition and neuron as the fused op under Triton: the
+    same logits as with it held off (hooks on the neurons), gradients within the float32 tolerance."""
+    from snntrain.models.spiking_resnet import SpikingResNet
+
+    torch.manual_seed(0)
+    model = SpikingResNet(num_classes=3, T=2, stem="cifar", width=4, backend="triton").to(DEVICE)
+    held = copy.deepcopy(model)
+    blocks = [m for m in held.modules() if hasattr(m, "sn2") and hasattr(m, "bn2")]
+    for block in blocks:
+        block.sn2.register_forward_hook(lambda *a: None)
+    calls = []
+    original = BN.bn_neuron
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("residual_to", "spikes"))
+        return original(*args, **kwargs)
+
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    runs = []
+    try:
+        BN.bn_neuron = spy
+        for m in (model, held):
+            leaf = x.clone().requires_grad_()
+            logits = m(leaf)
+            (logits * torch.arange(1.0, 4.0, device=DEVICE)).sum().backward()
+            runs.append((logits.detach(), [leaf.grad, *(p.grad for p in m.parameters())]))
+    finally:
+        BN.bn_neuron = original
+    assert calls.count("input") == len(blocks) == 8
+    torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        scale = b.abs().max().item() or 1.0
+        assert_close(a, b, rtol=0, atol=1e-4 * scale)
 
 
 @pytest.mark.gpu

@@ -257,8 +257,8 @@ def _bn_neuron_fwd_kernel(
     w_ptr,  # [C] norm weight, read when HAS_W
     b_ptr,  # [C] norm bias, read when HAS_B
     k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
-    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s; RESIDUAL: spikes + r
-    r_ptr,  # [T, B, C, S] RESIDUAL: added to the spikes (SEW's ADD), at the spikes' strides
+    s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s; RESIDUAL 1: spikes + r
+    r_ptr,  # [T, B, C, S] RESIDUAL: at the spikes' strides, added to them (1) or to the neuron's input (2)
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
     cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
     T, B, C, S, s_tiles,
@@ -271,7 +271,7 @@ def _bn_neuron_fwd_kernel(
     EXPANDED: tl.constexpr,
     STORE_CKPT: tl.constexpr,
     COUNT: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    RESIDUAL: tl.constexpr,  # 0, or where r joins: ADD_TO_SPIKES (1), ADD_TO_INPUT (2)
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
@@ -305,6 +305,7 @@ def _bn_neuron_bwd_kernel(
     sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
     sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (likewise)
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
+    r_ptr,  # RESIDUAL: [T, B, C, S] the residual the forward added to the neuron's input, at t*sr_t + ...
     part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
     sem_ptr,  # [G1] int32 arrival counters, zero between launches (PASS 1 with FINISH)
@@ -315,6 +316,7 @@ def _bn_neuron_bwd_kernel(
     sx_t, sx_b, sx_c, sx_s,
     sg_t, sg_b, sg_c, sg_s,
     sd_t, sd_b, sd_c, sd_s,
+    sr_t, sr_b, sr_c, sr_s,
     inv_n,  # 1 / (elements per channel)
     k, v_threshold, v_reset, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr,  # the neuron (F_* flags)
@@ -322,11 +324,13 @@ def _bn_neuron_bwd_kernel(
     K_FROM_PTR: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
     EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr,  # a stride-0 time axis, batch statistics (training)
+    RESIDUAL: tl.constexpr,  # the forward added r_ptr's tensor to the neuron's input (ADD_TO_INPUT; not EXPANDED)
     PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
     FINISH: tl.constexpr,  # PASS 1: the last program of each channel block adds the partials into the sums
     FINISH_R: tl.constexpr,  # rows per step of that sum
     STORE_GK: tl.constexpr,
-    STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel
+    STORE_GY: tl.constexpr,  # PASS 1: dL/dy into gx_ptr (summed over T when EXPANDED), for _bn_dx_kernel (or a
+    #                          RESIDUAL's gradient: the plan passes it as gx_ptr)
     POOL: tl.constexpr,  # the spikes were max-pooled 3x3/2 (bn_neuron_pool): dL/dS gathered from the pooled gradient
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
@@ -355,11 +359,11 @@ def _bn_neuron_bwd_kernel(
     for i in range(TPP):
         b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
         acc_g, acc_gx, gk = _bn_bwd_tile(
-            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
-            shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c,
-            sd_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, PASS, STORE_GK, STORE_GY,
-            POOL, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd,
+            scale, shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t,
+            sd_b, sd_c, sd_s, sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, RESIDUAL, PASS, STORE_GK,
+            STORE_GY, POOL, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if PASS == 1:
         row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
         tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
@@ -375,17 +379,19 @@ def _bn_neuron_bwd_kernel(
 
 @triton.jit
 def _bn_bwd_tile(
-    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale, shift,
-    m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
-    k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
+    shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
+    sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, PASS: tl.constexpr,
-    STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, POOL: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, RESIDUAL: tl.constexpr,
+    PASS: tl.constexpr, STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, POOL: tl.constexpr, NO_FMA: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx. With ``POOL`` each step's
     dL/dS is gathered from the pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`)
-    and rounded to the gradient's dtype, the values the separate max-pool backward would have written."""
+    and rounded to the gradient's dtype, the values the separate max-pool backward would have written. With
+    ``RESIDUAL`` the neuron's input is recomputed with the residual added, and dL/dy (``STORE_GY``) is also the
+    residual's gradient."""
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
     ck_base = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S)
@@ -415,8 +421,13 @@ def _bn_bwd_tile(
                 ys = ys + (y_e,)
         else:
             xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
-            for j in tl.static_range(CHUNK):
-                ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
+            if RESIDUAL:
+                rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
+                for j in tl.static_range(CHUNK):
+                    ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift) + rs[j].to(tl.float32),)
+            else:
+                for j in tl.static_range(CHUNK):
+                    ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
         if POOL:
             gss = ()
             for j in tl.static_range(CHUNK):
@@ -472,13 +483,15 @@ def _bn_dx_kernel(
     w_ptr,  # [C] norm weight, read when HAS_W
     sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read with BATCH_STATS)
     sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (read with BATCH_STATS)
-    gx_ptr,  # in: dL/dy (the backward's PASS 1 with STORE_GY), out: dL/dx, in place, at t*sd_t + ...
+    gy_ptr,  # dL/dy (the backward's PASS 1 with STORE_GY), at t*sd_t + ..., read when SEPARATE (else gx_ptr's)
+    gx_ptr,  # dL/dx out, at gy's strides: over dL/dy in place, or beside it with SEPARATE (a residual's gradient)
     T, B, C, S, s_tiles,
     sx_t, sx_b, sx_c, sx_s,
     sd_t, sd_b, sd_c, sd_s,
     inv_n,  # 1 / (elements per channel)
     HAS_W: tl.constexpr,
     BATCH_STATS: tl.constexpr,
+    SEPARATE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     """dL/dx of batch norm from dL/dy, elementwise: the formula of the backward's PASS 2 without the scan."""
@@ -488,7 +501,11 @@ def _bn_dx_kernel(
     b, offs_s, offs_c, mask_c, mask = _tile(pid0 % per_t, tl.program_id(1), s_tiles, S, C, BLOCK_S, BLOCK_C)
     mean, rstd, scale, _shift = _bn_affine(mean_ptr, rstd_ptr, w_ptr, w_ptr, offs_c, mask_c, HAS_W, False)
     gx_at = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t
-    gy = tl.load(gx_at, mask=mask, other=0.0).to(tl.float32)
+    if SEPARATE:
+        gy = tl.load(_at(gy_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c) + t * sd_t, mask=mask, other=0.0)
+    else:
+        gy = tl.load(gx_at, mask=mask, other=0.0)
+    gy = gy.to(tl.float32)
     if BATCH_STATS:
         inv_n = tl.cast(inv_n, tl.float32)
         m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
@@ -520,9 +537,10 @@ def _semaphores(n: int, fuse: bool, device: torch.device) -> Tensor | None:
 
 def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool, has_b: bool, has_k: bool,
                  count: bool, launches: bool, nbt: bool = False, fuse: bool = False,
-                 residual: bool = False) -> base._FwdPlan:
+                 residual: int = 0) -> base._FwdPlan:
     """``fuse``: the statistics kernel finishes its partials itself (eager plans; one launch fewer); ``residual``:
-    the kernel adds the tensor ``residual`` (at the spikes' strides) to the spikes it stores."""
+    0, or where the kernel adds the tensor ``residual`` (at the spikes' strides): to the spikes it stores
+    (``ADD_TO_SPIKES``) or to the neuron's input (``ADD_TO_INPUT``)."""
     plan, expanded, B, C, S, (st, sb, sc, ss) = base._fwd_plan(x, T, flags)
     if not launches or B * C * S == 0:
         return plan
@@ -582,21 +600,25 @@ _BN_BWD_PLANS = PlanCache()
 def _bn_fwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
                  running_var: Tensor | None, k_tensor: Tensor | None, T: int, params: list[float], flags: int,
                  launch: bool, wrap=direct, count: Tensor | None = None, nbt: Tensor | None = None,
-                 eager: bool = False, residual: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 eager: bool = False, residual: Tensor | None = None,
+                 residual_to: int = base.ADD_TO_SPIKES) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The forward's host function; ``count`` (eager inference only, see :func:`bn_neuron`): a float32 ``[C]``
     that the forward kernel adds each channel's spikes to; ``nbt`` (eager training with F_UPDATE_RUNNING): the
     ``num_batches_tracked`` to count the batch in; ``residual`` (eager calls, laid out as the spikes:
-    :func:`residual_fits`): added to the spikes, the first output is their sum. Calls that launch directly reuse
-    the plan of their layout; ``eager`` (not the operator, whose outputs may not alias one another): the float32
-    tensors are views of one allocation."""
+    :func:`residual_fits`): added to the spikes (``residual_to`` ``ADD_TO_SPIKES``: the first output is their sum)
+    or to the neuron's input (``ADD_TO_INPUT``). Calls that launch directly reuse the plan of their layout;
+    ``eager`` (not the operator, whose outputs may not alias one another): the float32 tensors are views of one
+    allocation."""
+    mode = 0 if residual is None else residual_to
+
     def build(launches: bool, fuse: bool = False) -> base._FwdPlan:
         return _bn_fwd_plan(x, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                            count is not None, launches, nbt is not None, fuse, residual is not None)
+                            count is not None, launches, nbt is not None, fuse, mode)
 
     plan = None
     if launch and wrap is direct:
         plan = base._plan(_BN_FWD_PLANS, (x.shape, x.stride(), x.device, T, flags, weight is None, bias is None,
-                                     k_tensor is None, count is None, nbt is None, residual is None, *params), build)
+                                     k_tensor is None, count is None, nbt is None, mode, *params), build)
     plan, tensors = _bn_fwd_buffers(plan, build, x, weight, bias, running_mean, running_var, k_tensor, params, flags,
                                     launch, eager, count=count, nbt=nbt, residual=residual)
     out = tensors["spikes"], tensors["mean"], tensors["rstd"], tensors["var"], tensors["ckpt"]
@@ -640,11 +662,14 @@ def _bn_fwd_buffers(plan: base._FwdPlan | None, build, x: Tensor, weight: Tensor
 
 
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
-                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False, pooled: bool = False) -> base._BwdPlan:
+                 has_b: bool, has_k: bool, launches: bool, fuse: bool = False, pooled: bool = False,
+                 residual: Tensor | None = None) -> base._BwdPlan:
     """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer). ``pooled``
     (:mod:`snntrain.kernels.bn_neuron_pool`): ``grad_spikes`` is the gradient of the spikes max-pooled 3x3/2
     (``[T, B, C, Ho, Wo]``, at the strides of the forward's window positions, the tensor ``pos``), gathered into
-    dL/dS by the scan's kernel."""
+    dL/dS by the scan's kernel. ``residual``: the tensor the forward added to the neuron's input (``ADD_TO_INPUT``,
+    not with a stride-0 time axis): the scan reads it to recompute the neuron's input and leaves dL/dy, its gradient,
+    in ``grad_r``, from which the elementwise pass writes dL/dx."""
     plan, xk, expanded, B, C, S, (st, sb, sc, ss) = base._bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
@@ -662,16 +687,18 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     n = (1 if expanded else T) * B * S
     common = dict(**base._neuron_consts(flags), DETACH_RESET=bool(flags & ns.F_DETACH_RESET),
                   SURROGATE=(flags >> ns.F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
-                  EXPANDED=expanded, BATCH_STATS=batch, NO_FMA=ns.NO_FMA, CHUNK=chunk, BLOCK_S=bs, BLOCK_C=bc,
-                  num_warps=tuning.BWD_WARPS)
-    args = (st, sb, sc, ss, *sg, *sd, 1.0 / n, k, v_threshold, v_reset, alpha)
+                  EXPANDED=expanded, BATCH_STATS=batch, RESIDUAL=residual is not None, NO_FMA=ns.NO_FMA, CHUNK=chunk,
+                  BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.BWD_WARPS)
+    res = residual is not None
+    sr = base._strides(residual, False) if res else (0, 0, 0, 0)
+    args = (st, sb, sc, ss, *sg, *sd, *sr, 1.0 / n, k, v_threshold, v_reset, alpha)
     tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "pos" if pooled else "gs", "sum0", "sum1",
-               "grad_x")
+               "grad_r" if res else "grad_x", "residual" if res else "x")
     pool = (x.shape[-1], *grad_spikes.shape[-2:]) if pooled else (1, 1, 1)  # W, Ho, Wo
     groups, tpp = tuning.tile_groups(B, S, bs, g1, x.device, tuning.BWD_PROGRAMS_PER_SM)
     g0 = B * groups
     out = []
-    if batch or need_wb or need_k:
+    if batch or need_wb or need_k or res:
         plan.part_shape = (g0, 2, C)
         plan.gk_shape = (g0 * g1,) if need_k else None
         sem = _semaphores(g1, fuse, x.device)
@@ -680,7 +707,7 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                            (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
                             T, B, C, S, *pool, groups, tpp, *args),
                            dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
-                                STORE_GK=need_k, STORE_GY=need_x, POOL=pooled, **common)))
+                                STORE_GK=need_k, STORE_GY=need_x or res, POOL=pooled, **common)))
         if sem is None:
             out.append(Planned(_pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
                                dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
@@ -692,9 +719,10 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
             steps = 1 if expanded else T
             out.append(Planned(
                 _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
-                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_x", steps, B, C, S, s_tiles, st, sb, sc, ss, *sd,
-                 1.0 / n),
-                dict(HAS_W=has_w, BATCH_STATS=batch, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
+                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_r" if res else "grad_x", "grad_x", steps, B, C,
+                 S, s_tiles, st, sb, sc, ss, *sd, 1.0 / n),
+                dict(HAS_W=has_w, BATCH_STATS=batch, SEPARATE=res, BLOCK_S=bs, BLOCK_C=bc,
+                     num_warps=tuning.FWD_WARPS)))
     elif need_x:  # no sums to take: dL/dx in one pass
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
                            (*tensors, "mean", "mean", "mean", T, B, C, S, *pool, groups, tpp, *args),
@@ -706,11 +734,13 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
 
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
                  k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct, eager: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 launch: bool, wrap=direct, eager: bool = False,
+                 residual: Tensor | None = None) -> tuple[Tensor, ...]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K); dL/dk
-    None where not asked for in an ``eager`` call."""
+    None where not asked for in an ``eager`` call; with ``residual`` (the forward added it to the neuron's input),
+    its gradient fifth."""
     return base._bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
-                     wrap, (1, 0), eager, mean=mean, rstd=rstd, ckpt=ckpt)
+                     wrap, (1, 0), eager, residual, mean=mean, rstd=rstd, ckpt=ckpt)
 
 
 # ----------------------------------------------------------------------------
@@ -784,19 +814,23 @@ class _EagerBNNeuron(torch.autograd.Function):
     takes two inputs more: ``num_batches_tracked`` (eager training folds the running statistics in its statistics
     kernel and counts the batch there), and ``stats``: whether to return the batch mean and unbiased variance
     beside the spikes (for the caller to fold in; otherwise it returns the spikes alone, and keeps the statistics
-    and checkpoints on ``ctx``: fewer outputs for autograd to wrap). A twelfth input, ``residual``, is added to the
-    spikes by the forward kernel (:func:`bn_neuron`'s ``residual``): the output's gradient is the spikes' and the
-    residual's."""
+    and checkpoints on ``ctx``: fewer outputs for autograd to wrap). Two more, ``residual`` and ``residual_to``
+    (:func:`bn_neuron`'s): the forward kernel adds ``residual`` to the spikes (the output's gradient is the
+    residual's too) or to the neuron's input (the backward's dL/dy is its gradient)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats,
-                residual=None):
+                residual=None, residual_to=base.ADD_TO_SPIKES):
         with profiled("snntrain::bn_neuron_fwd"):
             spikes, mean, rstd, var, ckpt = _bn_fwd_host(x, weight, bias, running_mean, running_var, k_tensor, T,
-                                                         params, flags, True, nbt=nbt, eager=True, residual=residual)
-        ctx.save_for_backward(x, weight, bias, k_tensor)
+                                                         params, flags, True, nbt=nbt, eager=True, residual=residual,
+                                                         residual_to=residual_to)
+        ctx.residual = 0 if residual is None else residual_to
+        if ctx.residual == base.ADD_TO_INPUT:
+            ctx.save_for_backward(x, weight, bias, k_tensor, residual)
+        else:
+            ctx.save_for_backward(x, weight, bias, k_tensor)
         ctx.mean, ctx.rstd, ctx.ckpt, ctx.T, ctx.params, ctx.flags = mean, rstd, ckpt, T, params, flags
-        ctx.residual = residual is not None
         ctx.set_materialize_grads(False)
         if stats:
             ctx.mark_non_differentiable(mean, var)
@@ -805,12 +839,28 @@ class _EagerBNNeuron(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_spikes, *_stats):
+        if ctx.residual == base.ADD_TO_INPUT:
+            return _EagerBNNeuron._input_residual_grads(ctx, grad_spikes)
         x, weight, bias, k_tensor = ctx.saved_tensors
         grads = *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes,
                            _eager_bn_bwd), None, None
         if ctx.residual:
-            return *grads, grad_spikes if ctx.needs_input_grad[11] else None
+            return *grads, grad_spikes if ctx.needs_input_grad[11] else None, None
         return grads
+
+    @staticmethod
+    def _input_residual_grads(ctx, grad_spikes) -> tuple:
+        """The gradients of a forward that added its residual to the neuron's input: the backward's dL/dy is the
+        residual's (the scan runs whichever other gradient is asked for)."""
+        x, weight, bias, k_tensor, residual = ctx.saved_tensors
+        flags, nx, nw, nb, nk = base._grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
+        if grad_spikes is None:
+            grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
+        with profiled("snntrain::bn_neuron_bwd"):
+            gx, gw, gb, gk, gr = _bn_bwd_host(x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes,
+                                              ctx.T, ctx.params, flags, True, eager=True, residual=residual)
+        return (gx if nx else None, gw if nw else None, gb if nb else None, None, None, gk if nk else None,
+                None, None, None, None, None, gr if ctx.needs_input_grad[11] else None, None)
 
 
 # ----------------------------------------------------------------------------
@@ -821,8 +871,9 @@ class _EagerBNNeuron(torch.autograd.Function):
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
               T: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
-              residual: Tensor | None = None, **neuron) -> Tensor:
-    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels (plus ``residual``, where given).
+              residual: Tensor | None = None, residual_to: str = "spikes", **neuron) -> Tensor:
+    """Spikes of ``neuron(batch_norm(x))`` with the fused kernels (with ``residual``: ``neuron(batch_norm(x)) +
+    residual``, or ``neuron(batch_norm(x) + residual)`` with ``residual_to="input"``).
 
     ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (the same input at every
     step). Batch statistics when ``training`` or without running statistics (as
@@ -846,9 +897,23 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     laid out as the spikes (:func:`residual_fits`) the forward kernel adds it as it stores the spikes: one tensor
     read instead of an addition's two reads and a write. Otherwise (traced calls, ``count``, other layouts) the
     spikes are added to it after the kernels.
+
+    ``residual_to="input"`` (Spiking ResNet's blocks: the shortcut joins before the block's last neuron): the
+    forward kernel adds ``residual`` to the normalised input in float32 before each step of the neuron, and the
+    backward's scan, which recomputes that input, leaves dL/d(input), the residual's gradient, where the norm's
+    gradient is formed from. Eager calls only, ``residual`` laid out as the spikes (:func:`residual_fits`), ``x``
+    ``[T, B, C, H, W]`` and no ``count``: anything else is refused (the caller runs the norm, the addition and the
+    neuron instead, as :func:`snntrain.nn.norm_add_neuron` does).
     """
-    if residual is not None and (count is not None or traced(x, weight, bias, residual)
-                                 or not residual_fits(x, T, residual)):
+    if residual_to not in ("spikes", "input"):
+        raise ValueError(f"residual_to={residual_to!r} is not valid; choose 'spikes' or 'input'")
+    if residual is not None and residual_to == "input":
+        if count is not None or T is not None or traced(x, weight, bias, residual) or not residual_fits(x, T, residual):
+            raise ValueError("bn_neuron adds a residual to the neuron's input in eager calls of [T, B, C, H, W] input "
+                             f"without count, with the residual laid out as the spikes; got x {tuple(x.shape)}, T={T}, "
+                             f"residual {tuple(residual.shape)} at strides {residual.stride()} ({residual.dtype})")
+    elif residual is not None and (count is not None or traced(x, weight, bias, residual)
+                                   or not residual_fits(x, T, residual)):
         return bn_neuron(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps,
                          T=T, count=count, num_batches_tracked=num_batches_tracked, **neuron) + residual
     T, flags, params, k_tensor, update = _bn_prepare(x, weight, bias, running_mean, running_var, training, eps, T,
@@ -861,7 +926,8 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
         _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
         return spikes
     return _bn_dispatch(bn_neuron_fwd, _EagerBNNeuron, x, weight, bias, running_mean, running_var, k_tensor, T, params,
-                        flags, update, training, momentum, num_batches_tracked, residual)
+                        flags, update, training, momentum, num_batches_tracked, residual,
+                        base.ADD_TO_INPUT if residual_to == "input" else base.ADD_TO_SPIKES)
 
 
 def residual_fits(x: Tensor, T: int | None, residual: Tensor) -> bool:
@@ -896,7 +962,8 @@ def _bn_prepare(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_m
 def _bn_dispatch(op, eager: type[torch.autograd.Function], x: Tensor, weight: Tensor | None, bias: Tensor | None,
                  running_mean: Tensor | None, running_var: Tensor | None, k_tensor: Tensor | None, T: int,
                  params: list[float], flags: int, update: bool, training: bool, momentum: float | Tensor,
-                 num_batches_tracked: Tensor | None, residual: Tensor | None = None) -> Tensor:
+                 num_batches_tracked: Tensor | None, residual: Tensor | None = None,
+                 residual_to: int = base.ADD_TO_SPIKES) -> Tensor:
     """The first output of a batch-norm forward, the registered operator ``op`` (traced calls; its outputs end with
     ``mean, rstd, var, ckpt``) or its eager twin ``eager`` (which folds float32 running statistics with a float
     momentum in its statistics kernel, and returns the batch statistics beside its first output only where they
@@ -911,7 +978,7 @@ def _bn_dispatch(op, eager: type[torch.autograd.Function], x: Tensor, weight: Te
             update = False  # done by the statistics kernel
         out = eager.apply(x, weight, bias, running_mean, running_var, k_tensor, T, params, flags,
                           num_batches_tracked if flags & F_UPDATE_RUNNING else None, update,
-                          *(() if residual is None else (residual,)))
+                          *(() if residual is None else (residual, residual_to)))
         result, mean, var = out if update else (out, None, None)
     _bn_fold_running(mean, var, running_mean, running_var, momentum, update, training, flags, num_batches_tracked)
     return result
@@ -1062,9 +1129,10 @@ def bn_input_grad(x: Tensor, grad: Tensor, mean: Tensor, rstd: Tensor, weight: T
         s_tiles = cdiv(S, bs)
         planned = _DX_PLANS.put(key, (xk is not x, Planned(
             _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
-            ("x", "mean", "rstd", "weight", "sum_g", "sum_gx", "grad", steps, B, C, S, s_tiles, st, sb, sc, ss,
+            ("x", "mean", "rstd", "weight", "sum_g", "sum_gx", "grad", "grad", steps, B, C, S, s_tiles, st, sb, sc, ss,
              *base._strides(grad, T is not None), 1.0 / (steps * B * S)),
-            dict(HAS_W=weight is not None, BATCH_STATS=True, BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS))))
+            dict(HAS_W=weight is not None, BATCH_STATS=True, SEPARATE=False, BLOCK_S=bs, BLOCK_C=bc,
+                 num_warps=tuning.FWD_WARPS))))
     copy, launch = planned
     launch(direct, {"x": x.contiguous() if copy else x, "mean": mean, "rstd": rstd,
                     "weight": weight if weight is not None else mean, "sum_g": sum_g, "sum_gx": sum_gx, "grad": grad})

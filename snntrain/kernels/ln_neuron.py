@@ -112,7 +112,7 @@ def _ln_neuron_fwd_kernel(
     ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
     _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
                    LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C,
-                   s_base, False)
+                   s_base, 0)
 
 
 @triton.jit(do_not_specialize=["T"])

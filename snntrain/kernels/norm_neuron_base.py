@@ -65,6 +65,10 @@ from .op_utils import (
     direct,
 )
 
+#: Where a residual joins a norm-neuron's forward (``RESIDUAL`` of :func:`_fwd_scan`): added to the spikes it stores
+#: (SEW's ADD), or to the normalised input before the neuron.
+ADD_TO_SPIKES, ADD_TO_INPUT = 1, 2
+
 #: Flag bit beyond the neuron's (:mod:`snntrain.kernels.neuron_step`): gradients of the norm's weight and bias.
 #: The batch-norm family adds two more (:mod:`snntrain.kernels.bn_neuron`).
 F_GRAD_WB = 1 << 14
@@ -151,9 +155,10 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
     ``x_ptrs + t * sx_t``), then each step's input normalised by :func:`_normalise` and the neuron's step, its
     spikes stored at ``s_ptrs + t * so_t`` before the reset (the order these kernels were tuned in) and, with
     ``COUNT``, counted; the state checkpointed before every chunk but the first at ``ck_ptrs + (c - 1) * NCK``
-    (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. ``RESIDUAL``: what is stored
-    is the spikes plus the tensor at ``r_ptrs`` (the spikes' strides), added in float32 and rounded once, as
-    PyTorch adds the two. Returns the spikes of each element (``COUNT``; zero otherwise)."""
+    (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. ``RESIDUAL`` (the tensor at
+    ``r_ptrs``, at the spikes' strides): 1 (:data:`ADD_TO_SPIKES`), what is stored is the spikes plus it, added in
+    float32 and rounded once, as PyTorch adds the two; 2 (:data:`ADD_TO_INPUT`), it is added in float32 to the
+    normalised input before the neuron's step. Returns the spikes of each element (``COUNT``; zero otherwise)."""
     out_dtype = s_ptrs.dtype.element_ty
     if EXPANDED:
         y_e = _normalise(tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32), mask, C, eps, norm_a, norm_b,
@@ -173,10 +178,12 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
                 y = y_e
             else:
                 y = _normalise(xs[j].to(tl.float32), mask, C, eps, norm_a, norm_b, LAYER_NORM)
+            if RESIDUAL == 2:  # a residual added to the neuron's input (Spiking ResNet's blocks)
+                y += tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
             h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = fire(h, v_threshold)
             out = tl.where(spike, 1.0, 0.0)
-            if RESIDUAL:  # SEW's ADD: the block's output in place of its spikes
+            if RESIDUAL == 1:  # SEW's ADD: the block's output in place of its spikes
                 out += tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
             tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, out.to(out_dtype), mask=mask & valid)
             if COUNT:
@@ -412,27 +419,34 @@ def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor
 
 def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias: Tensor | None,
               k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
-              wrap, wb: tuple[int, int], eager: bool, **saved: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              wrap, wb: tuple[int, int], eager: bool, residual: Tensor | None = None,
+              **saved: Tensor | None) -> tuple[Tensor, ...]:
     """A backward's host function over its norm's ``plan_fn`` (calls that launch directly reuse the plan of their
     layout): ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``eager``:
     not the operator (dL/dk is None where not asked for); ``saved`` are the forward's tensors the kernels read
-    besides x, the parameters and dL/dS."""
+    besides x, the parameters and dL/dS. ``residual``: the tensor the forward added to the neuron's input
+    (``ADD_TO_INPUT``; ``plan_fn`` takes it), whose gradient, dL/dy in dL/dx's layout, is a fifth result."""
     def build(launches: bool, fuse: bool = False) -> _BwdPlan:
+        more = {} if residual is None else {"residual": residual}
         return plan_fn(x, grad_spikes, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
-                       launches, fuse)
+                       launches, fuse, **more)
 
     if launch and wrap is direct:
         plan = _plan(cache, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
-                             bias is None, k_tensor is None, *params), build)
+                             bias is None, k_tensor is None, None if residual is None else residual.stride(), *params),
+                     build)
     else:
         plan = build(launch)
     if plan.copy_x:
         x = x.contiguous()
     grad_x, sums, grad_k, scratch = _bwd_outputs(plan, x, k_tensor, launch, eager)
+    if residual is not None:
+        scratch.update(residual=residual, grad_r=torch.empty_like(x))
     if launch:
         _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved,
                  **scratch)
-    return grad_x, *_wb(sums, weight, bias, plan.need_wb, *wb), grad_k
+    out = grad_x, *_wb(sums, weight, bias, plan.need_wb, *wb), grad_k
+    return out if residual is None else (*out, scratch["grad_r"])
 
 
 def _grad_flags(ctx, flags: int, i_x: int, i_w: int, i_b: int, i_k: int) -> tuple[int, bool, bool, bool, bool]:

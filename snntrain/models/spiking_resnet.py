@@ -3,9 +3,10 @@
 
 Multi-step throughout (``[T, B, C, H, W]``). Inside a block every norm that feeds a neuron is one
 :class:`~snntrain.nn.NormNeuron` with it (fused under Triton); the block's last norm is added to the shortcut
-before its neuron fires, so that norm runs alone (a spiking ResNet's residual sum is of currents, not of
-spikes: compare :mod:`snntrain.models.sew_resnet`, which adds spikes, and :mod:`snntrain.models.ms_resnet`,
-which adds membrane potentials).
+before its neuron fires (a spiking ResNet's residual sum is of currents, not of spikes: compare
+:mod:`snntrain.models.sew_resnet`, which adds spikes, and :mod:`snntrain.models.ms_resnet`, which adds membrane
+potentials), so that norm, the addition and the neuron are separate modules, run as one fused batch-norm neuron
+with the shortcut added to its input under Triton (:func:`~snntrain.nn.norm_add_neuron`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from ..nn.layers import MultiStep
+from ..nn.norm_neuron import norm_add_neuron
 from ..validation import one_of, positive_int
 from .common import ClassifierHead, LayerFactory, check_run_settings, encode, kaiming_init, pick_variant
 
@@ -39,9 +41,8 @@ class BasicBlock(nn.Module):
         return self.bn2[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.bn2(self.conv2(self.sn1(self.conv1(x))))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.sn2(out + identity)
+        y = self.conv2(self.sn1(self.conv1(x)))
+        return norm_add_neuron(self.bn2, self.sn2, y, lambda: x if self.downsample is None else self.downsample(x))
 
 
 class Bottleneck(nn.Module):
@@ -63,10 +64,8 @@ class Bottleneck(nn.Module):
         return self.bn3[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.sn2(self.conv2(self.sn1(self.conv1(x))))
-        out = self.bn3(self.conv3(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.sn3(out + identity)
+        y = self.conv3(self.sn2(self.conv2(self.sn1(self.conv1(x)))))
+        return norm_add_neuron(self.bn3, self.sn3, y, lambda: x if self.downsample is None else self.downsample(x))
 
 
 def _downsample(f: LayerFactory, cin: int, cout: int, stride: int) -> MultiStep | None:

@@ -17,7 +17,7 @@ from .families import (
 from .layers import MultiStep, SpikeConv2d, TemporalDropout
 from .neurons import IF, LIF, NEURONS, PLIF, BaseNeuron, build_neuron, register_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
-from .norm_neuron import NormNeuron, norm_neuron_add, norm_neuron_max_pool
+from .norm_neuron import NormNeuron, norm_add_neuron, norm_neuron_add, norm_neuron_max_pool
 from .pool import SpikeMaxPool2d
 from .psn import PSN, MaskedPSN, ParallelNeuron, SlidingPSN
 from .step_neuron import StepNeuron, UnsupportedOp
@@ -28,5 +28,5 @@ __all__ = [
     "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MaskedPSN",
     "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeConv2d", "SpikeMaxPool2d",
     "StepNeuron", "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional",
-    "norm_neuron_add", "norm_neuron_max_pool", "register_neuron", "set_backend", "spike",
+    "norm_add_neuron", "norm_neuron_add", "norm_neuron_max_pool", "register_neuron", "set_backend", "spike",
 ]

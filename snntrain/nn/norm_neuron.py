@@ -16,8 +16,9 @@ with the running statistics.
 
 :func:`norm_neuron_max_pool` runs a ``NormNeuron`` and the max-pool of its spikes after it (the ResNets' ImageNet
 stem) as one op under Triton (:mod:`snntrain.kernels.bn_neuron_pool`), and :func:`norm_neuron_add` a ``NormNeuron``
-and the addition of a residual to its spikes (SEW-ResNet's ``ADD``) in the fused kernel, each holding nothing
-itself: the modules, their names and state dicts stay as they are.
+and the addition of a residual to its spikes (SEW-ResNet's ``ADD``) in the fused kernel, and
+:func:`norm_add_neuron` a batch norm, a residual added to its output and the neuron after them (Spiking ResNet) as
+the fused kernel, each holding nothing itself: the modules, their names and state dicts stay as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend, use_triton
+from .layers import MultiStep
 from .neurons import BaseNeuron, is_neuron
 from .norm import LayerNorm2d
 from .step_neuron import StepNeuron
@@ -228,7 +230,6 @@ def _pool_fusion(sn: NormNeuron, pool: nn.Module, x: torch.Tensor) -> str | None
     to run one after the other as they are (the PyTorch backend, ``fused = False``, monitoring), else the
     configuration the fused op does not take (said once)."""
     from ..kernels.bn_neuron_pool import POOL_PARAMS
-    from .layers import MultiStep
     from .pool import SpikeMaxPool2d
 
     if torch.compiler.is_compiling():
@@ -323,3 +324,43 @@ def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Ca
             return sn._fused(x, T, norm, neuron, residual=r)[0]
     out = sn(x) if T is None else sn(x, T=T)  # a module put in sn's place may not take T
     return out + (residual() if callable(residual) else residual)
+
+
+def norm_add_neuron(norm: nn.Module, neuron: nn.Module, x: torch.Tensor,
+                    residual: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``neuron(norm(x) + residual)``: a block's last norm, its shortcut added, and the neuron after them (Spiking
+    ResNet's blocks), as one fused batch-norm neuron where it can be.
+
+    ``norm``: a :class:`~snntrain.nn.MultiStep` holding one :class:`torch.nn.BatchNorm2d` (the norm over
+    ``[T, B, C, H, W]`` as the models build it); ``neuron``: its neuron; ``x``: ``[T, B, C, H, W]``; ``residual``:
+    a tensor of that shape, or a function without arguments that returns it (the shortcut's layers, run after the
+    norm where nothing is fused and before the fused op where it is, as :func:`norm_neuron_add`'s).
+
+    Under the Triton backend, with an IF, LIF or PLIF neuron in an eager call (and CUDA graphs captured from one),
+    the batch norm, the addition and the neuron run as :func:`snntrain.kernels.bn_neuron.bn_neuron` with
+    ``residual_to="input"``: the residual is added to the normalised input in float32 inside the kernel, so neither
+    the norm's output nor the sum is written, and the backward forms the residual's gradient in the same scan. The
+    spikes and gradients are those of the three steps in float32 arithmetic (PyTorch's path rounds the norm's
+    output and the sum to the input's dtype first), the running statistics the norm's. Otherwise the modules run
+    one after the other: under the PyTorch backend, for other norms and neurons, in compiled graphs, while a hook
+    or an activity counter watches the norm or the neuron, and where the neuron keeps its membrane
+    (``store_v_seq``). The modules' state dicts, parameters and buffers are used as they are."""
+    bn = norm[0] if isinstance(norm, MultiStep) and len(norm) == 1 else None
+    if (type(bn) is nn.BatchNorm2d and isinstance(neuron, BaseNeuron) and not neuron.store_v_seq and x.dim() == 5
+            and x.dtype in _FUSED_DTYPES and not torch.compiler.is_compiling() and use_triton(neuron.backend, x)
+            and not _watched(norm, bn, neuron)):
+        from ..kernels.bn_neuron import bn_neuron, residual_fits
+
+        NormNeuron._check_channels(x, bn)
+        r = residual() if callable(residual) else residual
+        if residual_fits(x, None, r):
+            factor, nbt, use_running = _bn_bookkeeping(bn)
+            buffers, params = bn._buffers, bn._parameters
+            return bn_neuron(
+                x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
+                buffers["running_var"] if use_running else None, training=bn.training, momentum=factor, eps=bn.eps,
+                num_batches_tracked=nbt, w=neuron._w(), residual=r, residual_to="input",
+                **_neuron_options(neuron.params))
+        return neuron(norm(x) + r)
+    out = norm(x)
+    return neuron(out + (residual() if callable(residual) else residual))
