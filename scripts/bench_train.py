@@ -20,6 +20,9 @@ same weights and batch:
   constructor of the same name (equal parameter counts): ``spiking_vgg11_bn-224``, ``spiking_resnet18-224`` (both
   LIF tau 2, sigmoid surrogate, no detach, on both sides) and ``ms_resnet18-224`` (each library's MS-ResNet neuron:
   SpikingJelly's rectangular surrogate, our triangular one of the same support);
+* ``spiking_resnet18-224-addafter``: ``spiking_resnet18-224`` with each block's last batch norm, shortcut addition
+  and neuron run as three modules (:func:`snntrain.nn.norm_add_neuron` held off by a no-op forward hook), not as the
+  fused batch-norm neuron;
 * the spiking transformers (:data:`TRANSFORMER_CASES`), SpikingJelly's variant of the same name on both sides:
   ``spikformer-cifar10`` (``spikformer_cifar10``, 32x32, batch 64), ``spikformer-s-224`` (``spikformer_s``, 224,
   batch 32), ``sdt-8-384`` (``sdt_8_384``, 224, batch 32), ``qkformer-10-384`` (``qkformer_10_384``, 224, batch 32);
@@ -110,6 +113,9 @@ CASES = {
     "spiking_resnet18-224": {"size": 224, "batch": 32,
                              "model": {"name": "spiking_resnet", "variant": "spiking_resnet18"}},
     "ms_resnet18-224": {"size": 224, "batch": 32, "model": {"name": "ms_resnet", "variant": "ms_resnet18"}},
+    # the same Spiking ResNet with each block's last norm, shortcut addition and neuron as three modules, not fused
+    "spiking_resnet18-224-addafter": {"size": 224, "batch": 32, "add_after": True,
+                                      "model": {"name": "spiking_resnet", "variant": "spiking_resnet18"}},
 }
 T, CLASSES = 4, 10
 
@@ -361,8 +367,14 @@ def zoo_model(case: str, backend: str, T: int | None = None):
     spec = c["model"]
     torch.manual_seed(0)
     neuron = {} if spec["name"] == "ms_resnet" else {"neuron": NEURON}
-    return build_model({**spec, "num_classes": c.get("classes", CLASSES), "in_channels": c.get("in_channels", 3),
-                        "T": case_T(case) if T is None else T, **neuron}, backend=backend)
+    model = build_model({**spec, "num_classes": c.get("classes", CLASSES), "in_channels": c.get("in_channels", 3),
+                         "T": case_T(case) if T is None else T, **neuron}, backend=backend)
+    if c.get("add_after"):  # a watched neuron: its block runs the norm, the addition and the neuron one by one
+        for block in model.modules():
+            last = getattr(block, "sn3", None) if hasattr(block, "bn3") else getattr(block, "sn2", None)
+            if last is not None and (hasattr(block, "bn2") or hasattr(block, "bn3")):
+                last.register_forward_hook(lambda *args: None)
+    return model
 
 
 class _ReLU(torch.nn.Module):

@@ -217,6 +217,12 @@ def test_the_addafter_case_holds_the_folded_add_off(bench):
             counts.append((y, adds.n))
     assert torch.equal(counts[0][0], counts[1][0])
     assert counts[0][1] == 0 and counts[1][1] == 8
+    with torch.device("meta"):  # Spiking ResNet's: each block's last neuron watched, nothing else
+        plain, after = (module.zoo_model(c, "torch") for c in ("spiking_resnet18-224", "spiking_resnet18-224-addafter"))
+    assert plain.state_dict().keys() == after.state_dict().keys()
+    hooked = [n for n, m in after.named_modules() if m._forward_hooks]
+    assert len(hooked) == 8 and all(n.endswith(".sn2") for n in hooked), hooked
+    assert not any(m._forward_hooks for m in plain.modules())
 
 
 def test_the_bytes_case_keeps_spike_inputs_in_one_byte_and_relu_twins_have_plain_convolutions(bench):
