@@ -95,8 +95,10 @@ def one_cpu_thread():
     PyTorch's CPU convolution computes the weight gradient of a channels-last 1x1 stride-2 convolution
     with 4 input channels (the test models' downsampling shortcut at width 4) wrongly when it runs on
     several threads: the values change from call to call, by up to the gradient's own size, and the heap
-    can be corrupted. With one thread the gradient is the float64 reference's within rounding. Tests that
+    can be corrupted. With one thread that gradient is the float64 reference's within rounding. Tests that
     compare the weight gradients of two runs of a channels-last test model on the CPU run them in here.
+    (Not every such model is safe on one thread: QKFormer's stem at width 16, channels-last, aborts in its
+    backward. Tests that need no channels-last weights keep CPU models row-major.)
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
