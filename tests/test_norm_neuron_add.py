@@ -443,31 +443,26 @@ def test_folded_add_in_a_cuda_graph():
     sn.norm = nn.BatchNorm2d(64).to(DEVICE)
     xs, rs = x.clone().requires_grad_(), r.clone().requires_grad_()
 
-    def step():
-        xs.grad = rs.grad = None
-        y = norm_neuron_add(sn, xs, rs)
-        y.backward(torch.ones_like(y))
-        return y, xs.grad, rs.grad
+    def replayed(fold):
+        """Eager results of the layer's forward and backward, and a captured graph's replay of them."""
+        def step():
+            xs.grad = rs.grad = None
+            y = fold(xs, rs)
+            y.backward(torch.ones_like(y))
+            return y, xs.grad, rs.grad
 
-    want = [t.clone() for t in step()]
-    graph, outs = capture_cuda_graph(step)
-    graph.replay()
-    torch.cuda.synchronize()
+        want = [t.clone() for t in step()]
+        graph, outs = capture_cuda_graph(step)
+        graph.replay()
+        torch.cuda.synchronize()
+        return want, outs
+
+    want, outs = replayed(lambda x, r: norm_neuron_add(sn, x, r))
     assert torch.equal(outs[0], want[0]) and torch.equal(outs[2], want[2])
     torch.testing.assert_close(outs[1], want[1])
-
+    # the residual added to the neuron's input (eval: the same statistics at every replay)
     norm, neuron = MultiStep(nn.BatchNorm2d(64)).to(DEVICE).eval(), build_neuron(type="LIF").to(DEVICE)
-
-    def step_input():  # the residual added to the neuron's input (eval: the same statistics at every replay)
-        xs.grad = rs.grad = None
-        y = norm_add_neuron(norm, neuron, xs, rs)
-        y.backward(torch.ones_like(y))
-        return y, xs.grad, rs.grad
-
-    want = [t.clone() for t in step_input()]
-    graph, outs = capture_cuda_graph(step_input)
-    graph.replay()
-    torch.cuda.synchronize()
+    want, outs = replayed(lambda x, r: norm_add_neuron(norm, neuron, x, r))
     assert torch.equal(outs[0], want[0])
     torch.testing.assert_close(outs[1], want[1])
     torch.testing.assert_close(outs[2], want[2])

@@ -295,6 +295,11 @@ def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: in
     return pool(sn(x, T=T))
 
 
+def _value(residual: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A residual given as a tensor, or as the function that computes it (called now)."""
+    return residual() if callable(residual) else residual
+
+
 def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Callable[[], torch.Tensor],
                     T: int | None = None) -> torch.Tensor:
     """``sn(x, T=T) + residual``: the spikes of a :class:`NormNeuron` plus a tensor of their shape (SEW-ResNet's
@@ -320,10 +325,10 @@ def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Ca
                 and not _watched(sn, norm, neuron)):
             sn._check_steps(x, T)
             sn._check_channels(x, norm)
-            r = residual() if callable(residual) else residual
+            r = _value(residual)
             return sn._fused(x, T, norm, neuron, residual=r)[0]
     out = sn(x) if T is None else sn(x, T=T)  # a module put in sn's place may not take T
-    return out + (residual() if callable(residual) else residual)
+    return out + _value(residual)
 
 
 def norm_add_neuron(norm: nn.Module, neuron: nn.Module, x: torch.Tensor,
@@ -352,7 +357,7 @@ def norm_add_neuron(norm: nn.Module, neuron: nn.Module, x: torch.Tensor,
         from ..kernels.bn_neuron import bn_neuron, residual_fits
 
         NormNeuron._check_channels(x, bn)
-        r = residual() if callable(residual) else residual
+        r = _value(residual)
         if residual_fits(x, None, r):
             factor, nbt, use_running = _bn_bookkeeping(bn)
             buffers, params = bn._buffers, bn._parameters
@@ -363,4 +368,4 @@ def norm_add_neuron(norm: nn.Module, neuron: nn.Module, x: torch.Tensor,
                 **_neuron_options(neuron.params))
         return neuron(norm(x) + r)
     out = norm(x)
-    return neuron(out + (residual() if callable(residual) else residual))
+    return neuron(out + _value(residual))
