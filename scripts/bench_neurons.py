@@ -909,6 +909,9 @@ PSN_SWEEP = (
     ("mma 3 programs/SM", {"MMA_PROGRAMS_PER_SM": 3}),
     ("mma 2 stages", {"MMA_STAGES": 2}),
     ("8 warps", {"WARPS": 8}),
+    ("tiles from T = 9", {"VEC_MAX_T": 8}),
+    ("tiles from T = 9, 3 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 3}),
+    ("tiles from T = 9, 2 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 2}),
 )
 
 

@@ -5,6 +5,7 @@
                                        [--set NAME=VALUE ...] [--shape 4096x512 --shape 4x32x256x14x14:-3 ...]
     python scripts/kernel_resources.py --family giou [--arch 90] [--runtime-stride]
     python scripts/kernel_resources.py --family attention [--arch 90]
+    python scripts/kernel_resources.py --family psn [--arch 90] [--sms 132] [--set NAME=VALUE ...]
 
 A kernel is specialised the way Triton's launcher would specialise the given argument values (pointers 16-byte
 aligned, integers equal to 1 folded, multiples of 16 marked), compiled with Triton's compiler API (``ASTSource``,
@@ -37,6 +38,10 @@ input.
 ``attention``: the host code of ``snntrain.kernels.spike_attention`` for the attention shapes of the variants
 (Spikformer's CIFAR model, QKFormer's and the Spike-driven Transformer's ImageNet last stage, an event model at
 T = 16 with PLIF), training step: ``K^T V``, the fused product-neuron forward with its checkpoints, its backward.
+``psn``: the host code of ``snntrain.kernels.psn`` for the parallel spiking neurons of ``scripts/bench_neurons.py
+--suite psn`` (PSN, MaskedPSN and SlidingPSN on ``[T, 64, 65536]``, T = 4, 8, 16 and 32, fp32 and bf16): the forward,
+the backward and its finishing kernel; ``--set`` overrides names of ``snntrain.kernels.psn_tuning`` (for example
+``--set MMA_PER_THREAD=1``) to check a launch size before timing it.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ from snntrain.kernels import layer_norm as LNK  # noqa: E402
 from snntrain.kernels import layer_norm_tuning as LT  # noqa: E402
 from snntrain.kernels import lif as L  # noqa: E402
 from snntrain.kernels import ln_neuron as LN  # noqa: E402
+from snntrain.kernels import psn as P  # noqa: E402
+from snntrain.kernels import psn_tuning as PT  # noqa: E402
 from snntrain.kernels import spike_attention as A  # noqa: E402
 from snntrain.kernels.norm_neuron_base import F_GRAD_WB  # noqa: E402
 
@@ -204,25 +211,75 @@ def attention_main(argv: list[str]) -> None:
     ap = _parser("attention")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     args = ap.parse_args(argv)
+    _print_launches(attention_cases(), args.arch)
+
+
+# ------------------------------------------------------------------------------------------------------------------ psn
+
+PSN_FORMS = ("PSN", "MaskedPSN", "SlidingPSN")
+
+
+def psn_cases(sms: int):
+    """``(label, launches)`` of a training step's forward and backward for each PSN form, T and dtype, the bench's
+    shape, on meta tensors (the SM count as ``sms``)."""
+    P.sm_count = lambda device, cpu=4: sms  # the backward's persistent grid, as on that GPU
+    for form in PSN_FORMS:
+        for T in (4, 8, 16, 32):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = torch.empty((T, 64, 65536), dtype=dtype, device=META)
+                weight = torch.empty((2,) if form == "SlidingPSN" else (T, T), device=META)
+                masks = ((torch.empty((T, T), device=META), torch.empty((T, T), device=META),
+                          torch.empty((), device=META)) if form == "MaskedPSN" else (None, None, None))
+                bias = torch.empty((T,) if form != "SlidingPSN" else (1,), device=META)
+                flags = P.F_GRAD_X | P.F_GRAD_W | P.F_GRAD_B | P.SURROGATES.index("atan")
+                Capture.launches.clear()
+                P._fwd_host(x, weight, bias, *masks, [2.0], flags, launch=True, wrap=Capture)
+                gs = torch.empty(x.shape, dtype=dtype, device=META)
+                P._bwd_host(x, weight, bias, *masks, gs, [2.0], flags, launch=True, wrap=Capture)
+                yield f"{form} T={T} {str(dtype).removeprefix('torch.')}", list(Capture.launches)
+
+
+def psn_main(argv: list[str]) -> None:
+    """The parallel spiking neuron kernels (``snntrain.kernels.psn``)."""
+    ap = _parser("psn")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--sms", type=int, default=132, help="SMs of the GPU (the backward's persistent grid)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="override a name of snntrain.kernels.psn_tuning (an int)")
+    args = ap.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(PT, name):
+            raise SystemExit(f"--set {item}: psn_tuning has no {name!r}; it has {', '.join(PT.__all__)}")
+        setattr(PT, name, int(value))
+    _print_launches(psn_cases(args.sms), args.arch)
+
+
+def _print_launches(cases, arch: int) -> None:
+    """Each case's launches with the registers, spills, shared memory, programs per SM and SASS digest of their
+    kernels (each distinct build compiled once)."""
     seen = {}
-    for label, launches in attention_cases():
+    for label, launches in cases:
         print(f"{label}:")
         for fn, grid, a, kw in launches:
             consts = {k: v for k, v in kw.items() if k.isupper()}
-            key = (fn.fn.__name__, tuple(sorted(consts.items())), kw.get("num_warps"),
+            key = (fn.fn.__name__, tuple(sorted(consts.items())), kw.get("num_warps"), kw.get("num_stages"),
                    tuple(type(v) if v is None else getattr(v, "dtype", v) for v in a))
             if key not in seen:
                 values = dict(zip(fn.arg_names, a))
                 values.update(kw)
-                warps = values.pop("num_warps", 4)
-                kernel = compile_kernel(fn, values, {"num_warps": warps}, args.arch)
+                options = {"num_warps": values.pop("num_warps", 4)}
+                if "num_stages" in values:
+                    options["num_stages"] = values.pop("num_stages")
+                kernel = compile_kernel(fn, values, options, arch)
                 usage = resource_usage(kernel)
+                warps = options["num_warps"]
                 seen[key] = {"warps": warps, "regs": usage["regs"], "spill B/thread": usage["stack"],
                              "smem": usage["shared"], "programs/SM": programs_per_sm(usage["regs"], warps,
                                                                                      usage["shared"]),
                              "sass": sass_digest(kernel)}
-            print(f"  {fn.fn.__name__.removeprefix('_'):18s} grid {str(tuple(grid)):14s} {consts}\n"
-                  f"  {'':18s} {seen[key]}", flush=True)
+            print(f"  {fn.fn.__name__.removeprefix('_'):24s} grid {str(tuple(grid)):14s} {consts}\n"
+                  f"  {'':24s} {seen[key]}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------- giou
@@ -514,7 +571,7 @@ def neuron_main(argv: list[str]) -> None:
                       f"  {'':24s} {seen[key]}", flush=True)
 
 
-FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main}
+FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main, "psn": psn_main}
 
 
 def main(argv: list[str] | None = None) -> None:
