@@ -912,6 +912,8 @@ PSN_SWEEP = (
     ("tiles from T = 9", {"VEC_MAX_T": 8}),
     ("tiles from T = 9, 3 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 3}),
     ("tiles from T = 9, 2 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 2}),
+    ("tiles from T = 9, tf32x3", {"VEC_MAX_T": 8, "DOT_PRECISION": "tf32x3"}),
+    ("tiles from T = 9, tf32x3, 3 programs/SM", {"VEC_MAX_T": 8, "DOT_PRECISION": "tf32x3", "DOT_PROGRAMS_PER_SM": 3}),
 )
 
 

@@ -245,13 +245,13 @@ def psn_main(argv: list[str]) -> None:
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
     ap.add_argument("--sms", type=int, default=132, help="SMs of the GPU (the backward's persistent grid)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="override a name of snntrain.kernels.psn_tuning (an int)")
+                    help="override a name of snntrain.kernels.psn_tuning (an int, or a word such as tf32x3)")
     args = ap.parse_args(argv)
     for item in args.set:
         name, _, value = item.partition("=")
         if not hasattr(PT, name):
             raise SystemExit(f"--set {item}: psn_tuning has no {name!r}; it has {', '.join(PT.__all__)}")
-        setattr(PT, name, int(value))
+        setattr(PT, name, int(value) if value.lstrip("-").isdigit() else value)
     _print_launches(psn_cases(args.sms), args.arch)
 
 

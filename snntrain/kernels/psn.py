@@ -38,7 +38,7 @@ one kernel that reads every input once:
   fit in registers. Each program writes one row of partial sums (``[programs, T * T + T]`` fp32, a few
   hundred rows); one small kernel adds the rows in a fixed order (deterministic, no atomics) and maps
   them onto the parameters (mask, diagonals, shared bias);
-* ``T > VEC_MAX_T``: ``[TP, BLOCK]`` tiles and fp32 products (``tl.dot``, IEEE precision) in both
+* ``T > VEC_MAX_T``: ``[TP, BLOCK]`` tiles and fp32 products (``tl.dot``, IEEE precision by default: ``psn_tuning.DOT_PRECISION``) in both
   directions, the backward's programs walking several blocks with dL/dW in a ``[TP, TP]`` accumulator.
 
 Bytes moved, for ``N`` neurons, ``T`` steps, elements of ``s`` bytes (the tutorial's ``[T, 64, 65536]``:
@@ -426,9 +426,10 @@ def _psn_fwd_dot_kernel(
     x_ptr, w_ptr, m0_ptr, m1_ptr, lam_ptr, b_ptr, s_ptr,  # as _psn_fwd_kernel's
     N, stride_xt, stride_xn,
     T: tl.constexpr, FORM: tl.constexpr, K: tl.constexpr, B_STRIDE: tl.constexpr, TP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Longer sequences: H = W X on a ``[TP, BLOCK]`` tile as one fp32 product (``tl.dot``, IEEE precision)."""
+    """Longer sequences: H = W X on a ``[TP, BLOCK]`` tile as one fp32 product (``tl.dot`` in ``PRECISION``,
+    :data:`~snntrain.kernels.psn_tuning.DOT_PRECISION`)."""
     pid = tl.program_id(0)
     rows = tl.arange(0, TP)
     rmask = rows < T
@@ -438,7 +439,7 @@ def _psn_fwd_dot_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m2 = rmask[:, None] & (offs < N)[None, :]
     x = tl.load(x_ptr + rows64[:, None] * stride_xt + offs[None, :] * stride_xn, mask=m2, other=0.0)
-    h = tl.dot(w, x.to(tl.float32), input_precision="ieee") + b[:, None]
+    h = tl.dot(w, x.to(tl.float32), input_precision=PRECISION) + b[:, None]
     out_dtype = s_ptr.dtype.element_ty
     tl.store(s_ptr + rows64[:, None] * tl.cast(N, tl.int64) + offs[None, :], tl.where(h >= 0.0, 1.0, 0.0).to(out_dtype),
              mask=m2)
@@ -451,10 +452,10 @@ def _psn_bwd_dot_kernel(
     alpha, SURROGATE: tl.constexpr,
     STORE_GX: tl.constexpr, STORE_GW: tl.constexpr, STORE_GB: tl.constexpr, GS_BCAST: tl.constexpr,
     T: tl.constexpr, FORM: tl.constexpr, K: tl.constexpr, B_STRIDE: tl.constexpr, TP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Longer sequences: ``[TP, BLOCK]`` tiles (TP = T rounded up to a power of two, at least 16) and three
-    fp32 products (``tl.dot``, IEEE precision): H = W X, dL/dX = W^T dL/dH and dL/dW += dL/dH X^T. Each program
+    fp32 products (``tl.dot`` in ``PRECISION``): H = W X, dL/dX = W^T dL/dH and dL/dW += dL/dH X^T. Each program
     walks the blocks ``pid, pid + num_programs, ...`` and keeps its partial dL/dW in a ``[TP, TP]`` accumulator,
     so the ``T * T`` sums over neurons leave the program once, not once per block."""
     pid = tl.program_id(0)
@@ -480,17 +481,17 @@ def _psn_bwd_dot_kernel(
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         m2 = rmask[:, None] & (offs < N)[None, :]
         x = tl.load(x_rows + offs[None, :] * stride_xn, mask=m2, other=0.0).to(tl.float32)
-        h = tl.dot(w, x, input_precision="ieee") + b[:, None]
+        h = tl.dot(w, x, input_precision=PRECISION) + b[:, None]
         if GS_BCAST:
             gs = tl.where(m2, tl.load(gs_rows, mask=rmask[:, None], other=0.0).to(tl.float32), 0.0)
         else:
             gs = tl.load(gs_rows + offs[None, :] * stride_gn, mask=m2, other=0.0).to(tl.float32)
         gh = gs * surrogate_grad(h, alpha, SURROGATE)  # zero outside the sequence and past the last neuron
         if STORE_GX:
-            gx = tl.dot(wt, gh, input_precision="ieee")
+            gx = tl.dot(wt, gh, input_precision=PRECISION)
             tl.store(gx_ptr + rows64[:, None] * n64 + offs[None, :], gx.to(out_dtype), mask=m2)
         if STORE_GW:
-            gw = tl.dot(gh, tl.trans(x), gw, input_precision="ieee")
+            gw = tl.dot(gh, tl.trans(x), gw, input_precision=PRECISION)
         if STORE_GB:
             gb += tl.sum(gh, axis=1)
     row = part_ptr + tl.cast(pid, tl.int64) * (NW + NB)
@@ -609,7 +610,7 @@ def _fwd_plan(x: Tensor, consts: dict, launches: bool) -> tuple:
     if T > tuning.VEC_MAX_T:
         block, tp = tuning.dot_tiles(T)
         planned = Planned(_psn_fwd_dot_kernel, (cdiv(N, block),), args,
-                          dict(**consts, TP=tp, BLOCK=block, num_warps=tuning.WARPS))
+                          dict(**consts, TP=tp, BLOCK=block, PRECISION=tuning.DOT_PRECISION, num_warps=tuning.WARPS))
     else:
         block = tuning.fwd_block(T)
         planned = Planned(_psn_fwd_kernel, (cdiv(N, block),), args, dict(**consts, BLOCK=block, num_warps=tuning.WARPS))
@@ -630,7 +631,7 @@ def _bwd_plan(x: Tensor, grad_spikes: Tensor, consts: dict, alpha: float, flags:
     nw, nb = _partial_width(T, form, K, b_stride)
     if T > tuning.VEC_MAX_T:
         block, tp = tuning.dot_tiles(T)
-        kernel, extra = _psn_bwd_dot_kernel, dict(TP=tp)
+        kernel, extra = _psn_bwd_dot_kernel, dict(TP=tp, PRECISION=tuning.DOT_PRECISION)
         programs = tuning.dot_programs(N, block, sms)
     elif T > tuning.VEC_BWD_MAX_T and form != SLIDING:
         block, tp = tuning.mma_block(T)

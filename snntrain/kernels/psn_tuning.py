@@ -24,7 +24,8 @@ from __future__ import annotations
 from .op_utils import cdiv, next_pow2
 
 __all__ = ["MAX_T", "VEC_MAX_T", "VEC_BWD_MAX_T", "DOT_MIN_T", "WARPS", "REGS_PER_THREAD", "FWD_MAX_PER_THREAD",
-           "BWD_BLOCK_REGS", "BWD_BASE_REGS", "MMA_PROGRAMS_PER_SM", "MMA_PER_THREAD", "MMA_STAGES", "DOT_TILE", "DOT_PROGRAMS_PER_SM", "FINISH_TILE",
+           "BWD_BLOCK_REGS", "BWD_BASE_REGS", "MMA_PROGRAMS_PER_SM", "MMA_PER_THREAD", "MMA_STAGES", "DOT_TILE", "DOT_PROGRAMS_PER_SM", "DOT_PRECISION",
+           "FINISH_TILE",
            "fwd_block", "bwd_block", "bwd_programs_per_sm", "mma_block", "bwd_programs", "dot_tiles", "dot_programs", "finish_rows"]
 
 #: The longest sequence the kernels take: a tile's program holds the ``[TP, TP]`` weight (and in the backward its
@@ -58,6 +59,9 @@ MMA_STAGES = 1
 #: Elements of a ``[TP, BLOCK]`` tile of the tiled kernels, and the tiled backward's programs per SM.
 DOT_TILE = 2048
 DOT_PROGRAMS_PER_SM = 8
+#: ``tl.dot``'s ``input_precision`` in the tiled kernels' fp32 products: ``"ieee"`` (fp32 multiply-adds, not on tensor
+#: cores) or ``"tf32x3"`` (three TF32 tensor-core products, about fp32's accuracy).
+DOT_PRECISION = "ieee"
 #: Partial sums the finishing kernel reads per step (``[rows, columns]`` tile).
 FINISH_TILE = 4096
 
