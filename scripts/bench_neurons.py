@@ -3,6 +3,7 @@
     python scripts/bench_neurons.py --out DIR [--quick] [--budget SECONDS] [--sweep] [--suite lif|psn]
     python scripts/bench_neurons.py --out DIR --suite psn --sweep [--budget SECONDS]
     python scripts/bench_neurons.py --out DIR --suite families|api-lif [--family NAME] [--smoke]
+    python scripts/bench_neurons.py --out DIR --suite api-lif --sweep [--budget SECONDS]
 
 ``--suite families`` and ``--suite api-lif`` measure the neurons generated from a step function
 (:func:`run_generated`, results as JSON lines in ``DIR/bench_neuron_families.jsonl`` and
@@ -547,6 +548,71 @@ def _sj_node(entry, dev):
     return node.to(dev)
 
 
+def api_lif_class():
+    """LIF written as a :class:`~snntrain.nn.StepNeuron` (its step function), as the tutorial writes it."""
+    from snntrain.nn import StepNeuron
+
+    class ApiLIF(StepNeuron):
+        states = {"v": "v_reset"}
+        defaults = {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0}
+
+        def step(self, x, v, tau, v_threshold, v_reset):
+            h = v + (x - (v - v_reset)) * (1.0 / tau)
+            s = self.heaviside(h - v_threshold)
+            return s, h - h * s + v_reset * s
+
+    return ApiLIF
+
+
+#: Launch configurations of ``--suite api-lif --sweep``: (label, {name in snntrain.kernels.step_neuron_tuning: value}).
+API_LIF_SWEEP = (
+    ("default", {}),
+    ("ln bwd tile 256 for T > 4", {"LN_BWD_TILE_LONG": 256}),
+    ("ln bwd tile 1024 for T > 4", {"LN_BWD_TILE_LONG": 1024}),
+    ("ln bwd 1 element/thread", {"LN_BWD_PER_WARP": 32}),
+    ("ln fwd tile 512", {"LN_FWD_TILE": 512}),
+    ("ln fwd tile 2048", {"LN_FWD_TILE": 2048}),
+)
+
+
+def api_lif_sweep(quick: bool, deadline: float) -> None:
+    """The generated layer-norm + LIF tile kernels' GPU time (forward+backward replayed from a CUDA graph, no host
+    cost) over the launch configurations of :data:`API_LIF_SWEEP`, at the suite's T and dtypes on ``BN_SHAPE``
+    steps; one printed line per configuration. Not part of the default run."""
+    from snntrain.kernels import step_neuron as K
+    from snntrain.kernels import step_neuron_tuning as tuning
+    from snntrain.nn import LayerNorm2d, NormNeuron
+
+    dev = bu.device()
+    ApiLIF = api_lif_class()
+    print(f"layer norm + StepNeuron LIF sweep on {bu.gpu_name()}; ms of fwd+bwd graph replays, [T, *{BN_SHAPE}]",
+          flush=True)
+    for label, settings in API_LIF_SWEEP:
+        if time.time() > deadline:
+            print(f"{label}: skipped, out of time budget", flush=True)
+            continue
+        saved = {name: getattr(tuning, name) for name in settings}
+        for name, value in settings.items():
+            setattr(tuning, name, value)
+        K.clear_plans()
+        cells = []
+        try:
+            for dname in GEN_DTYPES:
+                for T in API_LIF_T:
+                    if time.time() > deadline:
+                        cells.append(f"T{T} {dname}: out of time")
+                        continue
+                    module = NormNeuron(LayerNorm2d(BN_SHAPE[1]), ApiLIF(backend="triton"), backend="triton").to(dev)
+                    leaf = torch.randn((T, *BN_SHAPE), device=dev).to(DTYPES[dname]).requires_grad_()
+                    ms, note = bu.graph_ms(lambda: module(leaf).sum().backward(), quick)
+                    cells.append(f"T{T} {dname}: " + (note or f"{ms:.3f}"))
+        finally:
+            for name, value in saved.items():
+                setattr(tuning, name, value)
+            K.clear_plans()
+        print(f"{label}: " + "; ".join(cells), flush=True)
+
+
 def run_generated(args) -> None:
     """``--suite families`` / ``api-lif``: rows in ``<out>/bench_neuron_families.csv`` and ``.jsonl`` /
     ``bench_neuron_api_lif.csv`` and ``.jsonl`` (:func:`bench_utils.write_rows`; the JSON lines appended as each
@@ -617,17 +683,9 @@ def run_generated(args) -> None:
     if args.suite == "api-lif":
         from torch import nn
 
-        from snntrain.nn import LIF, LayerNorm2d, NormNeuron, StepNeuron
+        from snntrain.nn import LIF, LayerNorm2d, NormNeuron
 
-        class ApiLIF(StepNeuron):
-            states = {"v": "v_reset"}
-            defaults = {"tau": 2.0, "v_threshold": 1.0, "v_reset": 0.0}
-
-            def step(self, x, v, tau, v_threshold, v_reset):
-                h = v + (x - (v - v_reset)) * (1.0 / tau)
-                s = self.heaviside(h - v_threshold)
-                return s, h - h * s + v_reset * s
-
+        ApiLIF = api_lif_class()
         bn_step = SMOKE_BN_SHAPE if smoke else BN_SHAPE
 
         def bn(neuron):  # a training-mode batch norm fused with the neuron
@@ -703,6 +761,9 @@ def main() -> None:
         p.add_argument("--smoke", action="store_true", help="with --suite families/api-lif: a tiny run (a check; the CPU interpreter without a GPU)")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
+    if args.suite == "api-lif" and args.sweep:
+        api_lif_sweep(args.quick, time.time() + args.budget)
+        return
     if args.suite in ("families", "api-lif"):
         run_generated(args)
         return

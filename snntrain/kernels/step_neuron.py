@@ -107,10 +107,10 @@ from .lif import (
 )
 from .neuron_codegen import CSUM_NEURON, CSUM_PROGRAM, CSUM_ROWS
 from .neuron_jit import lookup
-from .neuron_step import chunk_steps
+from .neuron_step import SHORT_CHUNK, chunk_steps
 from .op_utils import INT32_MAX, PlanCache, Planned, cdiv, direct, op_wrap, profiled, register_op, traced
 
-__all__ = ["bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE",
+__all__ = ["clear_plans", "bn_step_neuron", "ln_step_neuron", "step_neuron", "step_neuron_fwd", "step_neuron_bwd", "F_RETURN_STATE",
            "F_SAVE_CKPT", "F_GRAD_INIT"]
 
 F_RETURN_STATE, F_SAVE_CKPT, F_GRAD_INIT = 1, 2, 4
@@ -650,6 +650,13 @@ _LN_FWD_PLANS = PlanCache()
 _LN_BWD_PLANS = PlanCache()
 
 
+def clear_plans() -> None:
+    """Forget the eager launch plans (after launch sizes in :mod:`snntrain.kernels.step_neuron_tuning` changed)."""
+    for plans in (_FWD_PLANS, _BWD_PLANS, _LN_FWD_PLANS, _LN_BWD_PLANS):
+        plans.clear()
+    step_tuning.ln_tiles.cache_clear()
+
+
 def _ln_tile_fwd_plan(x: Tensor, key: str, T: int | None, save_ckpt: bool, eps: float) -> _LNTilePlan:
     compiled = lookup(key)
     spec = compiled.spec
@@ -708,7 +715,8 @@ def _ln_tile_bwd_plan(x: Tensor, grad_y: Tensor, key: str, T: int | None, eps: f
     plan.copy_g = gy is not grad_y
     plan.gx_stride = torch.empty_like(xm, device="meta").stride()  # dL/dx laid out like x (as mapped)
     sd = base._strides(torch.empty_strided(xm.shape, plan.gx_stride, device="meta"), expanded)
-    bs, bc, warps = step_tuning.ln_tiles(C, True)
+    chunk = chunk_steps(steps)
+    bs, bc, warps = step_tuning.ln_tiles(C, True, chunk > SHORT_CHUNK)
     s_tiles = cdiv(S, bs)
     grid = B * s_tiles
     plan.part_shape = (grid, 2 + sum(spec.learnable), C)
@@ -718,7 +726,7 @@ def _ln_tile_bwd_plan(x: Tensor, grad_y: Tensor, key: str, T: int | None, eps: f
             compiled.module.ln_bwd_kernel, (grid,),
             ("x", "ckpt", *_names("p", len(spec.params)), "w", "b", "gy", "gx", "part", steps, B, C, S, s_tiles, st,
              sb, sc, ss, *sg, *sd, eps),
-            dict(EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk_steps(steps), BLOCK_S=bs,
+            dict(EPS64=float(eps) if spec.fp64 else 0.0, EXPANDED=expanded, CHUNK=chunk, BLOCK_S=bs,
                  BLOCK_C=bc, num_warps=warps))
     return plan
 

@@ -16,13 +16,19 @@ import functools
 from .norm_neuron_tuning import FINISH_C, finish_rows
 from .op_utils import next_pow2
 
-__all__ = ["LN_TILE_MAX_C", "LN_FWD_TILE", "LN_BWD_TILE", "LN_FWD_PER_WARP", "LN_BWD_PER_WARP", "LN_MAX_WARPS",
+__all__ = ["LN_TILE_MAX_C", "LN_FWD_TILE", "LN_BWD_TILE", "LN_BWD_TILE_LONG", "LN_FWD_PER_WARP", "LN_BWD_PER_WARP", "LN_MAX_WARPS",
            "FINISH_MAX_VALUES", "ln_tile_fits", "ln_tiles", "finish_tile"]
 
 #: The largest (power-of-two padded) channel count whose positions one program holds.
 LN_TILE_MAX_C = 1024
 #: Elements per program (at least one position's C channels).
 LN_FWD_TILE, LN_BWD_TILE = 1024, 512
+#: Elements per program of the backward where its chunks are longer than ``SHORT_CHUNK`` steps (T > 4): a thread then
+#: holds 8 steps of its elements' inputs and recomputed states (ptxas for sm_90, LIF at C = 64: 159 registers in fp32,
+#: 160 in bf16, against 80 for T = 4, so one program of 8 warps per SM; a tile of 256 is 4 warps at 128 registers,
+#: four programs per SM). Not yet swept on a GPU (``scripts/bench_neurons.py --suite api-lif --sweep`` times the
+#: alternatives).
+LN_BWD_TILE_LONG = 512
 #: Elements per warp (32 threads): 4 per thread forward, 2 backward; at most LN_MAX_WARPS warps.
 LN_FWD_PER_WARP, LN_BWD_PER_WARP, LN_MAX_WARPS = 128, 64, 16
 
@@ -46,11 +52,12 @@ def ln_tile_fits(C: int) -> bool:
     return next_pow2(C) <= LN_TILE_MAX_C
 
 
-@functools.lru_cache(maxsize=1024)  # a pure function of its arguments, called on every launch
-def ln_tiles(C: int, backward: bool) -> tuple[int, int, int]:
+@functools.lru_cache(maxsize=1024)  # a pure function of its arguments and this module's names, called on every plan
+def ln_tiles(C: int, backward: bool, long_chunks: bool = False) -> tuple[int, int, int]:
     """``(BLOCK_S, BLOCK_C, num_warps)`` of a direction's tile kernel: all C channels, positions to fill the
-    direction's tile."""
+    direction's tile (the backward's ``LN_BWD_TILE_LONG`` where its chunks are long)."""
     block_c = next_pow2(C)
-    block_s = max(1, (LN_BWD_TILE if backward else LN_FWD_TILE) // block_c)
+    tile = (LN_BWD_TILE_LONG if long_chunks else LN_BWD_TILE) if backward else LN_FWD_TILE
+    block_s = max(1, tile // block_c)
     per_warp = LN_BWD_PER_WARP if backward else LN_FWD_PER_WARP
     return block_s, block_c, max(1, min(LN_MAX_WARPS, block_s * block_c // per_warp))
