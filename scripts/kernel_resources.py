@@ -1,6 +1,6 @@
 """Registers, spills and machine-code digests of snntrain's Triton kernels, compiled for a GPU target without a GPU.
 
-    python scripts/kernel_resources.py --family neuron [--arch 90] [--only lif|bn|ln|bn_pool]
+    python scripts/kernel_resources.py --family neuron [--arch 90] [--only lif|bn|ln|bn_pool|bn_residual]
     python scripts/kernel_resources.py --family layer_norm [--arch 90] [--sms 132] [--dtype float16]
                                        [--set NAME=VALUE ...] [--shape 4096x512 --shape 4x32x256x14x14:-3 ...]
     python scripts/kernel_resources.py --family giou [--arch 90] [--runtime-stride]
@@ -537,6 +537,35 @@ def norm_cases(norm: str):
         yield f"{norm}: {label}", list(Capture.launches)
 
 
+#: The residual modes of :func:`snntrain.kernels.bn_neuron.bn_neuron` (``residual``, ``residual_to``, ``connect``).
+RESIDUAL_MODES = {"ADD to the spikes (SEW ADD)": 1, "ADD to the input (Spiking ResNet)": 2, "SEW AND": 3,
+                  "SEW IAND": 4}
+
+
+def residual_cases():
+    """(label, launches) of the batch-norm neuron with a residual in each mode (:data:`RESIDUAL_MODES`), training
+    step, on a SEW-ResNet-18 layer-1 shape (bf16, channels-last, T = 4)."""
+    from snntrain.kernels import norm_neuron_base as NB
+
+    shape, dtype = (4, 32, 64, 56, 56), torch.bfloat16
+    flags, params, k_tensor = _flags("lif", surrogate="atan", detach=True)
+    params = params + [1e-5]
+    flags |= L.F_SAVE_CKPT | BN.F_BATCH_STATS
+    x = torch.empty(shape, dtype=dtype, device=META).flatten(0, 1).contiguous(
+        memory_format=torch.channels_last).unflatten(0, shape[:2])
+    out_shape, out_strides = NB.spike_layout(x, shape[0])
+    r = torch.empty_strided(out_shape, out_strides, dtype=dtype, device=META)
+    w = torch.empty(shape[2], device=META)
+    gs = torch.empty_strided(out_shape, out_strides, dtype=dtype, device=META)
+    for label, mode in RESIDUAL_MODES.items():
+        Capture.launches.clear()
+        _s, mean, rstd, _var, ckpt = BN._bn_fwd_host(x, w, w, w, w, k_tensor, shape[0], params, flags, True,
+                                                     wrap=Capture, residual=r, residual_to=mode)
+        BN._bn_bwd_host(x, w, w, mean, rstd, ckpt, k_tensor, gs, shape[0], params, flags | GRADS | F_GRAD_WB, True,
+                        wrap=Capture, **({} if mode == 1 else {"residual": r, "residual_to": mode}))
+        yield f"bn_residual: {label}, LIF atan detach bf16 channels-last {list(shape)}", list(Capture.launches)
+
+
 def neuron_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
     values = dict(zip(fn.arg_names, args))
     values.update(kwargs)
@@ -551,10 +580,10 @@ def neuron_main(argv: list[str]) -> None:
     """The neuron kernels (``snntrain.kernels.lif``, ``bn_neuron``, ``ln_neuron``, ``bn_neuron_pool``)."""
     ap = _parser("neuron")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
-    ap.add_argument("--only", choices=["lif", "bn", "ln", "bn_pool"], help="one family only")
+    ap.add_argument("--only", choices=["lif", "bn", "ln", "bn_pool", "bn_residual"], help="one family only")
     args = ap.parse_args(argv)
     groups = {"lif": lif_cases, "bn": lambda: norm_cases("bn"), "ln": lambda: norm_cases("ln"),
-              "bn_pool": lambda: norm_cases("bn_pool")}
+              "bn_pool": lambda: norm_cases("bn_pool"), "bn_residual": residual_cases}
     seen = {}
     for name, cases in groups.items():
         if args.only not in (None, name):

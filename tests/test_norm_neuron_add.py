@@ -30,15 +30,19 @@ OPTIONS = dict(kind="lif", tau=2.0, v_threshold=1.0, v_reset=0.0, decay_input=Tr
                surrogate="atan", alpha=2.0)
 
 
+#: The ATen ops that form SEW's connections (``sew_connect``: ``A + S``, ``A * S``, ``(1 - A) * S``).
+_CONNECT_OPS = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.rsub.Scalar)
+
+
 class _Adds(TorchDispatchMode):
-    """Records the shapes of the ``aten.add.Tensor`` calls below autograd."""
+    """Records the shapes of the calls below autograd of the ops that form a connection (additions, products)."""
 
     def __init__(self):
         super().__init__()
         self.shapes = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.add.Tensor:
+        if func in _CONNECT_OPS:
             self.shapes.append(tuple(args[0].shape))
         return func(*args, **(kwargs or {}))
 
@@ -50,8 +54,13 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(0, 1).contiguous(memory_format=torch.channels_last).unflatten(0, t.shape[:2])
 
 
-def _run(fold: bool, x, weight, bias, residual, grad, T, training=True, **neuron):
-    """Output, gradients and running statistics of bn_neuron with the residual folded in or added after."""
+def _connected(spikes, r, connect):
+    return {"ADD": lambda: spikes + r, "AND": lambda: spikes * r, "IAND": lambda: (1.0 - spikes) * r}[connect]()
+
+
+def _run(fold: bool, x, weight, bias, residual, grad, T, training=True, connect="ADD", **neuron):
+    """Output, gradients and running statistics of bn_neuron with the residual connected in the kernel (``fold``)
+    or after it (SEW's ``connect``)."""
     x, r = x.clone().requires_grad_(), residual.clone().requires_grad_()
     w = None if weight is None else weight.clone().requires_grad_()
     b = None if bias is None else bias.clone().requires_grad_()
@@ -62,7 +71,8 @@ def _run(fold: bool, x, weight, bias, residual, grad, T, training=True, **neuron
     args = dict(training=training, momentum=0.1, eps=1e-5, T=T, **options)
     adds = _Adds()
     with adds:
-        y = bn_neuron(x, w, b, *stats, residual=r, **args) if fold else bn_neuron(x, w, b, *stats, **args) + r
+        y = (bn_neuron(x, w, b, *stats, residual=r, connect=connect, **args) if fold
+             else _connected(bn_neuron(x, w, b, *stats, **args), r, connect))
     y.backward(grad)
     leaves = [x, r, w, b] + ([options["w"]] if "w" in options else [])
     return y.detach(), [t.grad for t in leaves if t is not None], stats, adds.shapes, y.stride()
@@ -77,8 +87,10 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("connect", ["ADD", "AND", "IAND"])
 @pytest.mark.parametrize("case", CASES)
-def test_folded_add_equals_the_kernel_then_the_addition(case):
+def test_folded_add_equals_the_kernel_then_the_addition(case, connect):
+    """SEW's ADD, AND and IAND in the kernel equal the kernel's spikes connected by PyTorch, bit for bit."""
     dtype, cl, repeated, neuron = CASES[case]
     neuron = dict(neuron)
     training = neuron.pop("training", True)
@@ -95,14 +107,16 @@ def test_folded_add_equals_the_kernel_then_the_addition(case):
     w, b = (torch.rand(C, generator=g) + 0.5).to(DEVICE), (torch.rand(C, generator=g) - 0.3).to(DEVICE)
     steps = T if repeated else None
     assert residual_fits(x, steps, residual)
-    folded = _run(True, x, w, b, residual, grad, steps, training, **neuron)
-    added = _run(False, x, w, b, residual, grad, steps, training, **neuron)
+    folded = _run(True, x, w, b, residual, grad, steps, training, connect, **neuron)
+    added = _run(False, x, w, b, residual, grad, steps, training, connect, **neuron)
     assert torch.equal(folded[0], added[0])
     assert len(folded[1]) == len(added[1]) and all(torch.equal(p, q) for p, q in zip(folded[1], added[1]))
     assert all(torch.equal(p, q) for p, q in zip(folded[2], added[2]))
     assert folded[4] == added[4]  # the spikes' layout
     out = (T, B, C, H, W)
-    assert out not in folded[3] and out in added[3]  # the fold happened: no addition of the output's size
+    assert out not in folded[3] and out in added[3]  # the fold happened: no connection of the output's size
+    if connect != "ADD":  # the connection's gradients reach the neuron: the outputs are not all zero
+        assert folded[1][0].abs().sum() > 0 and folded[1][1].abs().sum() > 0
 
 
 def test_other_layouts_and_dtypes_are_added_after():
@@ -194,14 +208,16 @@ def test_norm_neuron_add_runs_the_module_then_the_addition_where_it_does_not_fol
     assert seen and all(((s == 0) | (s == 1)).all() for s in seen)  # the hook saw spikes, not the sum
 
 
-def test_sew_resnet_blocks_fold_their_add():
-    """SEW-ResNet's ADD blocks fold their connection into their last norm-neuron: logits and every gradient equal
-    the model's with the fold held off (a forward hook on each block's last norm-neuron), and the fold takes the
-    additions of the blocks' outputs away."""
+@pytest.mark.parametrize("connect", ["ADD", "IAND"])
+def test_sew_resnet_blocks_fold_their_add(connect):
+    """SEW-ResNet's blocks fold their connection (ADD, and IAND as AND's representative) into their last
+    norm-neuron: logits and every gradient equal the model's with the fold held off (a forward hook on each block's
+    last norm-neuron), and the fold takes the connections of the blocks' outputs away."""
     from snntrain.models.sew_resnet import SEWResNet
 
     torch.manual_seed(0)
-    model = SEWResNet(depth=18, num_classes=3, T=2, stem="cifar", width=4, backend="triton").to(DEVICE)
+    model = SEWResNet(depth=18, num_classes=3, T=2, stem="cifar", width=4, backend="triton",
+                      connect=connect).to(DEVICE)
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     def lasts(m):
         return [block.sn2 for layer in (m.layer1, m.layer2, m.layer3, m.layer4) for block in layer]
@@ -457,9 +473,10 @@ def test_folded_add_in_a_cuda_graph():
         torch.cuda.synchronize()
         return want, outs
 
-    want, outs = replayed(lambda x, r: norm_neuron_add(sn, x, r))
-    assert torch.equal(outs[0], want[0]) and torch.equal(outs[2], want[2])
-    torch.testing.assert_close(outs[1], want[1])
+    for connect in ("ADD", "AND", "IAND"):
+        want, outs = replayed(lambda x, r: norm_neuron_add(sn, x, r, connect=connect))
+        assert torch.equal(outs[0], want[0]) and torch.equal(outs[2], want[2])
+        torch.testing.assert_close(outs[1], want[1])
     # the residual added to the neuron's input (eval: the same statistics at every replay)
     norm, neuron = MultiStep(nn.BatchNorm2d(64)).to(DEVICE).eval(), build_neuron(type="LIF").to(DEVICE)
     want, outs = replayed(lambda x, r: norm_add_neuron(norm, neuron, x, r))

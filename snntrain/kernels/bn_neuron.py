@@ -63,7 +63,7 @@ from torch import Tensor
 from . import neuron_step as ns
 from . import norm_neuron_base as base
 from . import norm_neuron_tuning as tuning
-from .neuron_step import chunk_backward, scalars, sum_kernel
+from .neuron_step import backward_scan, chunk_backward, fire, forward_scan, scalars, sum_kernel
 from .norm_neuron_base import (
     _at,
     _bn_apply,
@@ -258,7 +258,8 @@ def _bn_neuron_fwd_kernel(
     b_ptr,  # [C] norm bias, read when HAS_B
     k_ptr,  # [1] fp32 k = 1/tau, read when K_FROM_PTR (PLIF)
     s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s; RESIDUAL 1: spikes + r
-    r_ptr,  # [T, B, C, S] RESIDUAL: at the spikes' strides, added to them (1) or to the neuron's input (2)
+    r_ptr,  # [T, B, C, S] RESIDUAL: at the spikes' strides, added to them (1) or to the neuron's input (2), or the
+    #         factor of the spikes (3) or of one minus them (4) in what is stored
     ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
     cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
     T, B, C, S, s_tiles,
@@ -271,7 +272,7 @@ def _bn_neuron_fwd_kernel(
     EXPANDED: tl.constexpr,
     STORE_CKPT: tl.constexpr,
     COUNT: tl.constexpr,
-    RESIDUAL: tl.constexpr,  # 0, or where r joins: ADD_TO_SPIKES (1), ADD_TO_INPUT (2)
+    RESIDUAL: tl.constexpr,  # 0, or how r joins: ADD_TO_SPIKES (1), ADD_TO_INPUT (2), AND_SPIKES (3), IAND_SPIKES (4)
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
@@ -305,7 +306,9 @@ def _bn_neuron_bwd_kernel(
     sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
     sum_gx_ptr,  # [C] fp32 per channel sum of dL/dy * xhat (likewise)
     gx_ptr,  # dL/dx out (PASS 2): [T, B, C, S] at t*sd_t + ..., or [B, C, S] once when EXPANDED
-    r_ptr,  # RESIDUAL: [T, B, C, S] the residual the forward added to the neuron's input, at t*sr_t + ...
+    r_ptr,  # RESIDUAL: [T, B, C, S] the residual the forward added to the neuron's input or the spikes' factor, at
+    #         t*sr_t + ...
+    gr_ptr,  # RESIDUAL 3, 4 (PASS 1): [T, B, C, S] dL/dr out, at r's strides
     part_ptr,  # [G0, 2, C] fp32 out (PASS 1): per-program sums of dL/dy and dL/dy * xhat
     gk_part_ptr,  # [G0 * G1] fp32 out (PASS 1 with STORE_GK): per-program partial dL/dk
     sem_ptr,  # [G1] int32 arrival counters, zero between launches (PASS 1 with FINISH)
@@ -324,7 +327,9 @@ def _bn_neuron_bwd_kernel(
     K_FROM_PTR: tl.constexpr,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr,  # the norm's weight and bias
     EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr,  # a stride-0 time axis, batch statistics (training)
-    RESIDUAL: tl.constexpr,  # the forward added r_ptr's tensor to the neuron's input (ADD_TO_INPUT; not EXPANDED)
+    RESIDUAL: tl.constexpr,  # 0; ADD_TO_INPUT (2): the forward added r_ptr's tensor to the neuron's input; AND_SPIKES
+    #                          (3), IAND_SPIKES (4): it stored spikes * r or (1 - spikes) * r, whose gradient gs_ptr is
+    #                          (not with POOL)
     PASS: tl.constexpr,  # 1: per-channel sums (and dL/dk); 2: dL/dx
     FINISH: tl.constexpr,  # PASS 1: the last program of each channel block adds the partials into the sums
     FINISH_R: tl.constexpr,  # rows per step of that sum
@@ -359,7 +364,7 @@ def _bn_neuron_bwd_kernel(
     for i in range(TPP):
         b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
         acc_g, acc_gx, gk = _bn_bwd_tile(
-            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd,
+            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, gr_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd,
             scale, shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t,
             sd_b, sd_c, sd_s, sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, RESIDUAL, PASS, STORE_GK,
@@ -379,7 +384,7 @@ def _bn_neuron_bwd_kernel(
 
 @triton.jit
 def _bn_bwd_tile(
-    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
+    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, gr_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
     shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
     sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
     LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
@@ -390,8 +395,10 @@ def _bn_bwd_tile(
     """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx. With ``POOL`` each step's
     dL/dS is gathered from the pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`)
     and rounded to the gradient's dtype, the values the separate max-pool backward would have written. With
-    ``RESIDUAL`` the neuron's input is recomputed with the residual added, and dL/dy (``STORE_GY``) is also the
-    residual's gradient."""
+    ``RESIDUAL`` 2 the neuron's input is recomputed with the residual added, and dL/dy (``STORE_GY``) is also the
+    residual's gradient; with 3 or 4 (SEW's AND and IAND: the forward stored ``spikes * r`` or ``(1 - spikes) * r``)
+    dL/dS is the loaded gradient times r (negated for IAND), rounded to the gradient's dtype as PyTorch's product
+    would be, and PASS 1 stores r's gradient, the loaded one where the recomputed spike is 1 (AND) or 0 (IAND)."""
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
     ck_base = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S)
@@ -421,7 +428,7 @@ def _bn_bwd_tile(
                 ys = ys + (y_e,)
         else:
             xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
-            if RESIDUAL:
+            if RESIDUAL == 2:
                 rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
                 for j in tl.static_range(CHUNK):
                     ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift) + rs[j].to(tl.float32),)
@@ -438,8 +445,33 @@ def _bn_bwd_tile(
         else:
             gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
-        out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-                             LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK, NO_FMA, CHUNK)
+        if RESIDUAL >= 3:  # SEW's AND / IAND: dL/dS from the output's gradient, and r's gradient from the spikes
+            rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
+            gos = gss
+            gss = ()
+            for j in tl.static_range(CHUNK):
+                g = gos[j].to(tl.float32) * rs[j].to(tl.float32)
+                if RESIDUAL == 4:  # negated before the rounding, which is symmetric in the sign
+                    g = -g
+                gss = gss + (g.to(gs_ptr.dtype.element_ty),)
+            hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
+            if PASS == 1:
+                gr_base = _at(gr_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c)
+                for j in tl.static_range(CHUNK):
+                    spike = fire(hs[j], v_threshold)
+                    if RESIDUAL == 3:
+                        g_r = tl.where(spike, gos[j].to(tl.float32), 0.0)
+                    else:
+                        g_r = tl.where(spike, 0.0, gos[j].to(tl.float32))
+                    tl.store(gr_base + tl.cast(t0 + j, tl.int64) * sr_t, g_r.to(gr_ptr.dtype.element_ty),
+                             mask=mask & (t0 + j < T))
+            out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
+                                v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
+                                CHUNK)
+        else:
+            out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                                 alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
+                                 NO_FMA, CHUNK)
         gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
         for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
             m = mask & (t0 + j < T)
@@ -663,13 +695,15 @@ def _bn_fwd_buffers(plan: base._FwdPlan | None, build, x: Tensor, weight: Tensor
 
 def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], flags: int, has_w: bool,
                  has_b: bool, has_k: bool, launches: bool, fuse: bool = False, pooled: bool = False,
-                 residual: Tensor | None = None) -> base._BwdPlan:
+                 residual: Tensor | None = None, residual_to: int = base.ADD_TO_INPUT) -> base._BwdPlan:
     """``fuse``: the scan's pass finishes the per-channel sums itself (eager plans; one launch fewer). ``pooled``
     (:mod:`snntrain.kernels.bn_neuron_pool`): ``grad_spikes`` is the gradient of the spikes max-pooled 3x3/2
     (``[T, B, C, Ho, Wo]``, at the strides of the forward's window positions, the tensor ``pos``), gathered into
     dL/dS by the scan's kernel. ``residual``: the tensor the forward added to the neuron's input (``ADD_TO_INPUT``,
     not with a stride-0 time axis): the scan reads it to recompute the neuron's input and leaves dL/dy, its gradient,
-    in ``grad_r``, from which the elementwise pass writes dL/dx."""
+    in ``grad_r``, from which the elementwise pass writes dL/dx; with ``residual_to`` ``AND_SPIKES`` or
+    ``IAND_SPIKES`` (the forward stored the spikes' SEW AND or IAND with it, and ``grad_spikes`` is that output's
+    gradient) the scan forms dL/dS from it and ``residual`` and writes the residual's gradient into ``grad_r``."""
     plan, xk, expanded, B, C, S, (st, sb, sc, ss) = base._bwd_plan(x, T, flags, has_w, has_k)
     need_x, need_wb, need_k = plan.need_x, plan.need_wb, plan.need_k
     if not launches or B * C * S == 0:
@@ -687,13 +721,15 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     n = (1 if expanded else T) * B * S
     common = dict(**base._neuron_consts(flags), DETACH_RESET=bool(flags & ns.F_DETACH_RESET),
                   SURROGATE=(flags >> ns.F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
-                  EXPANDED=expanded, BATCH_STATS=batch, RESIDUAL=residual is not None, NO_FMA=ns.NO_FMA, CHUNK=chunk,
+                  EXPANDED=expanded, BATCH_STATS=batch, RESIDUAL=0 if residual is None else residual_to,
+                  NO_FMA=ns.NO_FMA, CHUNK=chunk,
                   BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.BWD_WARPS)
     res = residual is not None
+    to_input = res and residual_to == base.ADD_TO_INPUT  # dL/dy is the residual's gradient
     sr = base._strides(residual, False) if res else (0, 0, 0, 0)
     args = (st, sb, sc, ss, *sg, *sd, *sr, 1.0 / n, k, v_threshold, v_reset, alpha)
     tensors = ("x", "mean", "rstd", "weight", "bias", "k", "ckpt", "gs", "pos" if pooled else "gs", "sum0", "sum1",
-               "grad_r" if res else "grad_x", "residual" if res else "x")
+               "grad_r" if to_input else "grad_x", "residual" if res else "x", "grad_r" if res and not to_input else "x")
     pool = (x.shape[-1], *grad_spikes.shape[-2:]) if pooled else (1, 1, 1)  # W, Ho, Wo
     groups, tpp = tuning.tile_groups(B, S, bs, g1, x.device, tuning.BWD_PROGRAMS_PER_SM)
     g0 = B * groups
@@ -707,7 +743,7 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
                            (*tensors, "part", "gk_part" if need_k else "part", "part" if sem is None else sem,
                             T, B, C, S, *pool, groups, tpp, *args),
                            dict(PASS=1, FINISH=sem is not None, FINISH_R=tuning.finish_rows(bc),
-                                STORE_GK=need_k, STORE_GY=need_x or res, POOL=pooled, **common)))
+                                STORE_GK=need_k, STORE_GY=need_x or to_input, POOL=pooled, **common)))
         if sem is None:
             out.append(Planned(_pair_sum_kernel, (cdiv(C, tuning.FINISH_C),), ("part", "sum0", "sum1", g0, C),
                                dict(BLOCK_R=tuning.FINISH_R, BLOCK_C=tuning.FINISH_C, num_warps=4)))
@@ -719,9 +755,9 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
             steps = 1 if expanded else T
             out.append(Planned(
                 _bn_dx_kernel, (steps * B * s_tiles, cdiv(C, bc)),
-                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_r" if res else "grad_x", "grad_x", steps, B, C,
-                 S, s_tiles, st, sb, sc, ss, *sd, 1.0 / n),
-                dict(HAS_W=has_w, BATCH_STATS=batch, SEPARATE=res, BLOCK_S=bs, BLOCK_C=bc,
+                ("x", "mean", "rstd", "weight", "sum0", "sum1", "grad_r" if to_input else "grad_x", "grad_x", steps,
+                 B, C, S, s_tiles, st, sb, sc, ss, *sd, 1.0 / n),
+                dict(HAS_W=has_w, BATCH_STATS=batch, SEPARATE=to_input, BLOCK_S=bs, BLOCK_C=bc,
                      num_warps=tuning.FWD_WARPS)))
     elif need_x:  # no sums to take: dL/dx in one pass
         out.append(Planned(_bn_neuron_bwd_kernel, (g0, g1),
@@ -734,13 +770,13 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
 
 def _bn_bwd_host(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, rstd: Tensor, ckpt: Tensor,
                  k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int,
-                 launch: bool, wrap=direct, eager: bool = False,
-                 residual: Tensor | None = None) -> tuple[Tensor, ...]:
+                 launch: bool, wrap=direct, eager: bool = False, residual: Tensor | None = None,
+                 residual_to: int = base.ADD_TO_INPUT) -> tuple[Tensor, ...]:
     """``(dL/dx, dL/dweight, dL/dbias, dL/dk)``; empty where not asked for (F_GRAD_X, F_GRAD_WB, F_GRAD_K); dL/dk
-    None where not asked for in an ``eager`` call; with ``residual`` (the forward added it to the neuron's input),
-    its gradient fifth."""
+    None where not asked for in an ``eager`` call; with ``residual`` (the forward added it to the neuron's input, or,
+    ``residual_to`` ``AND_SPIKES``/``IAND_SPIKES``, gated the spikes it stored with it), its gradient fifth."""
     return base._bwd_host(_BN_BWD_PLANS, _bn_bwd_plan, x, weight, bias, k_tensor, grad_spikes, T, params, flags, launch,
-                     wrap, (1, 0), eager, residual, mean=mean, rstd=rstd, ckpt=ckpt)
+                     wrap, (1, 0), eager, residual, residual_to, mean=mean, rstd=rstd, ckpt=ckpt)
 
 
 # ----------------------------------------------------------------------------
@@ -809,6 +845,10 @@ def _eager_bn_bwd(*args):
         return _bn_bwd_host(*args, launch=True, eager=True)
 
 
+#: Residual modes whose backward's scan reads the residual (and writes its gradient).
+_SCANNED_RESIDUALS = (base.ADD_TO_INPUT, base.AND_SPIKES, base.IAND_SPIKES)
+
+
 class _EagerBNNeuron(torch.autograd.Function):
     """``snntrain::bn_neuron_fwd`` and its backward, launched without the operator machinery (eager calls). It
     takes two inputs more: ``num_batches_tracked`` (eager training folds the running statistics in its statistics
@@ -816,7 +856,8 @@ class _EagerBNNeuron(torch.autograd.Function):
     beside the spikes (for the caller to fold in; otherwise it returns the spikes alone, and keeps the statistics
     and checkpoints on ``ctx``: fewer outputs for autograd to wrap). Two more, ``residual`` and ``residual_to``
     (:func:`bn_neuron`'s): the forward kernel adds ``residual`` to the spikes (the output's gradient is the
-    residual's too) or to the neuron's input (the backward's dL/dy is its gradient)."""
+    residual's too) or to the neuron's input (the backward's dL/dy is its gradient), or stores the spikes' SEW AND
+    or IAND with it (the backward's scan forms dL/dS and the residual's gradient)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, k_tensor, T, params, flags, nbt, stats,
@@ -826,7 +867,7 @@ class _EagerBNNeuron(torch.autograd.Function):
                                                          params, flags, True, nbt=nbt, eager=True, residual=residual,
                                                          residual_to=residual_to)
         ctx.residual = 0 if residual is None else residual_to
-        if ctx.residual == base.ADD_TO_INPUT:
+        if ctx.residual in _SCANNED_RESIDUALS:
             ctx.save_for_backward(x, weight, bias, k_tensor, residual)
         else:
             ctx.save_for_backward(x, weight, bias, k_tensor)
@@ -839,8 +880,8 @@ class _EagerBNNeuron(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_spikes, *_stats):
-        if ctx.residual == base.ADD_TO_INPUT:
-            return _EagerBNNeuron._input_residual_grads(ctx, grad_spikes)
+        if ctx.residual in _SCANNED_RESIDUALS:
+            return _EagerBNNeuron._scanned_residual_grads(ctx, grad_spikes)
         x, weight, bias, k_tensor = ctx.saved_tensors
         grads = *_bn_grads(ctx, x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes,
                            _eager_bn_bwd), None, None
@@ -849,16 +890,18 @@ class _EagerBNNeuron(torch.autograd.Function):
         return grads
 
     @staticmethod
-    def _input_residual_grads(ctx, grad_spikes) -> tuple:
-        """The gradients of a forward that added its residual to the neuron's input: the backward's dL/dy is the
-        residual's (the scan runs whichever other gradient is asked for)."""
+    def _scanned_residual_grads(ctx, grad_spikes) -> tuple:
+        """The gradients of a forward whose residual the backward's scan reads: added to the neuron's input (the
+        backward's dL/dy is the residual's), or gating the spikes (the scan writes the residual's gradient); the
+        scan runs whichever other gradient is asked for."""
         x, weight, bias, k_tensor, residual = ctx.saved_tensors
         flags, nx, nw, nb, nk = base._grad_flags(ctx, ctx.flags, 0, 1, 2, 5)
         if grad_spikes is None:
             grad_spikes = torch.zeros((ctx.T, *x.shape[-4:]), dtype=x.dtype, device=x.device)
         with profiled("snntrain::bn_neuron_bwd"):
             gx, gw, gb, gk, gr = _bn_bwd_host(x, weight, bias, ctx.mean, ctx.rstd, ctx.ckpt, k_tensor, grad_spikes,
-                                              ctx.T, ctx.params, flags, True, eager=True, residual=residual)
+                                              ctx.T, ctx.params, flags, True, eager=True, residual=residual,
+                                              residual_to=ctx.residual)
         return (gx if nx else None, gw if nw else None, gb if nb else None, None, None, gk if nk else None,
                 None, None, None, None, None, gr if ctx.needs_input_grad[11] else None, None)
 
@@ -871,9 +914,10 @@ class _EagerBNNeuron(torch.autograd.Function):
 def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
               running_var: Tensor | None, *, training: bool, momentum: float | Tensor, eps: float,
               T: int | None = None, count: Tensor | None = None, num_batches_tracked: Tensor | None = None,
-              residual: Tensor | None = None, residual_to: str = "spikes", **neuron) -> Tensor:
+              residual: Tensor | None = None, residual_to: str = "spikes", connect: str = "ADD", **neuron) -> Tensor:
     """Spikes of ``neuron(batch_norm(x))`` with the fused kernels (with ``residual``: ``neuron(batch_norm(x)) +
-    residual``, or ``neuron(batch_norm(x) + residual)`` with ``residual_to="input"``).
+    residual``, or ``neuron(batch_norm(x) + residual)`` with ``residual_to="input"``; with ``connect`` ``"AND"`` or
+    ``"IAND"``: ``spikes * residual`` or ``(1 - spikes) * residual``).
 
     ``x``: ``[T, B, C, H, W]``, or ``[B, C, H, W]`` with ``T`` (the same input at every
     step). Batch statistics when ``training`` or without running statistics (as
@@ -898,6 +942,13 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     read instead of an addition's two reads and a write. Otherwise (traced calls, ``count``, other layouts) the
     spikes are added to it after the kernels.
 
+    ``connect`` (with ``residual_to="spikes"``): SEW-ResNet's connection of the spikes ``S`` and ``residual``,
+    ``"ADD"`` (``S + residual``, above), ``"AND"`` (``S * residual``) or ``"IAND"`` (``(1 - S) * residual``). For
+    AND and IAND an eager call with ``residual`` laid out as the spikes stores the connection in place of the spikes,
+    and the backward's scan, which recomputes the spikes, forms their gradient from the output's and ``residual``
+    and writes ``residual``'s gradient (the spikes are neither stored nor kept); other calls connect after the
+    kernels.
+
     ``residual_to="input"`` (Spiking ResNet's blocks: the shortcut joins before the block's last neuron): the
     forward kernel adds ``residual`` to the normalised input in float32 before each step of the neuron, and the
     backward's scan, which recomputes that input, leaves dL/d(input), the residual's gradient, where the norm's
@@ -907,6 +958,9 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
     """
     if residual_to not in ("spikes", "input"):
         raise ValueError(f"residual_to={residual_to!r} is not valid; choose 'spikes' or 'input'")
+    if connect not in _CONNECTS or (residual_to == "input" and connect != "ADD"):
+        raise ValueError(f"connect={connect!r} is not valid with residual_to={residual_to!r}; choose "
+                         + ("'ADD'" if residual_to == "input" else ", ".join(repr(c) for c in _CONNECTS)))
     if residual is not None and residual_to == "input":
         if count is not None or T is not None or traced(x, weight, bias, residual) or not residual_fits(x, T, residual):
             raise ValueError("bn_neuron adds a residual to the neuron's input in eager calls of [T, B, C, H, W] input "
@@ -914,8 +968,13 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
                              f"residual {tuple(residual.shape)} at strides {residual.stride()} ({residual.dtype})")
     elif residual is not None and (count is not None or traced(x, weight, bias, residual)
                                    or not residual_fits(x, T, residual)):
-        return bn_neuron(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps,
-                         T=T, count=count, num_batches_tracked=num_batches_tracked, **neuron) + residual
+        spikes = bn_neuron(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps,
+                           T=T, count=count, num_batches_tracked=num_batches_tracked, **neuron)
+        if connect == "AND":
+            return spikes * residual
+        if connect == "IAND":
+            return (1.0 - spikes) * residual
+        return spikes + residual
     T, flags, params, k_tensor, update = _bn_prepare(x, weight, bias, running_mean, running_var, training, eps, T,
                                                      neuron)
     if count is not None:  # inference: no autograd, no checkpoints
@@ -927,7 +986,11 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
         return spikes
     return _bn_dispatch(bn_neuron_fwd, _EagerBNNeuron, x, weight, bias, running_mean, running_var, k_tensor, T, params,
                         flags, update, training, momentum, num_batches_tracked, residual,
-                        base.ADD_TO_INPUT if residual_to == "input" else base.ADD_TO_SPIKES)
+                        base.ADD_TO_INPUT if residual_to == "input" else _CONNECTS[connect])
+
+
+#: ``connect`` of :func:`bn_neuron` (SEW-ResNet's connections) -> the forward kernel's residual mode.
+_CONNECTS = {"ADD": base.ADD_TO_SPIKES, "AND": base.AND_SPIKES, "IAND": base.IAND_SPIKES}
 
 
 def residual_fits(x: Tensor, T: int | None, residual: Tensor) -> bool:

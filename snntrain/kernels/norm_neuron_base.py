@@ -66,8 +66,9 @@ from .op_utils import (
 )
 
 #: Where a residual joins a norm-neuron's forward (``RESIDUAL`` of :func:`_fwd_scan`): added to the spikes it stores
-#: (SEW's ADD), or to the normalised input before the neuron.
-ADD_TO_SPIKES, ADD_TO_INPUT = 1, 2
+#: (SEW's ADD), or to the normalised input before the neuron; or what is stored is the spikes times it (SEW's AND) or
+#: one minus the spikes times it (SEW's IAND).
+ADD_TO_SPIKES, ADD_TO_INPUT, AND_SPIKES, IAND_SPIKES = 1, 2, 3, 4
 
 #: Flag bit beyond the neuron's (:mod:`snntrain.kernels.neuron_step`): gradients of the norm's weight and bias.
 #: The batch-norm family adds two more (:mod:`snntrain.kernels.bn_neuron`).
@@ -158,7 +159,8 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
     (``STORE_CKPT``). A stride-0 time axis (``EXPANDED``) is read and normalised once. ``RESIDUAL`` (the tensor at
     ``r_ptrs``, at the spikes' strides): 1 (:data:`ADD_TO_SPIKES`), what is stored is the spikes plus it, added in
     float32 and rounded once, as PyTorch adds the two; 2 (:data:`ADD_TO_INPUT`), it is added in float32 to the
-    normalised input before the neuron's step. Returns the spikes of each element (``COUNT``; zero otherwise)."""
+    normalised input before the neuron's step; 3 (:data:`AND_SPIKES`) and 4 (:data:`IAND_SPIKES`), what is stored is
+    ``spikes * r`` and ``(1 - spikes) * r`` (exact: each factor 0 or 1 times r). Returns the spikes of each element (``COUNT``; zero otherwise)."""
     out_dtype = s_ptrs.dtype.element_ty
     if EXPANDED:
         y_e = _normalise(tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32), mask, C, eps, norm_a, norm_b,
@@ -185,6 +187,12 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
             out = tl.where(spike, 1.0, 0.0)
             if RESIDUAL == 1:  # SEW's ADD: the block's output in place of its spikes
                 out += tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
+            elif RESIDUAL == 3:  # SEW's AND
+                out = tl.where(spike, tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid,
+                                              other=0.0).to(tl.float32), 0.0)
+            elif RESIDUAL == 4:  # SEW's IAND
+                out = tl.where(spike, 0.0, tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid,
+                                                   other=0.0).to(tl.float32))
             tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, out.to(out_dtype), mask=mask & valid)
             if COUNT:
                 fired += tl.where(spike & mask & valid, 1.0, 0.0)
@@ -420,20 +428,23 @@ def _bwd_run(plan: _BwdPlan, wrap, x: Tensor, grad_x: Tensor, sums: tuple[Tensor
 def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias: Tensor | None,
               k_tensor: Tensor | None, grad_spikes: Tensor, T: int, params: list[float], flags: int, launch: bool,
               wrap, wb: tuple[int, int], eager: bool, residual: Tensor | None = None,
-              **saved: Tensor | None) -> tuple[Tensor, ...]:
+              residual_to: int = ADD_TO_INPUT, **saved: Tensor | None) -> tuple[Tensor, ...]:
     """A backward's host function over its norm's ``plan_fn`` (calls that launch directly reuse the plan of their
     layout): ``(dL/dx, dL/dweight, dL/dbias, dL/dk)``, the weight and bias gradients the sums ``wb``; ``eager``:
     not the operator (dL/dk is None where not asked for); ``saved`` are the forward's tensors the kernels read
     besides x, the parameters and dL/dS. ``residual``: the tensor the forward added to the neuron's input
-    (``ADD_TO_INPUT``; ``plan_fn`` takes it), whose gradient, dL/dy in dL/dx's layout, is a fifth result."""
+    (``ADD_TO_INPUT``; ``plan_fn`` takes it), whose gradient, dL/dy in dL/dx's layout, is a fifth result; or (with
+    ``residual_to`` ``AND_SPIKES``, ``IAND_SPIKES``) the tensor the forward's stored spikes were gated by,
+    ``grad_spikes`` the gradient of that output, and its gradient (in its layout) the fifth result."""
     def build(launches: bool, fuse: bool = False) -> _BwdPlan:
-        more = {} if residual is None else {"residual": residual}
+        more = {} if residual is None else {"residual": residual, "residual_to": residual_to}
         return plan_fn(x, grad_spikes, T, params, flags, weight is not None, bias is not None, k_tensor is not None,
                        launches, fuse, **more)
 
     if launch and wrap is direct:
         plan = _plan(cache, (x.shape, x.stride(), grad_spikes.stride(), x.device, T, flags, weight is None,
-                             bias is None, k_tensor is None, None if residual is None else residual.stride(), *params),
+                             bias is None, k_tensor is None, None if residual is None else residual.stride(),
+                             residual_to, *params),
                      build)
     else:
         plan = build(launch)
@@ -441,7 +452,8 @@ def _bwd_host(cache: PlanCache, plan_fn, x: Tensor, weight: Tensor | None, bias:
         x = x.contiguous()
     grad_x, sums, grad_k, scratch = _bwd_outputs(plan, x, k_tensor, launch, eager)
     if residual is not None:
-        scratch.update(residual=residual, grad_r=torch.empty_like(x))
+        scratch.update(residual=residual,
+                       grad_r=torch.empty_like(x if residual_to == ADD_TO_INPUT else residual))
     if launch:
         _bwd_run(plan, wrap, x, grad_x, sums, grad_k, grad_spikes, weight=weight, bias=bias, k=k_tensor, **saved,
                  **scratch)

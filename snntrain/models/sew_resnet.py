@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend
-from ..nn.layers import MultiStep, check_connect, sew_connect, sew_connect_max
+from ..nn.layers import MultiStep, check_connect, sew_connect_max
 from ..nn.norm_neuron import norm_neuron_add, norm_neuron_max_pool
 from ..validation import one_of, positive_int
 from .common import LayerFactory, pick_variant
@@ -25,13 +25,9 @@ STEMS = ("cifar", "imagenet")
 
 
 def _connect(sn: nn.Module, y: torch.Tensor, shortcut: Callable[[], torch.Tensor], connect: str) -> torch.Tensor:
-    """``sew_connect(sn(y), shortcut(), connect)``, a block's last norm-neuron, its shortcut and their connection:
-    ``ADD`` is added in the fused kernel that writes the spikes where it can be
-    (:func:`~snntrain.nn.norm_neuron_add`)."""
-    if connect == "ADD":
-        return norm_neuron_add(sn, y, shortcut)
-    out = sn(y)
-    return sew_connect(out, shortcut(), connect)
+    """``sew_connect(sn(y), shortcut(), connect)``, a block's last norm-neuron, its shortcut and their connection,
+    formed in the fused kernel that writes the spikes where it can be (:func:`~snntrain.nn.norm_neuron_add`)."""
+    return norm_neuron_add(sn, y, shortcut, connect=connect)
 
 
 class BasicBlock(nn.Module):

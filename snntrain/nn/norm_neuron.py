@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..backend import check_backend, use_triton
-from .layers import MultiStep
+from .layers import MultiStep, check_connect, sew_connect
 from .neurons import BaseNeuron, is_neuron
 from .norm import LayerNorm2d
 from .step_neuron import StepNeuron
@@ -183,9 +183,9 @@ class NormNeuron(nn.Module):
 
     @staticmethod
     def _fused(x: torch.Tensor, T: int | None, norm: nn.Module, neuron: BaseNeuron,
-               sink=None, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+               sink=None, residual: torch.Tensor | None = None, connect: str = "ADD") -> tuple[torch.Tensor, bool]:
         """The fused kernels' spikes, and whether they were counted into ``sink``'s row (batch norm in inference);
-        with ``residual`` (batch norm, no ``sink``), the spikes plus ``residual``
+        with ``residual`` (batch norm, no ``sink``), the spikes' SEW ``connect`` with ``residual``
         (:func:`norm_neuron_add`)."""
         from ..kernels import bn_neuron, ln_neuron
 
@@ -201,7 +201,7 @@ class NormNeuron(nn.Module):
         spikes = bn_neuron.bn_neuron(
             x, params["weight"], params["bias"], buffers["running_mean"] if use_running else None,
             buffers["running_var"] if use_running else None, training=training, momentum=factor, eps=norm.eps,
-            T=T, count=row, num_batches_tracked=nbt, w=w, residual=residual, **options,
+            T=T, count=row, num_batches_tracked=nbt, w=w, residual=residual, connect=connect, **options,
         )
         return spikes, row is not None
 
@@ -301,10 +301,12 @@ def _value(residual: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
 
 
 def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Callable[[], torch.Tensor],
-                    T: int | None = None) -> torch.Tensor:
+                    T: int | None = None, connect: str = "ADD") -> torch.Tensor:
     """``sn(x, T=T) + residual``: the spikes of a :class:`NormNeuron` plus a tensor of their shape (SEW-ResNet's
     ``ADD`` connection of a block's last spikes and its shortcut), the addition folded into the fused kernel where
-    it can be.
+    it can be. ``connect``: SEW-ResNet's connection, ``"ADD"``, ``"AND"`` (``spikes * residual``) or ``"IAND"``
+    (``(1 - spikes) * residual``), as :func:`snntrain.nn.layers.sew_connect` forms it; AND and IAND are folded alike
+    (the backward's scan then forms the spikes' gradient and ``residual``'s).
 
     ``residual``: the tensor, or a function without arguments that returns it (the shortcut's layers, run after
     ``sn`` where the addition is not folded and before it where it is, so that layers watched by hooks run in the
@@ -319,6 +321,7 @@ def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Ca
     for other norms and neurons, while a hook or an activity counter watches the module, its norm or its neuron
     (they see the spikes, as without this function) and where the neuron keeps its membrane (``store_v_seq``). The
     module's state dict, parameters and buffers are used as they are: the function holds nothing."""
+    connect = check_connect(connect)
     if isinstance(sn, NormNeuron):
         norm, neuron = sn._modules["norm"], sn._modules["neuron"]
         if (isinstance(norm, nn.BatchNorm2d) and sn.activity is None and sn._fuses(x, norm, neuron)
@@ -326,9 +329,9 @@ def norm_neuron_add(sn: NormNeuron, x: torch.Tensor, residual: torch.Tensor | Ca
             sn._check_steps(x, T)
             sn._check_channels(x, norm)
             r = _value(residual)
-            return sn._fused(x, T, norm, neuron, residual=r)[0]
+            return sn._fused(x, T, norm, neuron, residual=r, connect=connect)[0]
     out = sn(x) if T is None else sn(x, T=T)  # a module put in sn's place may not take T
-    return out + _value(residual)
+    return sew_connect(out, _value(residual), connect)
 
 
 def norm_add_neuron(norm: nn.Module, neuron: nn.Module, x: torch.Tensor,
