@@ -587,29 +587,45 @@ def api_lif_sweep(quick: bool, deadline: float) -> None:
     ApiLIF = api_lif_class()
     print(f"layer norm + StepNeuron LIF sweep on {bu.gpu_name()}; ms of fwd+bwd graph replays, [T, *{BN_SHAPE}]",
           flush=True)
-    for label, settings in API_LIF_SWEEP:
+
+    def cell(case) -> str:
+        dname, T = case
+        module = NormNeuron(LayerNorm2d(BN_SHAPE[1]), ApiLIF(backend="triton"), backend="triton").to(dev)
+        leaf = torch.randn((T, *BN_SHAPE), device=dev).to(DTYPES[dname]).requires_grad_()
+        ms, note = bu.graph_ms(lambda: module(leaf).sum().backward(), quick)
+        return note or f"{ms:.3f}"
+
+    run_sweep(API_LIF_SWEEP, tuning, K.clear_plans, [(d, T) for d in GEN_DTYPES for T in API_LIF_T],
+              lambda case: f"T{case[1]} {case[0]}", cell, deadline)
+
+
+def run_sweep(configs, tuning, clear_plans, cases, name, cell, deadline: float) -> None:
+    """For each ``(label, settings)`` of ``configs``: set the names of the module ``tuning`` to ``settings``, forget
+    the eager plans (``clear_plans()``), and print one line, ``label`` and ``name(case): cell(case)`` for each of
+    ``cases`` (a case that raises is reported by its error's type, one past ``deadline`` as out of time); the
+    settings are restored after each."""
+    for label, settings in configs:
         if time.time() > deadline:
             print(f"{label}: skipped, out of time budget", flush=True)
             continue
-        saved = {name: getattr(tuning, name) for name in settings}
-        for name, value in settings.items():
-            setattr(tuning, name, value)
-        K.clear_plans()
+        saved = {key: getattr(tuning, key) for key in settings}
+        for key, value in settings.items():
+            setattr(tuning, key, value)
+        clear_plans()
         cells = []
         try:
-            for dname in GEN_DTYPES:
-                for T in API_LIF_T:
-                    if time.time() > deadline:
-                        cells.append(f"T{T} {dname}: out of time")
-                        continue
-                    module = NormNeuron(LayerNorm2d(BN_SHAPE[1]), ApiLIF(backend="triton"), backend="triton").to(dev)
-                    leaf = torch.randn((T, *BN_SHAPE), device=dev).to(DTYPES[dname]).requires_grad_()
-                    ms, note = bu.graph_ms(lambda: module(leaf).sum().backward(), quick)
-                    cells.append(f"T{T} {dname}: " + (note or f"{ms:.3f}"))
+            for case in cases:
+                if time.time() > deadline:
+                    cells.append(f"{name(case)}: out of time")
+                    continue
+                try:
+                    cells.append(f"{name(case)}: {cell(case)}")
+                except Exception as err:  # noqa: BLE001 - a configuration that fails is reported, not fatal
+                    cells.append(f"{name(case)}: {type(err).__name__}")
         finally:
-            for name, value in saved.items():
-                setattr(tuning, name, value)
-            K.clear_plans()
+            for key, value in saved.items():
+                setattr(tuning, key, value)
+            clear_plans()
         print(f"{label}: " + "; ".join(cells), flush=True)
 
 
@@ -990,34 +1006,15 @@ def psn_sweep(quick: bool, deadline: float) -> None:
           f"(x copy roofline)", flush=True)
     cases = [(neuron, T, dname) for neuron in ("PSN", "MaskedPSN", "SlidingPSN") for T in PSN_T
              for dname in PSN_DTYPES]
-    for label, settings in PSN_SWEEP:
-        if time.time() > deadline:
-            print(f"{label}: skipped, out of time budget", flush=True)
-            continue
-        saved = {name: getattr(tuning, name) for name in settings}
-        for name, value in settings.items():
-            setattr(tuning, name, value)
-        K.clear_plans()
-        cells = []
-        try:
-            for neuron, T, dname in cases:
-                if time.time() > deadline:
-                    cells.append(f"{neuron} T{T} {dname}: out of time")
-                    continue
-                shape, dtype = (T, *PSN_SHAPE), DTYPES[dname]
-                module = _psn_pair(neuron, T)[0]
-                try:
-                    ms = _psn_measure(module, shape, dtype, True, graph=True)[3]
-                except Exception as err:  # noqa: BLE001 - a configuration that fails is reported, not fatal
-                    cells.append(f"{neuron} T{T} {dname}: {type(err).__name__}")
-                    continue
-                roof = min_bytes(shape, dtype.itemsize, "fwd+bwd", False) / copy_gbps / 1e6
-                cells.append(f"{neuron} T{T} {dname}: " + ("no graph" if ms is None else f"{ms:.3f} ({roof / ms:.2f}x)"))
-        finally:
-            for name, value in saved.items():
-                setattr(tuning, name, value)
-            K.clear_plans()
-        print(f"{label}: " + "; ".join(cells), flush=True)
+
+    def cell(case) -> str:
+        neuron, T, dname = case
+        shape, dtype = (T, *PSN_SHAPE), DTYPES[dname]
+        ms = _psn_measure(_psn_pair(neuron, T)[0], shape, dtype, True, graph=True)[3]
+        roof = min_bytes(shape, dtype.itemsize, "fwd+bwd", False) / copy_gbps / 1e6
+        return "no graph" if ms is None else f"{ms:.3f} ({roof / ms:.2f}x)"
+
+    run_sweep(PSN_SWEEP, tuning, K.clear_plans, cases, lambda c: f"{c[0]} T{c[1]} {c[2]}", cell, deadline)
 
 
 if __name__ == "__main__":

@@ -317,3 +317,26 @@ def test_the_runner_refuses_an_unknown_benchmark_naming_the_registered_ones():
     reg = load("benchmarks")
     with pytest.raises(SystemExit, match="unknown benchmark 'nope'; registered: neurons, "):
         reg.main(["nope"])
+
+
+def test_a_sweep_sets_each_configuration_restores_it_and_reports_failures(capsys):
+    """``bench_neurons.run_sweep`` (the PSN and layer-norm tile sweeps): each configuration's names are set while its
+    cases run and restored after, the plans are forgotten on each change, a case that raises is named by its error
+    and one past the deadline is reported as out of time."""
+    bn = load("bench_neurons")
+    tuning = SimpleNamespace(TILE=512, WARPS=4)
+    cleared = []
+
+    def cell(case):
+        if case == "bad":
+            raise RuntimeError("launch failed")
+        return f"{tuning.TILE}/{tuning.WARPS}"
+
+    configs = (("default", {}), ("tile 256", {"TILE": 256}), ("8 warps", {"WARPS": 8}))
+    bn.run_sweep(configs, tuning, lambda: cleared.append(1), ["ok", "bad"], str, cell, time.time() + 60)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["default: ok: 512/4; bad: RuntimeError", "tile 256: ok: 256/4; bad: RuntimeError",
+                     "8 warps: ok: 512/8; bad: RuntimeError"]
+    assert (tuning.TILE, tuning.WARPS) == (512, 4) and len(cleared) == 6
+    bn.run_sweep(configs[:1], tuning, lambda: None, ["ok"], str, cell, time.time() - 1)
+    assert capsys.readouterr().out.strip() == "default: skipped, out of time budget"
