@@ -566,16 +566,6 @@ def residual_cases():
         yield f"bn_residual: {label}, LIF atan detach bf16 channels-last {list(shape)}", list(Capture.launches)
 
 
-def neuron_stats(fn, args: tuple, kwargs: dict, arch: int) -> dict:
-    values = dict(zip(fn.arg_names, args))
-    values.update(kwargs)
-    warps = values.pop("num_warps", 4)
-    kernel = compile_kernel(fn, values, {"num_warps": warps}, arch)
-    usage = resource_usage(kernel)
-    return {"warps": warps, "regs": usage["regs"], "spill B/thread": usage["stack"], "smem": usage["shared"],
-            "programs/SM": programs_per_sm(usage["regs"], warps, usage["shared"]), "sass": sass_digest(kernel)}
-
-
 def neuron_main(argv: list[str]) -> None:
     """The neuron kernels (``snntrain.kernels.lif``, ``bn_neuron``, ``ln_neuron``, ``bn_neuron_pool``)."""
     ap = _parser("neuron")
@@ -584,20 +574,9 @@ def neuron_main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     groups = {"lif": lif_cases, "bn": lambda: norm_cases("bn"), "ln": lambda: norm_cases("ln"),
               "bn_pool": lambda: norm_cases("bn_pool"), "bn_residual": residual_cases}
-    seen = {}
     for name, cases in groups.items():
-        if args.only not in (None, name):
-            continue
-        for label, launches in cases():
-            print(f"{label}:")
-            for fn, grid, a, kw in launches:
-                consts = {k: v for k, v in kw.items() if k.isupper()}
-                key = (fn.fn.__name__, tuple(sorted((k, v) for k, v in consts.items() if k != "num_warps")),
-                       kw.get("num_warps"), tuple(type(v) if v is None else getattr(v, "dtype", v) for v in a))
-                if key not in seen:
-                    seen[key] = neuron_stats(fn, a, kw, args.arch)
-                print(f"  {fn.fn.__name__.removeprefix('_'):24s} grid {str(tuple(grid)):16s} {consts}\n"
-                      f"  {'':24s} {seen[key]}", flush=True)
+        if args.only in (None, name):
+            _print_launches(cases(), args.arch)
 
 
 FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main, "psn": psn_main}

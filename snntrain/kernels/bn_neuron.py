@@ -446,6 +446,7 @@ def _bn_bwd_tile(
             gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
         # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
         if RESIDUAL >= 3:  # SEW's AND / IAND: dL/dS from the output's gradient, and r's gradient from the spikes
+            # (r loaded here, not with x: live through the recomputation it would cost the AND backward 17 registers)
             rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
             gos = gss
             gss = ()
@@ -968,13 +969,11 @@ def bn_neuron(x: Tensor, weight: Tensor | None, bias: Tensor | None, running_mea
                              f"residual {tuple(residual.shape)} at strides {residual.stride()} ({residual.dtype})")
     elif residual is not None and (count is not None or traced(x, weight, bias, residual)
                                    or not residual_fits(x, T, residual)):
+        from ..nn.layers import sew_connect  # (PyTorch ops only)
+
         spikes = bn_neuron(x, weight, bias, running_mean, running_var, training=training, momentum=momentum, eps=eps,
                            T=T, count=count, num_batches_tracked=num_batches_tracked, **neuron)
-        if connect == "AND":
-            return spikes * residual
-        if connect == "IAND":
-            return (1.0 - spikes) * residual
-        return spikes + residual
+        return sew_connect(spikes, residual, connect)
     T, flags, params, k_tensor, update = _bn_prepare(x, weight, bias, running_mean, running_var, training, eps, T,
                                                      neuron)
     if count is not None:  # inference: no autograd, no checkpoints

@@ -185,14 +185,14 @@ def _fwd_scan(x_ptrs, sx_t, s_ptrs, so_t, ck_ptrs, NCK, T, mask, v, norm_a, norm
             h = charge(y, v, k, v_r, LEAK, DECAY_INPUT, NO_FMA)
             spike = fire(h, v_threshold)
             out = tl.where(spike, 1.0, 0.0)
-            if RESIDUAL == 1:  # SEW's ADD: the block's output in place of its spikes
-                out += tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
-            elif RESIDUAL == 3:  # SEW's AND
-                out = tl.where(spike, tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid,
-                                              other=0.0).to(tl.float32), 0.0)
-            elif RESIDUAL == 4:  # SEW's IAND
-                out = tl.where(spike, 0.0, tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid,
-                                                   other=0.0).to(tl.float32))
+            if RESIDUAL == 1 or RESIDUAL >= 3:  # SEW's connection: the block's output in place of its spikes
+                r = tl.load(r_ptrs + tl.cast(t, tl.int64) * so_t, mask=mask & valid, other=0.0).to(tl.float32)
+                if RESIDUAL == 1:  # ADD
+                    out += r
+                elif RESIDUAL == 3:  # AND
+                    out = tl.where(spike, r, 0.0)
+                else:  # IAND
+                    out = tl.where(spike, 0.0, r)
             tl.store(s_ptrs + tl.cast(t, tl.int64) * so_t, out.to(out_dtype), mask=mask & valid)
             if COUNT:
                 fired += tl.where(spike & mask & valid, 1.0, 0.0)
