@@ -467,7 +467,9 @@ def test_folded_add_in_a_cuda_graph():
             y.backward(torch.ones_like(y))
             return y, xs.grad, rs.grad
 
-        want = [t.clone() for t in step()]
+        # detached: a clone that kept y's autograd graph would keep the leaves' gradient accumulators, made on the
+        # default stream, alive into the capture, and the captured backward would wait on the default stream
+        want = [t.detach().clone() for t in step()]
         graph, outs = capture_cuda_graph(step)
         graph.replay()
         torch.cuda.synchronize()
