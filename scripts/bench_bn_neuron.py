@@ -358,29 +358,30 @@ SWEEP_SHAPES = [
     ("event", 16, 256, 8, 8, False, 16, 5), ("event", 16, 512, 4, 4, False, 16, 5),
 ]
 #: (FWD_TILE, FWD_WARPS, BWD_TILE, BWD_WARPS, FWD_CL_CHANNELS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG, STATS_TILE,
-#: STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM): the launch sizes of snntrain/kernels/norm_neuron_tuning.py, the
-#: defaults first
+#: STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM, BWD_PREFETCH): the launch sizes of
+#: snntrain/kernels/norm_neuron_tuning.py, the defaults first, then the defaults without the backward's prefetch
 SWEEP_CONFIGS = [
-    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8), (1024, 4, 256, 4, 32, 64, 64, 4096, 4, 8),
-    (1024, 4, 256, 4, 32, 32, 32, 4096, 4, 8), (1024, 4, 256, 4, 32, 64, 32, 2048, 8, 8),
-    (1024, 4, 256, 4, 32, 64, 32, 4096, 8, 8), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8),
-    (1024, 4, 128, 4, 32, 64, 32, 4096, 4, 8), (1024, 4, 256, 4, 16, 64, 32, 4096, 4, 8),
+    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8, False),
+    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 6, True), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8, True),
+    (1024, 4, 128, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 256, 4, 32, 32, 32, 4096, 4, 8, True),
+    (1024, 4, 256, 4, 32, 64, 64, 4096, 4, 8, True),
 ]
 
 
 def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[str, ...]) -> list[dict]:
     """Milliseconds of the networks' BN-neuron layers (forward, forward + backward) per launch configuration."""
     global T
-    from snntrain.kernels import norm_neuron_tuning
+    from snntrain.kernels import bn_neuron, norm_neuron_tuning
 
     names = ("FWD_TILE", "FWD_WARPS", "BWD_TILE", "BWD_WARPS", "FWD_CL_CHANNELS", "BWD_CL_CHANNELS",
-             "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM")
+             "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM", "BWD_PREFETCH")
     defaults = {n: getattr(norm_neuron_tuning, n) for n in names}
     results = []
     try:
         for cfg in SWEEP_CONFIGS:
             for n, v in zip(names, cfg):
-                setattr(norm_neuron_tuning, n, v)  # read by the launches at every call
+                setattr(norm_neuron_tuning, n, v)  # read when a plan is made
+            bn_neuron.clear_plans()
             for dname in dtypes:
                 for fmt in formats:
                     if time.time() > deadline:
@@ -407,6 +408,7 @@ def sweep(quick: bool, deadline: float, formats: tuple[str, ...], dtypes: tuple[
         T = 4
         for n, v in defaults.items():
             setattr(norm_neuron_tuning, n, v)
+        bn_neuron.clear_plans()
     return results
 
 

@@ -104,6 +104,10 @@ CASES = {
     "sew18-224-bytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True},
     # the same step with each block's ADD an addition after its last norm-neuron, not folded into its kernel
     "sew18-224-addafter": {"size": 224, "batch": 32, "stem": "imagenet", "add_after": True},
+    # SEW's AND and IAND connections (folded into the last norm-neuron of each block), and unfolded ("-after")
+    "sew18-224-and": {"size": 224, "batch": 32, "stem": "imagenet", "connect": "AND"},
+    "sew18-224-and-after": {"size": 224, "batch": 32, "stem": "imagenet", "connect": "AND", "add_after": True},
+    "sew18-224-iand": {"size": 224, "batch": 32, "stem": "imagenet", "connect": "IAND"},
     "sew18-32": {"size": 32, "batch": 128, "stem": "imagenet"},
     "sew18-cifar": {"size": 32, "batch": 128, "stem": "cifar"},
     "event": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11, "temporal": True},
@@ -345,8 +349,8 @@ def sew_model(case: str, backend: str):
     torch.manual_seed(0)
     model = SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
                       T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
-                      spike_bytes=c.get("spike_bytes", False))
-    if c.get("add_after"):  # a watched norm-neuron runs, and its block adds the shortcut after it
+                      spike_bytes=c.get("spike_bytes", False), connect=c.get("connect", "ADD"))
+    if c.get("add_after"):  # a watched norm-neuron runs, and its block connects the shortcut after it
         for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
             for block in layer:
                 block.sn2.register_forward_hook(lambda *args: None)

@@ -222,10 +222,35 @@ def test_stride0_grad_output_and_layout(device):
 
 
 @pytest.mark.parametrize("norm", ["bn", "ln"])
-@pytest.mark.parametrize("T", [1, 11])
-def test_time_lengths(norm, T, device):
-    """T = 1, and T = 11: two chunks of 8 steps with a state checkpoint between them."""
-    _check(norm, _NEURONS[2], (T, 2, 3, 5, 3), device, seed=20 + T)
+@pytest.mark.parametrize("T,layout", [(1, None), (11, None), (11, "channels_last"), (11, "steps_channels_last"),
+                                      (11, "stride0")])
+def test_time_lengths(norm, T, layout, device):
+    """T = 1, and T = 11: two chunks of 8 steps with a state checkpoint between them, in both memory formats (the
+    checkpoints are kept in the input's), for the direct-encoding input (``steps``) and a 5-D stride-0 time axis
+    (one input for every chunk)."""
+    if layout == "steps_channels_last":
+        _check(norm, _NEURONS[2], (2, 12, 5, 3), device, steps=T, seed=21,
+               make_x=lambda t: t.contiguous(memory_format=torch.channels_last))
+    elif layout == "stride0":
+        _check(norm, _NEURONS[2], (1, 2, 12, 5, 3), device, seed=22, make_x=lambda t: t.expand(T, 2, 12, 5, 3))
+    else:
+        _check(norm, _NEURONS[2], (T, 2, 12, 5, 3) if layout else (T, 2, 3, 5, 3), device, seed=20 + T,
+               layout=layout)
+
+
+def test_backward_without_prefetch(monkeypatch, device):
+    """The batch-norm neuron's backward with each chunk's loads issued at its own scan
+    (``norm_neuron_tuning.BWD_PREFETCH`` off, a launch setting the sweep compares) gives the reference's results;
+    ``clear_plans`` makes the setting reach the next call."""
+    from snntrain.kernels import bn_neuron, norm_neuron_tuning
+
+    monkeypatch.setattr(norm_neuron_tuning, "BWD_PREFETCH", False)
+    bn_neuron.clear_plans()
+    try:
+        _check("bn", _NEURONS[2], (11, 2, 12, 5, 3), device, seed=31, layout="channels_last")
+        _check("bn", _NEURONS[3], (1, 2, 5, 4, 3), device, seed=32, make_x=lambda t: t.expand(3, 2, 5, 4, 3))
+    finally:
+        bn_neuron.clear_plans()
 
 
 @pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])

@@ -260,7 +260,8 @@ def _bn_neuron_fwd_kernel(
     s_ptr,  # [T, B, C, S] spikes out (dtype of x) at t*so_t + b*so_b + c*so_c + s*so_s; RESIDUAL 1: spikes + r
     r_ptr,  # [T, B, C, S] RESIDUAL: at the spikes' strides, added to them (1) or to the neuron's input (2), or the
     #         factor of the spikes (3) or of one minus them (4) in what is stored
-    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] contiguous fp32 state before each chunk but the first (STORE_CKPT)
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 state before each chunk but the first (STORE_CKPT; CK_CL: each
+    #            map stored channels-last)
     cnt_ptr,  # [C] fp32: += the spikes of each channel (COUNT)
     T, B, C, S, s_tiles,
     sx_t, sx_b, sx_c, sx_s,
@@ -274,6 +275,7 @@ def _bn_neuron_fwd_kernel(
     COUNT: tl.constexpr,
     RESIDUAL: tl.constexpr,  # 0, or how r joins: ADD_TO_SPIKES (1), ADD_TO_INPUT (2), AND_SPIKES (3), IAND_SPIKES (4)
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    CK_CL: tl.constexpr,  # the checkpoints are laid out channels-last (:func:`_ckpt_at`)
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
@@ -283,7 +285,7 @@ def _bn_neuron_fwd_kernel(
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S, CK_CL), tl.cast(B, tl.int64) * C * S
     r_base = _at(r_ptr, b, offs_s, offs_c, so_b, so_s, so_c) if RESIDUAL else s_base
     fired = _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, scale, shift, C, 0.0, k, v_r,
                            v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, False, EXPANDED, STORE_CKPT, COUNT,
@@ -300,7 +302,7 @@ def _bn_neuron_bwd_kernel(
     w_ptr,  # [C] norm weight, read when HAS_W
     b_ptr,  # [C] norm bias, read when HAS_B
     k_ptr,  # [1] fp32 k, read when K_FROM_PTR
-    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward
+    ckpt_ptr,  # [cdiv(T, CHUNK) - 1, B, C, S] fp32 checkpoints of the forward (CK_CL: each map channels-last)
     gs_ptr,  # [T, B, C, S] dL/dS at t*sg_t + b*sg_b + c*sg_c + s*sg_s; POOL: [T, B, C, Ho * Wo] dL/d(pooled S)
     pos_ptr,  # POOL: [T, B, C, Ho * Wo] uint8 window positions of the pooled spikes, at dL/d(pooled S)'s strides
     sum_g_ptr,  # [C] fp32 per channel sum of dL/dy (read in PASS 2 with BATCH_STATS, written in PASS 1 with FINISH)
@@ -338,6 +340,8 @@ def _bn_neuron_bwd_kernel(
     #                          RESIDUAL's gradient: the plan passes it as gx_ptr)
     POOL: tl.constexpr,  # the spikes were max-pooled 3x3/2 (bn_neuron_pool): dL/dS gathered from the pooled gradient
     NO_FMA: tl.constexpr, CHUNK: tl.constexpr,  # the charge's rounding, steps per chunk
+    CK_CL: tl.constexpr,  # the checkpoints are laid out channels-last (:func:`_ckpt_at`)
+    PREFETCH: tl.constexpr,  # issue the next chunk's loads before this chunk's scan
     BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,  # the tile
 ):
     pid0 = tl.program_id(0)
@@ -358,17 +362,42 @@ def _bn_neuron_bwd_kernel(
             m_g = (tl.load(sum_g_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
             m_gx = (tl.load(sum_gx_ptr + offs_c, mask=mask_c, other=0.0) * inv_n)[None, :]
     NCK = tl.cast(B, tl.int64) * C * S
+    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     acc_g = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # PASS 1: sums of dL/dy and dL/dy * xhat
     acc_gx = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
     gk = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    for i in range(TPP):
+    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # dL/dV after the chunk
+    g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
+    # One loop over the program's (tile, chunk) pairs, each tile's chunks last to first; with PREFETCH the loads of
+    # the next pair are issued before the scan of this one, so that they are in flight while it computes.
+    n_chunks = tl.cdiv(T, CHUNK)
+    n_iter = TPP * n_chunks
+    if PREFETCH:
+        b, offs_s, mask, _ns = _group_tile(pid0, 0, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+        nxt = _bn_bwd_loads(x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b, offs_s, offs_c, mask, n_chunks - 1, v0, T, C,
+                            S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s,
+                            EXPANDED, RESIDUAL, POOL, CK_CL, CHUNK, BLOCK_S, BLOCK_C)
+    for it in range(n_iter):
+        i = it // n_chunks
+        c = n_chunks - 1 - (it - i * n_chunks)
         b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
-        acc_g, acc_gx, gk = _bn_bwd_tile(
-            x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, gr_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd,
-            scale, shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t,
-            sd_b, sd_c, sd_s, sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-            LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, RESIDUAL, PASS, STORE_GK,
-            STORE_GY, POOL, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
+        if PREFETCH:
+            cur = nxt
+            i1 = (it + 1) // n_chunks
+            b1, offs_s1, mask1, _ns1 = _group_tile(pid0, i1, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
+            nxt = _bn_bwd_loads(x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b1, offs_s1, offs_c, mask1 & (it + 1 < n_iter),
+                                n_chunks - 1 - (it + 1 - i1 * n_chunks), v0, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c,
+                                sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s, EXPANDED, RESIDUAL, POOL, CK_CL,
+                                CHUNK, BLOCK_S, BLOCK_C)
+        else:
+            cur = _bn_bwd_loads(x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b, offs_s, offs_c, mask, c, v0, T, C, S, W, Ho,
+                                Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s,
+                                EXPANDED, RESIDUAL, POOL, CK_CL, CHUNK, BLOCK_S, BLOCK_C)
+        acc_g, acc_gx, gk, gv, g_sum = _bn_bwd_chunk(
+            cur, gx_ptr, gr_ptr, gs_ptr, b, offs_s, offs_c, mask, c, acc_g, acc_gx, gk, gv, g_sum, mean, rstd, scale,
+            shift, m_g, m_gx, T, sd_b, sd_c, sd_s, sd_t, sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset,
+            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, EXPANDED, BATCH_STATS, RESIDUAL, PASS,
+            STORE_GK, STORE_GY, NO_FMA, CHUNK, BLOCK_S, BLOCK_C)
     if PASS == 1:
         row = part_ptr + pid0.to(tl.int64) * 2 * C + offs_c
         tl.store(row, tl.sum(acc_g, axis=0), mask=mask_c)
@@ -383,129 +412,137 @@ def _bn_neuron_bwd_kernel(
 
 
 @triton.jit
-def _bn_bwd_tile(
-    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, gx_ptr, r_ptr, gr_ptr, b, offs_s, offs_c, mask, acc_g, acc_gx, gk, mean, rstd, scale,
-    shift, m_g, m_gx, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sd_t, sd_b, sd_c, sd_s,
-    sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
-    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
-    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, RESIDUAL: tl.constexpr,
-    PASS: tl.constexpr, STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, POOL: tl.constexpr, NO_FMA: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+def _bn_bwd_loads(
+    x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b, offs_s, offs_c, mask, c, v0, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c,
+    sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s,
+    EXPANDED: tl.constexpr, RESIDUAL: tl.constexpr, POOL: tl.constexpr, CK_CL: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """One tile of the backward: the reverse scan over T, then the PASS's sums or dL/dx. With ``POOL`` each step's
-    dL/dS is gathered from the pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`)
-    and rounded to the gradient's dtype, the values the separate max-pool backward would have written. With
-    ``RESIDUAL`` 2 the neuron's input is recomputed with the residual added, and dL/dy (``STORE_GY``) is also the
-    residual's gradient; with 3 or 4 (SEW's AND and IAND: the forward stored ``spikes * r`` or ``(1 - spikes) * r``)
-    dL/dS is the loaded gradient times r (negated for IAND), rounded to the gradient's dtype as PyTorch's product
-    would be, and PASS 1 stores r's gradient, the loaded one where the recomputed spike is 1 (AND) or 0 (IAND)."""
+    """What the backward of chunk ``c`` of a tile reads, as a tuple: the state before the chunk (``v0`` before the
+    first), the inputs of its steps (``EXPANDED``: the one input), dL/dS of its steps (``POOL``: gathered from the
+    pooled gradient and positions (:func:`~snntrain.kernels.spike_pool._stem_window_grad`) and rounded to the
+    gradient's dtype, the values the separate max-pool backward would have written), and with ``RESIDUAL`` 2, 3 or 4
+    the residual of its steps."""
+    t0 = c * CHUNK
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
-    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S)
+    v_start = _state_before(_ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S, CK_CL), NCK, c, mask, v0)
+    if EXPANDED:
+        xs = (tl.load(x_base, mask=mask, other=0.0),)
+    else:
+        xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
     if POOL:  # the (at most four) windows over each pixel, and the channels' rows of dL/d(pooled S) and positions
         q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3 = _stem_windows(offs_s, W, Ho, Wo)
         c_off = b * sg_b + offs_c.to(tl.int64)[None, :] * sg_c
-        g_row = gs_ptr + c_off
-        p_row = pos_ptr + c_off
+        gss = ()
+        for j in tl.static_range(CHUNK):
+            t_off = tl.cast(t0 + j, tl.int64) * sg_t
+            g = _stem_window_grad(gs_ptr + c_off + t_off, pos_ptr + c_off + t_off, sg_s, q0, q1, q2, q3, e1, e2, e3,
+                                  c0, c1, c2, c3, mask & (t0 + j < T), BLOCK_S, BLOCK_C)
+            gss = gss + (g.to(gs_ptr.dtype.element_ty),)
     else:
-        gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
+        gss = _load_chunk(_at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c), sg_t, t0, T, mask, CHUNK)
+    if RESIDUAL >= 2:
+        rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
+    else:
+        rs = ()
+    return v_start, xs, gss, rs
+
+
+@triton.jit
+def _bn_bwd_chunk(
+    loaded, gx_ptr, gr_ptr, gs_ptr, b, offs_s, offs_c, mask, c, acc_g, acc_gx, gk, gv, g_sum, mean, rstd, scale, shift,
+    m_g, m_gx, T, sd_b, sd_c, sd_s, sd_t, sr_t, sr_b, sr_c, sr_s, k, one_minus_k, v_threshold, v_reset, v_r, alpha,
+    LEAK: tl.constexpr, DECAY_INPUT: tl.constexpr, HARD_RESET: tl.constexpr, DETACH_RESET: tl.constexpr,
+    SURROGATE: tl.constexpr, EXPANDED: tl.constexpr, BATCH_STATS: tl.constexpr, RESIDUAL: tl.constexpr,
+    PASS: tl.constexpr, STORE_GK: tl.constexpr, STORE_GY: tl.constexpr, NO_FMA: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The backward of chunk ``c`` of a tile from what :func:`_bn_bwd_loads` read (``loaded``): its charged states
+    recomputed, the reverse scan, then the PASS's sums or dL/dx; returns the sums, PLIF's dL/dk, dL/dV before the
+    chunk (zero after a tile's first chunk, ``c`` 0) and, ``EXPANDED``, dL/dy summed over the tile's steps so far.
+    With ``RESIDUAL`` 2 the neuron's input is recomputed with the residual added, and dL/dy (``STORE_GY``) is also
+    the residual's gradient; with 3 or 4 (SEW's AND and IAND: the forward stored ``spikes * r`` or
+    ``(1 - spikes) * r``) dL/dS is the loaded gradient times r (negated for IAND), rounded to the gradient's dtype as
+    PyTorch's product would be, and PASS 1 stores r's gradient, the loaded one where the recomputed spike is 1 (AND)
+    or 0 (IAND)."""
+    v_start, xs, gss, rs = loaded
+    t0 = c * CHUNK
+    gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
     out_dtype = gx_ptr.dtype.element_ty
-    v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
-    gv = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    g_sum = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)  # EXPANDED: dL/dy summed over T
+    ys = ()
     if EXPANDED:
-        x_e = tl.load(x_base, mask=mask, other=0.0).to(tl.float32)
-        y_e = _bn_apply(x_e, scale, shift)
-    n_chunks = tl.cdiv(T, CHUNK)
-    for cc in range(n_chunks):
-        c = n_chunks - 1 - tl.cast(cc, tl.int32)
-        t0 = c * CHUNK
-        v_start = _state_before(ck_base, NCK, c, mask, v0)
-        # Issue every load of the chunk before its first store, recompute its charged states, scan it in reverse.
-        ys = ()
-        if EXPANDED:
-            for _j in tl.static_range(CHUNK):
-                ys = ys + (y_e,)
-        else:
-            xs = _load_chunk(x_base, sx_t, t0, T, mask, CHUNK)
-            if RESIDUAL == 2:
-                rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
-                for j in tl.static_range(CHUNK):
-                    ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift) + rs[j].to(tl.float32),)
-            else:
-                for j in tl.static_range(CHUNK):
-                    ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
-        if POOL:
-            gss = ()
-            for j in tl.static_range(CHUNK):
-                t_off = tl.cast(t0 + j, tl.int64) * sg_t
-                g = _stem_window_grad(g_row + t_off, p_row + t_off, sg_s, q0, q1, q2, q3, e1, e2, e3, c0, c1, c2, c3,
-                                      mask & (t0 + j < T), BLOCK_S, BLOCK_C)
-                gss = gss + (g.to(gs_ptr.dtype.element_ty),)
-        else:
-            gss = _load_chunk(gs_base, sg_t, t0, T, mask, CHUNK)
-        # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
-        if RESIDUAL >= 3:  # SEW's AND / IAND: dL/dS from the output's gradient, and r's gradient from the spikes
-            # (r loaded here, not with x: live through the recomputation it would cost the AND backward 17 registers)
-            rs = _load_chunk(_at(r_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c), sr_t, t0, T, mask, CHUNK)
-            gos = gss
-            gss = ()
-            for j in tl.static_range(CHUNK):
-                g = gos[j].to(tl.float32) * rs[j].to(tl.float32)
-                if RESIDUAL == 4:  # negated before the rounding, which is symmetric in the sign
-                    g = -g
-                gss = gss + (g.to(gs_ptr.dtype.element_ty),)
-            hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
-            if PASS == 1:
-                gr_base = _at(gr_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c)
-                for j in tl.static_range(CHUNK):
-                    spike = fire(hs[j], v_threshold)
-                    if RESIDUAL == 3:
-                        g_r = tl.where(spike, gos[j].to(tl.float32), 0.0)
-                    else:
-                        g_r = tl.where(spike, 0.0, gos[j].to(tl.float32))
-                    tl.store(gr_base + tl.cast(t0 + j, tl.int64) * sr_t, g_r.to(gr_ptr.dtype.element_ty),
-                             mask=mask & (t0 + j < T))
-            out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
-                                v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
-                                CHUNK)
-        else:
-            out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
-                                 alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
-                                 NO_FMA, CHUNK)
-        gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
-        for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
-            m = mask & (t0 + j < T)
-            gy = out[j]
-            if EXPANDED:
-                g_sum += tl.where(m, gy, 0.0)
-            else:
-                xhat = (xs[j].to(tl.float32) - mean) * rstd
-                if PASS == 1:
-                    acc_g += tl.where(m, gy, 0.0)
-                    acc_gx += tl.where(m, gy * xhat, 0.0)
-                    if STORE_GY:
-                        tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
-                else:
-                    if BATCH_STATS:
-                        gx = scale * (gy - m_g - xhat * m_gx)
-                    else:
-                        gx = scale * gy
-                    tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
-    if EXPANDED:
-        xhat = (x_e - mean) * rstd
+        y_e = _bn_apply(xs[0].to(tl.float32), scale, shift)
+        for _j in tl.static_range(CHUNK):
+            ys = ys + (y_e,)
+    elif RESIDUAL == 2:
+        for j in tl.static_range(CHUNK):
+            ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift) + rs[j].to(tl.float32),)
+    else:
+        for j in tl.static_range(CHUNK):
+            ys = ys + (_bn_apply(xs[j].to(tl.float32), scale, shift),)
+    # (PASS 2 plans have STORE_GK false: PLIF's dL/dk is PASS 1's)
+    if RESIDUAL >= 3:  # SEW's AND / IAND: dL/dS from the output's gradient, and r's gradient from the spikes
+        gos = gss
+        gss = ()
+        for j in tl.static_range(CHUNK):
+            g = gos[j].to(tl.float32) * rs[j].to(tl.float32)
+            if RESIDUAL == 4:  # negated before the rounding, which is symmetric in the sign
+                g = -g
+            gss = gss + (g.to(gs_ptr.dtype.element_ty),)
+        hs = forward_scan(ys, v_start, k, v_r, v_threshold, v_reset, LEAK, DECAY_INPUT, HARD_RESET, NO_FMA, CHUNK)
         if PASS == 1:
-            acc_g += g_sum
-            acc_gx += tl.where(mask, g_sum * xhat, 0.0)
-            if STORE_GY:
-                tl.store(gx_base, g_sum.to(out_dtype), mask=mask)
+            gr_base = _at(gr_ptr, b, offs_s, offs_c, sr_b, sr_s, sr_c)
+            for j in tl.static_range(CHUNK):
+                spike = fire(hs[j], v_threshold)
+                if RESIDUAL == 3:
+                    g_r = tl.where(spike, gos[j].to(tl.float32), 0.0)
+                else:
+                    g_r = tl.where(spike, 0.0, gos[j].to(tl.float32))
+                tl.store(gr_base + tl.cast(t0 + j, tl.int64) * sr_t, g_r.to(gr_ptr.dtype.element_ty),
+                         mask=mask & (t0 + j < T))
+        out = backward_scan(hs, ys, gss, 0, gss, gv, gk, v_start, t0, T, mask, k, one_minus_k, v_threshold, v_reset,
+                            v_r, alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
+                            CHUNK)
+    else:
+        out = chunk_backward(ys, v_start, gss, gss, gv, gk, t0, T, mask, k, one_minus_k, v_threshold, v_reset, v_r,
+                             alpha, LEAK, DECAY_INPUT, HARD_RESET, DETACH_RESET, SURROGATE, 1, False, STORE_GK,
+                             NO_FMA, CHUNK)
+    gv, gk = out[CHUNK], out[CHUNK + 1]  # dL/dV before the chunk, PLIF's dL/dk so far
+    for j in tl.static_range(CHUNK - 1, -1, -1):  # in the scan's order, so that the sums add up alike
+        m = mask & (t0 + j < T)
+        gy = out[j]
+        if EXPANDED:
+            g_sum += tl.where(m, gy, 0.0)
         else:
-            if BATCH_STATS:
-                gx = scale * (g_sum - m_g - xhat * m_gx)
+            xhat = (xs[j].to(tl.float32) - mean) * rstd
+            if PASS == 1:
+                acc_g += tl.where(m, gy, 0.0)
+                acc_gx += tl.where(m, gy * xhat, 0.0)
+                if STORE_GY:
+                    tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gy.to(out_dtype), mask=m)
             else:
-                gx = scale * g_sum
-            tl.store(gx_base, gx.to(out_dtype), mask=mask)
-    return acc_g, acc_gx, gk
+                if BATCH_STATS:
+                    gx = scale * (gy - m_g - xhat * m_gx)
+                else:
+                    gx = scale * gy
+                tl.store(gx_base + tl.cast(t0 + j, tl.int64) * sd_t, gx.to(out_dtype), mask=m)
+    if EXPANDED:
+        if c == 0:  # the tile's last chunk: its dL/dy summed over T
+            xhat = (xs[0].to(tl.float32) - mean) * rstd
+            if PASS == 1:
+                acc_g += g_sum
+                acc_gx += tl.where(mask, g_sum * xhat, 0.0)
+                if STORE_GY:
+                    tl.store(gx_base, g_sum.to(out_dtype), mask=mask)
+            else:
+                if BATCH_STATS:
+                    gx = scale * (g_sum - m_g - xhat * m_gx)
+                else:
+                    gx = scale * g_sum
+                tl.store(gx_base, gx.to(out_dtype), mask=mask)
+        g_sum = tl.where(c > 0, g_sum, 0.0)
+    gv = tl.where(c > 0, gv, 0.0)  # the next tile's scan starts with none
+    return acc_g, acc_gx, gk, gv, g_sum
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -594,7 +631,7 @@ def _bn_fwd_plan(x: Tensor, T: int, params: list[float], flags: int, has_w: bool
          "count" if count else "mean", T, B, C, S, s_tiles, st, sb, sc, ss, *so, k, v_threshold, v_reset),
         dict(**base._neuron_consts(flags), K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b, EXPANDED=expanded,
              STORE_CKPT=plan.ckpt_shape[0] > 0, COUNT=count, RESIDUAL=residual, NO_FMA=ns.NO_FMA,
-             CHUNK=ns.chunk_steps(T),
+             CHUNK=ns.chunk_steps(T), CK_CL=cl,
              BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.FWD_WARPS)))
     plan.launches = tuple(out)
     stats = C if flags & F_BATCH_STATS else 0
@@ -723,7 +760,7 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     common = dict(**base._neuron_consts(flags), DETACH_RESET=bool(flags & ns.F_DETACH_RESET),
                   SURROGATE=(flags >> ns.F_SURROGATE_SHIFT) & 3, K_FROM_PTR=has_k, HAS_W=has_w, HAS_B=has_b,
                   EXPANDED=expanded, BATCH_STATS=batch, RESIDUAL=0 if residual is None else residual_to,
-                  NO_FMA=ns.NO_FMA, CHUNK=chunk,
+                  NO_FMA=ns.NO_FMA, CHUNK=chunk, CK_CL=cl and not pooled, PREFETCH=tuning.BWD_PREFETCH,
                   BLOCK_S=bs, BLOCK_C=bc, num_warps=tuning.BWD_WARPS)
     res = residual is not None
     to_input = res and residual_to == base.ADD_TO_INPUT  # dL/dy is the residual's gradient
@@ -1084,6 +1121,18 @@ class _StatsPlan:
 
 _STATS_PLANS = PlanCache()
 _DX_PLANS = PlanCache()
+
+
+def clear_plans() -> None:
+    """Forget the eager launch plans of the fused batch-norm and layer-norm neurons (after launch sizes in
+    :mod:`snntrain.kernels.norm_neuron_tuning` changed)."""
+    from . import bn_neuron_pool, ln_neuron
+
+    for plans in (_BN_FWD_PLANS, _BN_BWD_PLANS, _STATS_PLANS, _DX_PLANS, bn_neuron_pool._FWD_PLANS,
+                  bn_neuron_pool._BWD_PLANS, ln_neuron._LN_FWD_PLANS, ln_neuron._LN_BWD_PLANS):
+        plans.clear()
+    for cached in (tuning.tile_groups, tuning.bn_tiles, tuning.ln_tiles, tuning.block_s):
+        cached.cache_clear()
 
 
 def _stats_plan(x: Tensor, T: int | None, eps: float, momentum: float, update: bool, nbt: bool,

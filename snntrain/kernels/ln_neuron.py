@@ -109,7 +109,7 @@ def _ln_neuron_fwd_kernel(
     v = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     s_base = _at(s_ptr, b, offs_s, offs_c, so_b, so_s, so_c)
-    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S, False), tl.cast(B, tl.int64) * C * S
     _fwd_scan(x_base, sx_t, s_base, so_t, ck_base, NCK, T, mask, v, w, bias, C, eps, k, v_r, v_threshold, v_reset,
                    LEAK, DECAY_INPUT, HARD_RESET, True, EXPANDED, STORE_CKPT, False, NO_FMA, CHUNK, BLOCK_S, BLOCK_C,
                    s_base, 0)
@@ -149,7 +149,7 @@ def _ln_neuron_bwd_kernel(
     one_minus_k = 1.0 - k
     x_base = _at(x_ptr, b, offs_s, offs_c, sx_b, sx_s, sx_c)
     gx_base = _at(gx_ptr, b, offs_s, offs_c, sd_b, sd_s, sd_c)
-    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S), tl.cast(B, tl.int64) * C * S
+    ck_base, NCK = _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S, False), tl.cast(B, tl.int64) * C * S
     gs_base = _at(gs_ptr, b, offs_s, offs_c, sg_b, sg_s, sg_c)
     out_dtype = gx_ptr.dtype.element_ty
     v0 = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32) + v_r

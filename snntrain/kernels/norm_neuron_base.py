@@ -125,14 +125,18 @@ def _normalise(x, mask, C, eps, a, b, LAYER_NORM: tl.constexpr):
 
 
 @triton.jit
-def _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S):
-    """The tile's pointers at step 0 into the checkpoints (contiguous ``[., B, C, S]``; rows ``B * C * S`` apart).
+def _ckpt_at(ckpt_ptr, b, offs_s, offs_c, C, S, CL: tl.constexpr):
+    """The tile's pointers at step 0 into the checkpoints (rows ``B * C * S`` apart, each a ``[B, C, S]`` map laid
+    out channels-first, or with ``CL`` channels-last, as ``[B, S, C]``: a channels-last tile then reads its
+    checkpoints in the layout it reads its input in, and needs no exchange of them through shared memory).
 
     Each pointer a kernel stores through comes from its own call of :func:`_at` or this (one pointer argument per
     call), with offsets from helpers that take no pointer (:func:`_tile`): PyTorch's analysis of which arguments a
     Triton kernel writes (``torch.compile``'s ``identify_accessed_tensors``) counts a store at an address computed
     from anything a helper returned as a write to every pointer that helper took, and would take the kernel's
     inputs for mutated ones (``tests/test_kernel_writes.py``)."""
+    if CL:
+        return _at(ckpt_ptr, b, offs_s, offs_c, C * S, C, 1)
     return _at(ckpt_ptr, b, offs_s, offs_c, C * S, 1, S)
 
 

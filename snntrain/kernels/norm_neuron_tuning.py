@@ -17,7 +17,7 @@ import torch
 from .op_utils import cdiv, next_pow2, sm_count
 
 __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS",
-           "BWD_CL_CHANNELS_LONG", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C", "STATS_PROGRAMS_PER_SM",
+           "BWD_CL_CHANNELS_LONG", "BWD_PREFETCH", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C", "STATS_PROGRAMS_PER_SM",
            "BWD_PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles",
            "finish_rows", "ln_tiles"]
 
@@ -32,6 +32,9 @@ FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
 BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 256, 4, 64, 32
 STATS_TILE, STATS_WARPS = 4096, 4
 FINISH_R, FINISH_C = 64, 16
+# The backward's scan issues the loads of its program's next (tile, chunk) before the scan of the current one, so
+# that they are in flight while it computes (a few registers more per thread).
+BWD_PREFETCH = True
 # Programs per SM (see tile_groups) of the statistics pass and of the backward's scan (both write partial sums).
 STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM = 4, 8
 # Layer norm holds all C channels of BLOCK_S positions; tiles up to these many elements.
