@@ -359,12 +359,13 @@ SWEEP_SHAPES = [
 ]
 #: (FWD_TILE, FWD_WARPS, BWD_TILE, BWD_WARPS, FWD_CL_CHANNELS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG, STATS_TILE,
 #: STATS_PROGRAMS_PER_SM, BWD_PROGRAMS_PER_SM, BWD_PREFETCH): the launch sizes of
-#: snntrain/kernels/norm_neuron_tuning.py, the defaults first, then the defaults without the backward's prefetch
+#: snntrain/kernels/norm_neuron_tuning.py (BWD_TILE: where the scan's chunks have 4 steps), the defaults first, then
+#: the defaults without the backward's prefetch
 SWEEP_CONFIGS = [
-    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8, False),
-    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 6, True), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8, True),
-    (1024, 4, 128, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 256, 4, 32, 32, 32, 4096, 4, 8, True),
-    (1024, 4, 256, 4, 32, 64, 64, 4096, 4, 8, True),
+    (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 8, False),
+    (1024, 4, 256, 4, 32, 64, 32, 4096, 4, 8, True), (1024, 4, 512, 4, 32, 64, 32, 4096, 4, 6, True),
+    (1024, 4, 512, 4, 32, 32, 32, 4096, 4, 8, True), (1024, 4, 1024, 4, 32, 64, 32, 4096, 4, 8, True),
+    (1024, 4, 512, 4, 32, 64, 64, 4096, 4, 8, True),
 ]
 
 

@@ -752,8 +752,9 @@ def _bn_bwd_plan(x: Tensor, grad_spikes: Tensor, T: int, params: list[float], fl
     batch = bool(flags & F_BATCH_STATS)
     cl = sc < ss
     chunk = ns.chunk_steps(T)
-    cl_channels = tuning.BWD_CL_CHANNELS if chunk <= ns.SHORT_CHUNK else tuning.BWD_CL_CHANNELS_LONG
-    bs, bc = tuning.bn_tiles(C, S, cl, tuning.BWD_TILE, cl_channels)
+    short = chunk <= ns.SHORT_CHUNK
+    cl_channels = tuning.BWD_CL_CHANNELS if short else tuning.BWD_CL_CHANNELS_LONG
+    bs, bc = tuning.bn_tiles(C, S, cl, tuning.BWD_TILE if short else tuning.BWD_TILE_LONG, cl_channels)
     g1 = cdiv(C, bc)
     k, v_threshold, v_reset, alpha, _eps = params[:5]
     n = (1 if expanded else T) * B * S

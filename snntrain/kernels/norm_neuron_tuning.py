@@ -17,9 +17,9 @@ import torch
 from .op_utils import cdiv, next_pow2, sm_count
 
 __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", "BWD_CL_CHANNELS",
-           "BWD_CL_CHANNELS_LONG", "BWD_PREFETCH", "STATS_TILE", "STATS_WARPS", "FINISH_R", "FINISH_C", "STATS_PROGRAMS_PER_SM",
-           "BWD_PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS", "block_s", "tile_groups", "bn_tiles",
-           "finish_rows", "ln_tiles"]
+           "BWD_CL_CHANNELS_LONG", "BWD_TILE_LONG", "BWD_PREFETCH", "STATS_TILE", "STATS_WARPS", "FINISH_R",
+           "FINISH_C", "STATS_PROGRAMS_PER_SM", "BWD_PROGRAMS_PER_SM", "LN_FWD_TILE", "LN_BWD_TILE", "LN_WARPS",
+           "block_s", "tile_groups", "bn_tiles", "finish_rows", "ln_tiles"]
 
 # Measured on an H200 (scripts/bench_bn_neuron.py --sweep, every BN-neuron layer of SEW-ResNet-18 at 224 and of
 # the T=16 event network, channels-last, bf16 and fp32, 2026-11-27): backward tiles of 256 elements beat 512
@@ -27,9 +27,15 @@ __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", 
 # and 16; statistics tiles of 4096 elements with 4 programs per SM beat 2048 with 8 (-13 % forward in bf16).
 # The backward's channels-last tiles hold 64 channels where the scan's chunks have 4 steps (T <= 4: SEW-18's
 # layers 4 % faster than with 32) and 32 where they are longer (BWD_CL_CHANNELS_LONG: the T=16 event layers 21 %
-# faster than with 64).
+# faster than with 64). Since the backward's one loop over (tile, chunk) pairs with the next pair's loads issued
+# first (2026-12-03, bf16 channels-last, --sweep --quick): backward tiles of 512 elements beat 256 where the chunks
+# have 4 steps (SEW-18's layers forward + backward 2.467 against 2.695 ms; 128: 3.060), and 6 programs per SM
+# against 8 gave 2.644; at T = 16 the prefetch itself counts (event layers 2.150 ms, without it 2.545).
 FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
-BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 256, 4, 64, 32
+BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 512, 4, 64, 32
+# Backward tiles where the scan's chunks are longer than 4 steps: a chunk of 8 steps in tiles of 512 elements spills
+# (fp32 PLIF at T = 16: 255 registers and 96 bytes a thread, scripts/kernel_resources.py --family neuron --only bn).
+BWD_TILE_LONG = 256
 STATS_TILE, STATS_WARPS = 4096, 4
 FINISH_R, FINISH_C = 64, 16
 # The backward's scan issues the loads of its program's next (tile, chunk) before the scan of the current one, so
