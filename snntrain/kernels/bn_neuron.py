@@ -42,6 +42,12 @@ caller folds them into the buffers with in-place tensor ops (``torch.compile`` f
 them); eager calls with a float momentum fold them in, and count ``num_batches_tracked``,
 where the statistics are finished (two launches fewer a layer).
 
+The backward's scan kernel runs one loop over its program's (tile, chunk) pairs, each tile's chunks last to first,
+and issues the loads of the next pair (input, dL/dS, residual, checkpoint) before the scan of the current one
+(``norm_neuron_tuning.BWD_PREFETCH``): the scan's dependent arithmetic then overlaps the memory's latency instead of
+waiting for it once per chunk. The checkpoints are kept in the input's memory format (``CK_CL``), so a
+channels-last tile reads them as it reads its input.
+
 The eager autograd function returns the spikes alone and keeps the statistics and checkpoints on its
 context; traced calls build their plans without the arrival counters.
 
