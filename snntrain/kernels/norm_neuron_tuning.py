@@ -32,7 +32,7 @@ __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", 
 # have 4 steps (SEW-18's layers forward + backward 2.467 against 2.695 ms; 128: 3.060), and 6 programs per SM
 # against 8 gave 2.644; at T = 16 the prefetch itself counts (event layers 2.150 ms, without it 2.545).
 FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
-BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 512, 4, 64, 32
+BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 512, 4, 32, 32
 # Backward tiles where the scan's chunks are longer than 4 steps: a chunk of 8 steps in tiles of 512 elements spills
 # (fp32 PLIF at T = 16: 255 registers and 96 bytes a thread, scripts/kernel_resources.py --family neuron --only bn).
 BWD_TILE_LONG = 256
