@@ -29,8 +29,9 @@ __all__ = ["FWD_TILE", "FWD_WARPS", "FWD_CL_CHANNELS", "BWD_TILE", "BWD_WARPS", 
 # layers 4 % faster than with 32) and 32 where they are longer (BWD_CL_CHANNELS_LONG: the T=16 event layers 21 %
 # faster than with 64). Since the backward's one loop over (tile, chunk) pairs with the next pair's loads issued
 # first (2026-12-03, bf16 channels-last, --sweep --quick): backward tiles of 512 elements beat 256 where the chunks
-# have 4 steps (SEW-18's layers forward + backward 2.467 against 2.695 ms; 128: 3.060), and 6 programs per SM
-# against 8 gave 2.644; at T = 16 the prefetch itself counts (event layers 2.150 ms, without it 2.545).
+# have 4 steps (SEW-18's layers forward + backward 2.484 against 2.709 ms; 128 and 1024 slower), in channels-last
+# tiles of 32 channels there too (2.343 against 64's 2.484; 6 programs per SM with 64: 2.428); the prefetch takes
+# 16 % off both networks' layers (SEW-18 2.969 -> 2.484 ms with tiles of 512, event 2.545 -> 2.150).
 FWD_TILE, FWD_WARPS, FWD_CL_CHANNELS = 1024, 4, 32
 BWD_TILE, BWD_WARPS, BWD_CL_CHANNELS, BWD_CL_CHANNELS_LONG = 512, 4, 32, 32
 # Backward tiles where the scan's chunks are longer than 4 steps: a chunk of 8 steps in tiles of 512 elements spills
