@@ -384,17 +384,15 @@ def _bn_neuron_bwd_kernel(
                             S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s,
                             EXPANDED, RESIDUAL, POOL, CK_CL, CHUNK, BLOCK_S, BLOCK_C)
     for it in range(n_iter):
-        i = it // n_chunks
-        c = n_chunks - 1 - (it - i * n_chunks)
+        i, c = _pair(it, n_chunks)
         b, offs_s, mask, _ns = _group_tile(pid0, i, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
         if PREFETCH:
             cur = nxt
-            i1 = (it + 1) // n_chunks
+            i1, c1 = _pair(it + 1, n_chunks)
             b1, offs_s1, mask1, _ns1 = _group_tile(pid0, i1, groups, TPP, S, C, offs_c, mask_c, BLOCK_S)
             nxt = _bn_bwd_loads(x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b1, offs_s1, offs_c, mask1 & (it + 1 < n_iter),
-                                n_chunks - 1 - (it + 1 - i1 * n_chunks), v0, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c,
-                                sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s, EXPANDED, RESIDUAL, POOL, CK_CL,
-                                CHUNK, BLOCK_S, BLOCK_C)
+                                c1, v0, T, C, S, W, Ho, Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sr_t,
+                                sr_b, sr_c, sr_s, EXPANDED, RESIDUAL, POOL, CK_CL, CHUNK, BLOCK_S, BLOCK_C)
         else:
             cur = _bn_bwd_loads(x_ptr, ckpt_ptr, gs_ptr, pos_ptr, r_ptr, b, offs_s, offs_c, mask, c, v0, T, C, S, W, Ho,
                                 Wo, NCK, sx_t, sx_b, sx_c, sx_s, sg_t, sg_b, sg_c, sg_s, sr_t, sr_b, sr_c, sr_s,
@@ -415,6 +413,13 @@ def _bn_neuron_bwd_kernel(
                 _pair_sum(part_ptr, sum_g_ptr, sum_gx_ptr, offs_c, mask_c, tl.num_programs(0), C, FINISH_R,
                           BLOCK_C)
                 tl.store(sem_ptr + pid1, 0)  # zero again for the next launch
+
+
+@triton.jit
+def _pair(it, n_chunks):
+    """Tile and chunk of the backward loop's iteration ``it``: each tile's ``n_chunks`` chunks, last to first."""
+    i = it // n_chunks
+    return i, n_chunks - 1 - (it - i * n_chunks)
 
 
 @triton.jit
@@ -1138,8 +1143,6 @@ def clear_plans() -> None:
     for plans in (_BN_FWD_PLANS, _BN_BWD_PLANS, _STATS_PLANS, _DX_PLANS, bn_neuron_pool._FWD_PLANS,
                   bn_neuron_pool._BWD_PLANS, ln_neuron._LN_FWD_PLANS, ln_neuron._LN_BWD_PLANS):
         plans.clear()
-    for cached in (tuning.tile_groups, tuning.bn_tiles, tuning.ln_tiles, tuning.block_s):
-        cached.cache_clear()
 
 
 def _stats_plan(x: Tensor, T: int | None, eps: float, momentum: float, update: bool, nbt: bool,
