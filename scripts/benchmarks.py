@@ -49,6 +49,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               "--stem: the stems' batch norm, neuron and max-pool fused against the separate ops",
               "Max-pool of spikes: `scripts/bench_pool.py`",
               ("bench_pool", "bench_pool_sweep", "bench_pool_stem", "bench_pool_stem_sweep"), "--out $OUT --quick"),
+    Benchmark("pack", "bench_pack.py", "spikes packed into bits for a convolution's backward, against a uint8 cast",
+              "Spikes packed for the backward: `scripts/bench_pack.py`", ("bench_pack",), "--out $OUT --quick"),
     Benchmark("bn_neuron", "bench_bn_neuron.py",
               "batch norm fused with the neuron against the unfused pair and SpikingJelly, eager and in CUDA graphs",
               "Fused batch norm + neuron: `scripts/bench_bn_neuron.py`",

@@ -171,6 +171,28 @@ def test_bench_pool_dry_run(tmp_path):
     assert len(rows) == 2 * 4 and {r["provider"] for r in rows} == {"ours-fused", "ours-separate"}
 
 
+def test_bench_pack_dry_run(tmp_path):
+    """scripts/bench_pack.py --dry-run (tiny shapes, fake times, no GPU) checks every provider's round trip and writes
+    a row per case, width, provider and mode."""
+    import csv
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
+    res = subprocess.run([sys.executable, str(SCRIPTS / "bench_pack.py"), "--dry-run", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(tmp_path / "bench_pack.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2 * 3 * 3
+    assert {r["provider"] for r in rows} == {"ours-triton", "ours-torch", "torch-uint8"}
+    moved = {(r["benchmark"], r["op"], r["provider"], r["mode"]): int(r["bytes"]) for r in rows}
+    n = 2 * 16 * 5 * 5  # the dry run's map: bf16, 2 bytes an element, kept in 1 or 2 bits, or a byte
+    assert moved[("pack/sew18-224/stem", "pack1", "ours-triton", "pack")] == 2 * n + n // 8
+    assert moved[("pack/sew18-224/stem", "pack2", "ours-torch", "pack+unpack")] == 2 * (2 * n + n // 4)
+    assert moved[("pack/sew18-224/stem", "pack1", "torch-uint8", "unpack")] == 2 * n + n
+
+
 def test_the_alif_case_is_the_lif_network_with_alif_neurons(bench):
     """``sew18-224-alif`` builds the ``sew18-224`` network (same parameters) with every neuron an ALIF, and its
     command line names the type."""

@@ -57,7 +57,7 @@ class LayerFactory:
     """Creates layers with the network-wide settings: ``neuron`` (keyword arguments of
     :func:`snntrain.nn.build_neuron`), ``norm`` (``batchnorm`` or ``layernorm``, :data:`snntrain.nn.NORMS`),
     ``backend``, ``T`` (the time steps, for neuron types that take them) and ``spike_bytes`` (convolutions of spikes
-    keep their input for the backward as uint8, :meth:`conv2d`). The settings are checked once, when the factory is
+    keep their input for the backward packed in bits, :meth:`conv2d`). The settings are checked once, when the factory is
     made.
 
     :attr:`spike_max` is the largest value the network's neurons fire (1: binary spikes; None: not known integers,
@@ -85,7 +85,8 @@ class LayerFactory:
         ``spike_bytes`` is on and ``input_max`` (the input is integers in ``[0, input_max]`` by construction: the
         neurons' spikes, :attr:`spike_max`, or a sum of them; None: any values, an image or currents) is at most 255,
         else a :class:`torch.nn.Conv2d` (:func:`~snntrain.nn.layers.make_conv2d`)."""
-        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes)
+        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes,
+                           backend=self.backend)
 
     def conv(self, cin: int, cout: int, k: int, stride: int = 1, bias: bool = False,
              input_max: int | None = None) -> MultiStep:

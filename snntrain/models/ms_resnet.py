@@ -79,9 +79,9 @@ class MSResNet(nn.Module):
             and smaller images).
         width: channels of the stem and the first stage (64 in the paper); later stages double it.
         norm: ``batchnorm`` or ``layernorm``.
-        spike_bytes: the blocks' convolutions (of spikes) keep their input for the backward as uint8 instead of in the input's dtype
-            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, a quarter of float32's bytes, half of
-            bfloat16's); False: ``torch.nn.Conv2d`` everywhere. The stem and the
+        spike_bytes: the blocks' convolutions (of spikes) keep their input for the backward packed in bits
+            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, 1 bit an element for spikes, 2 for sums up to 3,
+            4 up to 15, 8 up to 255, instead of bfloat16's 16); False: ``torch.nn.Conv2d`` everywhere. The stem and the
             shortcuts read currents and are always ``Conv2d``.
 
     ``forward`` returns logits averaged over T, ``[B, num_classes]``.

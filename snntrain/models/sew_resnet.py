@@ -158,8 +158,8 @@ class SEWResNet(nn.Module):
         norm: ``batchnorm`` or ``layernorm`` (:data:`snntrain.nn.norm.NORMS`); ``layernorm`` follows ``backend``.
         zero_init_residual: start each block's last norm at zero weight.
         spike_bytes: every convolution after the stem keeps its input (spikes, or ADD's spike counts) for the
-            backward as uint8 instead of in the input's dtype (:class:`~snntrain.nn.layers.SpikeConv2d`: the same
-            results, a quarter of float32's bytes, half of bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
+            backward packed in bits (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, 1 bit an element for spikes, 2 for sums up to 3,
+            4 up to 15, 8 up to 255, instead of bfloat16's 16); False: ``torch.nn.Conv2d`` everywhere.
         backend: ``auto``, ``torch`` or ``triton`` for every spiking layer.
 
     ``forward`` returns logits averaged over T, ``[B, num_classes]``.

@@ -105,8 +105,8 @@ class Spikformer(nn.Module):
         checkpoint: activation recomputation in training: every block and stem stage keeps only its input and
             runs again in the backward (about a third more compute for a fraction of the activation memory).
         backend: ``auto``, ``torch`` or ``triton``.
-        spike_bytes: convolutions of spikes keep their input for the backward as uint8 (one byte an element,
-            :class:`~snntrain.nn.layers.SpikeConv2d`; the same results); False: plain ``Conv2d``. Projections of
+        spike_bytes: convolutions of spikes keep their input for the backward packed in bits (one bit
+            an element for spikes, :class:`~snntrain.nn.layers.SpikeConv2d`; the same results); False: plain ``Conv2d``. Projections of
             binary spikes keep theirs as uint8 either way (:class:`~snntrain.nn.attention.SpikeLinear`).
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.

@@ -95,9 +95,9 @@ class SpikingResNet(nn.Module):
         width: channels of the first stage (64 in ResNet); later stages double it.
         norm: ``batchnorm`` or ``layernorm``.
         zero_init_residual: start each block's last norm at zero weight.
-        spike_bytes: convolutions of spikes keep their input for the backward as uint8 instead of in the input's dtype
-            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, a quarter of float32's bytes, half of
-            bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
+        spike_bytes: convolutions of spikes keep their input for the backward packed in bits
+            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, 1 bit an element for spikes, 2 for sums up to 3,
+            4 up to 15, 8 up to 255, instead of bfloat16's 16); False: ``torch.nn.Conv2d`` everywhere.
 
     ``forward`` returns logits averaged over T, ``[B, num_classes]``.
     """

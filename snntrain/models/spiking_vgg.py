@@ -51,9 +51,9 @@ class SpikingVGG(nn.Module):
         hidden: units of the ``vgg`` classifier's two hidden layers (4096 in VGG).
         dropout: dropout probability before the ``vgg`` classifier's second and third linear layers.
         norm: ``batchnorm`` or ``layernorm``, the norm of the ``_bn`` variants.
-        spike_bytes: every convolution after the first (they read spikes) keeps their input for the backward as uint8 instead of in the input's dtype
-            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, a quarter of float32's bytes, half of
-            bfloat16's); False: ``torch.nn.Conv2d`` everywhere.
+        spike_bytes: every convolution after the first (they read spikes) keeps their input for the backward packed in bits
+            (:class:`~snntrain.nn.layers.SpikeConv2d`: the same results, 1 bit an element for spikes, 2 for sums up to 3,
+            4 up to 15, 8 up to 255, instead of bfloat16's 16); False: ``torch.nn.Conv2d`` everywhere.
 
     The max-pools round up (``ceil_mode``), so that images smaller than 32 pixels (the embedded 8x8 and
     16x16 digits) keep a 1x1 map through all five; at sizes divisible by 32 nothing changes. ``forward``

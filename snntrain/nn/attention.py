@@ -173,8 +173,8 @@ class SpikingParts:
         backend: ``auto``, ``torch`` or ``triton``.
         attn_v_threshold: the attention neurons' threshold (None: the neuron settings' own).
         T: the time steps, for neuron types that take them (the parallel spiking neurons).
-        spike_bytes: convolutions of spikes keep their input for the backward as uint8
-            (:class:`~snntrain.nn.layers.SpikeConv2d`); False (the default): plain ``Conv2d``. Projections of binary
+        spike_bytes: convolutions of spikes keep their input for the backward packed in the fewest bits that hold
+            it (:class:`~snntrain.nn.layers.SpikeConv2d`); False (the default): plain ``Conv2d``. Projections of binary
             spikes are :class:`SpikeLinear` (uint8) either way.
 
     :attr:`spike_max` is the largest value the neurons fire (1: binary spikes; None: not known integers,
@@ -222,7 +222,8 @@ class SpikingParts:
     def conv(self, cin: int, cout: int, k: int = 3, stride: int = 1, bias: bool = False,
              input_max: int | None = None) -> nn.Conv2d:
         """A ``k x k`` convolution; ``input_max`` as :func:`~snntrain.nn.layers.make_conv2d`'s (None: the image)."""
-        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes)
+        return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes,
+                           backend=self.backend)
 
     def linear(self, cin: int, cout: int, bias: bool = True) -> nn.Linear:
         """A projection of spikes or spike counts: a :class:`SpikeLinear` (its input kept as uint8) where the neurons

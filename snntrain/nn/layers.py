@@ -8,6 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..backend import check_backend, use_triton
+from ..kernels import spike_pack
+from ..kernels.op_utils import traced
+
 CONNECTS = ("ADD", "AND", "IAND")
 
 
@@ -37,40 +41,52 @@ class MultiStep(nn.Sequential):
         return super().forward(x)
 
 
-#: The largest value :class:`SpikeConv2d` keeps exactly: its input is saved as uint8.
+#: The largest value :class:`SpikeConv2d` keeps exactly: its input is saved in at most one byte an element.
 BYTE_MAX = 255
 
-#: tensor (the base of the viewed input) -> (its view's geometry and version, the uint8 copy): see :func:`_byte_copy`
-_BYTE_COPIES = WeakIdKeyDictionary()
+#: tensor (the base of the viewed input) -> (its view's geometry, version and the packing, the packed copy): see
+#: :func:`_packed_copy`
+_PACKED_COPIES = WeakIdKeyDictionary()
 
 
-def _byte_copy(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as uint8, one copy for all the convolutions that read the same tensor (a block's first convolution and its
-    shortcut): the copy is remembered beside the tensor ``x`` views, weakly (it goes when that tensor goes), and used
-    again for the same view while the tensor is unchanged (its version counter; an in-place change makes a new copy).
-    Under ``torch.compile`` every call casts, and the compiler merges the equal casts."""
+def _pack(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
+    """``(packed, shape, stride)``: ``x`` packed ``bits`` an element (:mod:`snntrain.kernels.spike_pack`, its Triton
+    kernel or the PyTorch reference) and the geometry to unpack it to (``x``'s, or its row-major copy's where ``x``
+    does not fill one block of memory)."""
+    x = spike_pack.dense(x)
+    if triton:
+        return spike_pack.pack(x, bits, traced(x)), tuple(x.shape), x.stride()
+    return spike_pack.pack_reference(x, bits), tuple(x.shape), x.stride()
+
+
+def _packed_copy(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
+    """:func:`_pack` of ``x``, one copy for all the convolutions that read the same tensor (a block's first
+    convolution and its shortcut): the copy is remembered beside the tensor ``x`` views, weakly (it goes when that
+    tensor goes), and used again for the same view while the tensor is unchanged (its version counter; an in-place
+    change makes a new copy). Under ``torch.compile`` every call packs."""
     if torch.compiler.is_compiling():
-        return x.to(torch.uint8)
+        return _pack(x, bits, triton)
     base = x if x._base is None else x._base
-    key = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x._version)
-    hit = _BYTE_COPIES.get(base)
+    key = (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x._version, bits, triton)
+    hit = _PACKED_COPIES.get(base)
     if hit is not None and hit[0] == key:
         return hit[1]
-    xb = x.to(torch.uint8)  # keeps the memory format: channels-last stays channels-last
-    _BYTE_COPIES[base] = (key, xb)
-    return xb
+    copy = _pack(x, bits, triton)
+    _PACKED_COPIES[base] = (key, copy)
+    return copy
 
 
-class _ByteInputConv2d(torch.autograd.Function):
-    """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``xb``, its uint8 copy (``x`` holds integers in
-    [0, 255]: spikes or spike counts), and the weight as it is (not autocast's 16-bit copy); the backward casts ``xb``
-    back and runs PyTorch's convolution backward, so the gradients are those of :func:`torch.nn.functional.conv2d`
-    bit for bit."""
+class _PackedInputConv2d(torch.autograd.Function):
+    """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``packed`` (:func:`_packed_copy`: ``x`` holds
+    integers in ``[0, 2**bits - 1]``: spikes or spike counts), and the weight as it is (not autocast's 16-bit copy);
+    the backward unpacks ``x`` in the convolution's dtype and runs PyTorch's convolution backward, so the gradients
+    are those of :func:`torch.nn.functional.conv2d` bit for bit."""
 
     @staticmethod
-    def forward(ctx, x, xb, weight, bias, stride, padding, dilation, groups, dtype):
-        ctx.save_for_backward(xb, weight)
+    def forward(ctx, x, packed, geometry, weight, bias, stride, padding, dilation, groups, dtype, bits, triton):
+        ctx.save_for_backward(packed, weight)
         ctx.conv = (stride, padding, dilation, groups)
+        ctx.packing = (bits, triton, geometry)
         ctx.dtype, ctx.x_dtype, ctx.weight_dtype = dtype, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.bias_sizes = None if bias is None else [bias.shape[0]]
@@ -81,53 +97,73 @@ class _ByteInputConv2d(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        xs, weight = ctx.saved_tensors
+        packed, weight = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
+        bits, triton, (shape, strides) = ctx.packing
         dtype = ctx.x_dtype if ctx.dtype is None else ctx.dtype
         if ctx.dtype is not None:
             weight = weight.to(dtype)
-        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        if triton:
+            x = spike_pack.unpack(packed, bits, shape, strides, dtype, traced(packed, grad))
+        else:
+            x = spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         gx, gw, gb = torch.ops.aten.convolution_backward(
-            grad, xs.to(dtype), weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
+            grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
             [need_x, need_w, need_b and ctx.bias_sizes is not None])
-        return (None if gx is None else gx.to(ctx.x_dtype), None, None if gw is None else gw.to(ctx.weight_dtype),
-                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None)
+        return (None if gx is None else gx.to(ctx.x_dtype), None, None, None if gw is None else gw.to(ctx.weight_dtype),
+                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None, None, None)
 
 
 class SpikeConv2d(nn.Conv2d):
-    """A :class:`torch.nn.Conv2d` over spikes or spike counts that keeps its input for the backward as uint8, the
-    narrowest dtype that holds it exactly (half of bfloat16, a quarter of float32; channels-last input stays
-    channels-last), and the weight itself instead of autocast's 16-bit copy of it.
+    """A :class:`torch.nn.Conv2d` over spikes or spike counts that keeps its input for the backward packed into the
+    fewest bits that hold it exactly, and the weight itself instead of autocast's 16-bit copy of it.
+
+    ``input_max`` (keyword; 1 to 255, default 255) is the largest input value: 1 (binary spikes) keeps one bit an
+    element (a sixteenth of bfloat16's bytes), up to 3 two bits, up to 15 four, up to 255 a byte
+    (:mod:`snntrain.kernels.spike_pack`: the elements in their memory order, so a channels-last map comes back
+    channels-last). ``backend`` (``auto``, ``torch``, ``triton``; :mod:`snntrain.backend`) picks the packing's
+    Triton kernels or its PyTorch reference, which write the same bytes.
 
     Its parameters, state dict, output and gradients are the ``Conv2d``'s, bit for bit, **for input of integers in
-    [0, 255]** (0/1 spikes, or sums of at most 255 of them): the values a uint8 holds. Any other input (an image, a
-    membrane current, dropout's scaled spikes, negative values) would get a wrong weight gradient, so a network builds
-    this class only where its input is integers in that range by construction: the model families' layer factories
-    (:class:`snntrain.models.LayerFactory`, :class:`snntrain.nn.attention.SpikingParts`) build it for a convolution
-    whose input the network declares as the output of its neurons (and only for neurons that declare the integers they
-    fire, :func:`snntrain.nn.neurons.spike_max`), or as a sum of such outputs whose largest value is at most 255; a
-    stem convolution reading the image, or one reading currents (MS-ResNet's shortcut), stays a ``Conv2d``. The model
-    option ``spike_bytes: false`` builds ``Conv2d`` everywhere.
+    [0, input_max]** (0/1 spikes, or sums of at most ``input_max`` of them). Any other input (an image, a membrane
+    current, dropout's scaled spikes, negative values, a count above the bound) would get a wrong weight gradient,
+    so a network builds this class only where its input is integers in that range by construction: the model
+    families' layer factories (:class:`snntrain.models.LayerFactory`, :class:`snntrain.nn.attention.SpikingParts`)
+    build it for a convolution whose input the network declares as the output of its neurons (and only for neurons
+    that declare the integers they fire, :func:`snntrain.nn.neurons.spike_max`), or as a sum of such outputs whose
+    largest value is at most 255, with that bound as ``input_max``; a stem convolution reading the image, or one
+    reading currents (MS-ResNet's shortcut), stays a ``Conv2d``. The model option ``spike_bytes: false`` builds
+    ``Conv2d`` everywhere.
 
     The narrow path runs in training with a gradient recorded; evaluation, ``torch.no_grad``, unbatched ``[C, H, W]``
     input and a ``padding_mode`` other than ``zeros`` (whose padding would keep the input for its own backward) run
-    ``Conv2d.forward``. The convolutions that read one tensor (a block's first one and its shortcut) keep one uint8
+    ``Conv2d.forward``. The convolutions that read one tensor (a block's first one and its shortcut) keep one packed
     copy of it between them.
 
     ``check_input = True`` (an attribute; off by default, when it costs nothing) asserts on the device that the input
-    is integers in [0, 255] (``torch._assert_async``: no wait for the device on CUDA, where a failure ends the process
-    as a device-side assertion), for debugging a network of one's own.
+    is integers in [0, input_max] (``torch._assert_async``: no wait for the device on CUDA, where a failure ends the
+    process as a device-side assertion), for debugging a network of one's own.
     """
 
     check_input = False
+
+    def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
+        bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
+        backend = check_backend(backend)
+        super().__init__(*args, **kwargs)
+        self.input_max, self.bits, self.backend = input_max, bits, backend
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() != 4 or self.padding_mode != "zeros" or not self.training or not torch.is_grad_enabled()
                 or not (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
         if self.check_input:
-            torch._assert_async(((x >= 0) & (x <= BYTE_MAX) & (x == torch.round(x))).all(),
-                                f"{type(self).__name__}: input values must be integers in [0, {BYTE_MAX}] "
+            torch._assert_async(((x >= 0) & (x <= self.input_max) & (x == torch.round(x))).all(),
+                                f"{type(self).__name__}: input values must be integers in [0, {self.input_max}] "
                                 "(spikes or spike counts); use torch.nn.Conv2d for other input")
         padding = self.padding
         if isinstance(padding, str):  # "valid", or "same": as many zeros on both sides, or one more after
@@ -138,22 +174,27 @@ class SpikeConv2d(nn.Conv2d):
                 x, padding = F.pad(x, self._reversed_padding_repeated_twice), (0, 0)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        triton = use_triton(self.backend, x)
+        packed, shape, strides = _packed_copy(x, self.bits, triton)
         with torch.autocast(device, enabled=False):
-            return _ByteInputConv2d.apply(x, _byte_copy(x), self.weight, self.bias, self.stride, padding,
-                                          self.dilation, self.groups, dtype)
+            return _PackedInputConv2d.apply(x, packed, (shape, strides), self.weight, self.bias, self.stride, padding,
+                                            self.dilation, self.groups, dtype, self.bits, triton)
 
 
 def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
-                spike_bytes: bool = False) -> nn.Conv2d:
+                spike_bytes: bool = False, backend: str = "auto") -> nn.Conv2d:
     """A ``k x k`` convolution (padding ``k // 2``), as the model families build theirs. ``input_max``: its input is
     integers in ``[0, input_max]`` by construction (spikes: the neurons' :func:`~snntrain.nn.neurons.spike_max`; a sum
     of spike maps: the sum of their bounds); None: any values (an image, currents). With ``spike_bytes`` and
-    ``input_max`` at most 255 it is a :class:`SpikeConv2d` (the same parameters and results, the input kept as uint8
-    for the backward), else a :class:`torch.nn.Conv2d`."""
+    ``input_max`` at most 255 it is a :class:`SpikeConv2d` (the same parameters and results, the input kept packed
+    for the backward in the fewest bits that hold ``input_max``, with ``backend``'s packing), else a
+    :class:`torch.nn.Conv2d`."""
     if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int) or input_max < 1):
         raise ValueError(f"input_max={input_max!r} must be a positive int (the largest input value) or None")
-    narrow = spike_bytes and input_max is not None and input_max <= BYTE_MAX
-    return (SpikeConv2d if narrow else nn.Conv2d)(cin, cout, k, stride=stride, padding=k // 2, bias=bias)
+    if spike_bytes and input_max is not None and input_max <= BYTE_MAX:
+        return SpikeConv2d(cin, cout, k, stride=stride, padding=k // 2, bias=bias, input_max=input_max,
+                           backend=backend)
+    return nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=bias)
 
 
 class TemporalDropout(nn.Module):

@@ -197,8 +197,9 @@ def spike_max(neuron: nn.Module) -> int | None:
     whose step returns ``self.heaviside(...)``: every family but ILIF), ILIF's ``max_spike_count``; None where that is
     not known (a registered type that does not declare it). A neuron class declares it as its attribute
     ``spike_max`` (an int >= 1, or None); a subclass that fires other values sets it to None. The model families
-    keep the inputs of convolutions and projections that read such outputs in one byte
-    (:class:`~snntrain.nn.layers.SpikeConv2d`), which is exact only for integers in [0, 255]."""
+    keep the inputs of convolutions that read such outputs packed in the fewest bits that hold them
+    (:class:`~snntrain.nn.layers.SpikeConv2d`), and of projections in one byte, which is exact only for integers in
+    [0, 255]."""
     n = getattr(neuron, "spike_max", None)
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"{type(neuron).__name__}.spike_max={n!r} must be an int >= 1 (the largest value the neuron "
