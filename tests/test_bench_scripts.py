@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from _testing import DEVICE
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
@@ -229,10 +231,10 @@ def test_the_addafter_case_holds_the_folded_add_off(bench):
         folded, after = module.sew_model("tiny", "triton"), module.sew_model("tiny-addafter", "triton")
     finally:
         del module.CASES["tiny"], module.CASES["tiny-addafter"]
-    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)  # CUDA, or the interpreter
     counts = []
     with torch.no_grad():
-        for m in (folded, after):
+        for m in (folded.to(DEVICE), after.to(DEVICE)):
             adds = Adds()
             with adds:
                 y = m(x)
@@ -247,7 +249,7 @@ def test_the_addafter_case_holds_the_folded_add_off(bench):
     assert not any(m._forward_hooks for m in plain.modules())
 
 
-def test_the_bytes_case_keeps_spike_inputs_in_one_byte_and_relu_twins_have_plain_convolutions(bench):
+def test_the_bytes_case_keeps_spike_inputs_packed_and_relu_twins_have_plain_convolutions(bench):
     """``sew18-224-bytes`` builds ``sew18-224`` (same state dict) with its convolutions of spikes as ``SpikeConv2d``,
     and says so on its command line; a ReLU twin's convolutions are plain (their inputs are real values), with the
     network's parameters."""
@@ -258,6 +260,7 @@ def test_the_bytes_case_keeps_spike_inputs_in_one_byte_and_relu_twins_have_plain
         off, on = module.sew_model("sew18-224", "torch"), module.sew_model("sew18-224-bytes", "torch")
     assert on.state_dict().keys() == off.state_dict().keys()
     assert sum(isinstance(m, SpikeConv2d) for m in on.modules()) == 19
+    assert on.layer1[0].conv2[0].bits == 1 and on.layer1[1].conv1[0].bits == 2  # spikes; ADD's sums up to 2
     assert not any(isinstance(m, SpikeConv2d) for m in off.modules())
     assert "model.spike_bytes=true" in module.cli_overrides("sew18-224-bytes", "bf16", 10)
     assert not any("spike_bytes" in o for o in module.cli_overrides("sew18-224", "bf16", 10))

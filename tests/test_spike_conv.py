@@ -333,10 +333,11 @@ def test_one_sew_block_saves_its_convolution_inputs_packed():
 
 def _sew_step(spike_bytes: bool, compiled: bool = False, backend: str = "torch"):
     torch.manual_seed(0)
+    dev = DEVICE if backend == "triton" else torch.device("cpu")  # the kernels: CUDA, or the interpreter
     model = SEWResNet(depth=18, num_classes=5, in_channels=2, T=2, width=4, stem="imagenet", backend=backend,
-                      spike_bytes=spike_bytes)
+                      spike_bytes=spike_bytes).to(dev)
     g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(3, 2, 32, 32, generator=g), torch.randint(0, 5, (3,), generator=g)
+    x, y = torch.randn(3, 2, 32, 32, generator=g).to(dev), torch.randint(0, 5, (3,), generator=g).to(dev)
     fn = torch.compile(model, backend="aot_eager") if compiled else model
     loss = F.cross_entropy(fn(x), y)
     loss.backward()

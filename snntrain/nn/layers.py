@@ -90,9 +90,8 @@ class _PackedInputConv2d(torch.autograd.Function):
         ctx.dtype, ctx.x_dtype, ctx.weight_dtype = dtype, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.bias_sizes = None if bias is None else [bias.shape[0]]
-        if dtype is not None:  # autocast's dtype: the casts nn.Conv2d's input and parameters get under autocast
-            x, weight = x.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
+        # under autocast (``dtype``, its dtype) autocast casts the input and parameters here as it does for
+        # nn.Conv2d, the weight's cast from its per-forward cache
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
     @staticmethod
@@ -176,9 +175,8 @@ class SpikeConv2d(nn.Conv2d):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         triton = use_triton(self.backend, x)
         packed, shape, strides = _packed_copy(x, self.bits, triton)
-        with torch.autocast(device, enabled=False):
-            return _PackedInputConv2d.apply(x, packed, (shape, strides), self.weight, self.bias, self.stride, padding,
-                                            self.dilation, self.groups, dtype, self.bits, triton)
+        return _PackedInputConv2d.apply(x, packed, (shape, strides), self.weight, self.bias, self.stride, padding,
+                                        self.dilation, self.groups, dtype, self.bits, triton)
 
 
 def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
