@@ -43,14 +43,21 @@ def width_for(value_max: int) -> int:
 
 
 @triton.jit
-def _pack_kernel(x_ptr, p_ptr, n, nbytes, BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+def _block(BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    """The program's ``BLOCK`` packed bytes and, for each, its ``8 // BITS`` lanes: ``(offs_b [BLOCK], lane [PER],
+    offs [BLOCK, PER])``, ``offs`` the elements' indices in memory order."""
     PER: tl.constexpr = 8 // BITS
     pid = tl.program_id(0)
     if WIDE:
         pid = pid.to(tl.int64)
     offs_b = pid * BLOCK + tl.arange(0, BLOCK)
     lane = tl.arange(0, PER)
-    offs = offs_b[:, None] * PER + lane[None, :]
+    return offs_b, lane, offs_b[:, None] * PER + lane[None, :]
+
+
+@triton.jit
+def _pack_kernel(x_ptr, p_ptr, n, nbytes, BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    offs_b, lane, offs = _block(BITS, BLOCK, WIDE)
     v = tl.load(x_ptr + offs, mask=offs < n, other=0).to(tl.int32) & ((1 << BITS) - 1)
     packed = tl.sum(v << (lane[None, :] * BITS), axis=1)
     tl.store(p_ptr + offs_b, packed.to(tl.uint8), mask=offs_b < nbytes)
@@ -58,15 +65,9 @@ def _pack_kernel(x_ptr, p_ptr, n, nbytes, BITS: tl.constexpr, BLOCK: tl.constexp
 
 @triton.jit
 def _unpack_kernel(p_ptr, y_ptr, n, nbytes, BITS: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
-    PER: tl.constexpr = 8 // BITS
-    pid = tl.program_id(0)
-    if WIDE:
-        pid = pid.to(tl.int64)
-    offs_b = pid * BLOCK + tl.arange(0, BLOCK)
-    lane = tl.arange(0, PER)
+    offs_b, lane, offs = _block(BITS, BLOCK, WIDE)
     b = tl.load(p_ptr + offs_b, mask=offs_b < nbytes, other=0).to(tl.int32)
     v = (b[:, None] >> (lane[None, :] * BITS)) & ((1 << BITS) - 1)
-    offs = offs_b[:, None] * PER + lane[None, :]
     # through float32: exact for these small integers, and the interpreter converts int32 to bfloat16 wrongly
     tl.store(y_ptr + offs, v.to(tl.float32).to(y_ptr.dtype.element_ty), mask=offs < n)
 
@@ -86,6 +87,12 @@ def _flat(x: Tensor) -> Tensor:
 
 def packed_bytes(numel: int, bits: int) -> int:
     return cdiv(numel, 8 // bits) if numel else 0
+
+
+def _check_packed(p: Tensor, n: int, bits: int) -> None:
+    if p.numel() != packed_bytes(n, bits):
+        raise ValueError(f"{p.numel()} packed bytes do not hold {n} elements of {bits} bits "
+                         f"({packed_bytes(n, bits)} bytes do)")
 
 
 def _check_bits(bits: int) -> None:
@@ -110,9 +117,7 @@ def _unpack_host(p: Tensor, bits: int, shape: list[int], stride: list[int], dtyp
     _check_bits(bits)
     y = torch.empty_strided(shape, stride, dtype=dtype, device=p.device)
     n = y.numel()
-    if p.numel() != packed_bytes(n, bits):
-        raise ValueError(f"{p.numel()} packed bytes do not hold {n} elements of {bits} bits "
-                         f"({packed_bytes(n, bits)} bytes do)")
+    _check_packed(p, n, bits)
     if launch and n:
         block = ELEMENTS * bits // 8
         wrap(_unpack_kernel)[(cdiv(p.numel(), block),)](p, y, n, p.numel(), BITS=bits, BLOCK=block,
@@ -181,9 +186,7 @@ def unpack_reference(p: Tensor, bits: int, shape, stride, dtype: torch.dtype) ->
     _check_bits(bits)
     y = torch.empty_strided(list(shape), list(stride), dtype=dtype, device=p.device)
     n = y.numel()
-    if p.numel() != packed_bytes(n, bits):
-        raise ValueError(f"{p.numel()} packed bytes do not hold {n} elements of {bits} bits "
-                         f"({packed_bytes(n, bits)} bytes do)")
+    _check_packed(p, n, bits)
     v = (p[:, None] >> _shifts(bits, p.device)).bitwise_and_((1 << bits) - 1)
     _flat(y).copy_(v.view(-1)[:n])
     return y
