@@ -111,7 +111,7 @@ def _workloads() -> None:
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
     for neuron in ("LIF", "PLIF", "ALIF"):  # batch norm with the hand-written neurons and a generated one
         step(SEWResNet(depth=18, num_classes=3, T=2, stem="imagenet", width=2, neuron={"type": neuron},
-                       backend="triton"), x)
+                       backend="triton", spike_bytes=neuron == "LIF"), x)  # LIF's: convolutions of packed spikes
     step(SEWResNet(depth=18, num_classes=3, T=2, stem="cifar", width=2, norm="layernorm", backend="triton"), x)
     for spec in ({"name": "spikformer", "variant": "spikformer_cifar10", "embed_dim": 16, "depth": 1, "heads": 2,
                   "patch_size": 4},

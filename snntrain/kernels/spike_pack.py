@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op
+from .op_utils import INT32_MAX, cdiv, direct, op_wrap, profiled, register_op, traced
 
 #: The widths a packed element can have.
 WIDTHS = (1, 2, 4, 8)
@@ -147,19 +147,20 @@ spike_pack = register_op("snntrain::spike_pack", _pack_op, _pack_fake)
 spike_unpack = register_op("snntrain::spike_unpack", _unpack_op, _unpack_fake)
 
 
-def pack(x: Tensor, bits: int, traced: bool = False) -> Tensor:
-    """``x`` packed ``bits`` an element with the Triton kernel: the registered operator under ``torch.compile``
-    (``traced``), a direct launch otherwise (under the operator's name while a profiler records)."""
-    if traced:
+def pack(x: Tensor, bits: int) -> Tensor:
+    """``x`` packed ``bits`` an element with the Triton kernel: the registered operator under ``torch.compile`` and
+    ``torch.export`` (:func:`~.op_utils.traced`), a direct launch otherwise (under the operator's name while a
+    profiler records)."""
+    if traced(x):
         return spike_pack(x, bits)
     with profiled("snntrain::spike_pack"):
         return _pack_host(x, bits)
 
 
-def unpack(p: Tensor, bits: int, shape, stride, dtype: torch.dtype, traced: bool = False) -> Tensor:
+def unpack(p: Tensor, bits: int, shape, stride, dtype: torch.dtype) -> Tensor:
     """The inverse of :func:`pack`: a tensor of ``shape`` and ``stride`` (those of the packed tensor, or of its
-    :func:`dense` copy) in ``dtype``."""
-    if traced:
+    :func:`dense` copy) in ``dtype``; the registered operator or a direct launch, as :func:`pack`."""
+    if traced(p):
         return spike_unpack(p, bits, list(shape), list(stride), dtype)
     with profiled("snntrain::spike_unpack"):
         return _unpack_host(p, bits, list(shape), list(stride), dtype)

@@ -10,7 +10,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..backend import check_backend, use_triton
 from ..kernels import spike_pack
-from ..kernels.op_utils import traced
 
 CONNECTS = ("ADD", "AND", "IAND")
 
@@ -55,7 +54,7 @@ def _pack(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple
     does not fill one block of memory)."""
     x = spike_pack.dense(x)
     if triton:
-        return spike_pack.pack(x, bits, traced(x)), tuple(x.shape), x.stride()
+        return spike_pack.pack(x, bits), tuple(x.shape), x.stride()
     return spike_pack.pack_reference(x, bits), tuple(x.shape), x.stride()
 
 
@@ -103,7 +102,7 @@ class _PackedInputConv2d(torch.autograd.Function):
         if ctx.dtype is not None:
             weight = weight.to(dtype)
         if triton:
-            x = spike_pack.unpack(packed, bits, shape, strides, dtype, traced(packed, grad))
+            x = spike_pack.unpack(packed, bits, shape, strides, dtype)
         else:
             x = spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
