@@ -9,14 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _testing import DEVICE
 from snntrain.models import SEWResNet, build_model
 from snntrain.models.common import LayerFactory
 from snntrain.models.sew_resnet import BasicBlock
 from snntrain.nn import StepNeuron
 from snntrain.nn.layers import SpikeConv2d, make_conv2d, sew_connect_max
 from snntrain.nn.neurons import build_neuron, spike_max
-
-from _testing import DEVICE
 
 #: (kernel, stride, padding, groups, bias, padding_mode)
 CONVS = [(3, 1, 1, 1, False, "zeros"), (3, 2, 1, 1, True, "zeros"), (1, 2, 0, 2, True, "zeros"),
