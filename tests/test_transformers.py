@@ -214,27 +214,50 @@ def test_recomputation_gives_the_same_step(family):
 
 
 @pytest.mark.parametrize("dtype, autocast", [(torch.float32, False), (torch.float32, True), (torch.bfloat16, False)])
-def test_spike_linear_keeps_uint8_and_equals_linear(dtype, autocast):
+@pytest.mark.parametrize("input_max, bits", [(1, 1), (255, 8)], ids=["spikes", "counts"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_spike_linear_keeps_its_input_packed_and_equals_linear(dtype, autocast, input_max, bits, backend):
+    from _testing import DEVICE
     from snntrain.nn.attention import SpikeLinear
 
+    dev = DEVICE if backend == "triton" else torch.device("cpu")  # the kernels: CUDA, or the interpreter
     torch.manual_seed(0)
-    ours, ref = SpikeLinear(6, 5).to(dtype), torch.nn.Linear(6, 5).to(dtype)
+    ours = SpikeLinear(6, 5, input_max=input_max, backend=backend).to(dtype).to(dev)
+    ref = torch.nn.Linear(6, 5).to(dtype).to(dev)
     ref.load_state_dict(ours.state_dict())
-    x = torch.randint(0, 4, (2, 3, 6)).to(dtype)  # spike counts
+    assert ours.bits == bits and f"kept in {bits} bit" in repr(ours)
+    x = torch.randint(0, min(input_max, 4) + 1, (2, 3, 6)).to(dtype).to(dev)  # spikes, or spike counts
     saved = []
     results = []
     for m in (ours, ref):
         leaf = x.clone().requires_grad_()
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), \
+                torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
             y = m(leaf)
-        (y.float() * torch.arange(5.0)).sum().backward()
+        (y.float() * torch.arange(5.0, device=dev)).sum().backward()
         results.append((y, leaf.grad, m.weight.grad, m.bias.grad))
         saved.append(None)
-    assert torch.uint8 in saved[:saved.index(None)]  # the input, kept in one byte
+    kept = [t for t in saved[:saved.index(None)] if t.dtype == torch.uint8]
+    assert len(kept) == 1 and kept[0].numel() == -(-x.numel() * bits // 8)  # the input, packed
     for a, b in zip(*results):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("family", ["spikformer", "spike_driven_transformer", "qkformer"])
+def test_projections_of_spikes_keep_one_bit_and_of_counts_one_byte(family):
+    """Spikformer's and QKFormer's attention and MLP read the residual stream's spike counts in their first
+    projection (a byte) and spikes in their second (a bit); every projection of the Spike-driven Transformer reads a
+    neuron's spikes."""
+    from snntrain.nn.attention import SpikeLinear
+
+    bits = {name: m.bits for name, m in tiny(family).named_modules() if isinstance(m, SpikeLinear)}
+    assert bits
+    if family == "spike_driven_transformer":
+        assert set(bits.values()) == {1}
+    else:
+        assert {n for n, b in bits.items() if b == 8} == {n for n in bits if n.endswith(("qkv.fc", "qk.fc", "fc1.fc"))}
+        assert {n for n, b in bits.items() if b == 1} == {n for n in bits if n.endswith(("proj.fc", "fc2.fc"))}
 
 
 @pytest.mark.gpu

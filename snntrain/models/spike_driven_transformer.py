@@ -101,12 +101,12 @@ class MLP(nn.Module):
         self.residual = hidden == dim
         self.neuron1 = parts.neuron()
         if self.residual:  # the norm's output is needed beside the neuron: not fused
-            self.fc1 = parts.linear(dim, hidden)
+            self.fc1 = parts.linear(dim, hidden, spikes=True)
             self.norm1 = parts.map_norm(hidden)
             self.neuron2 = parts.neuron()
         else:
-            self.fc1 = parts.linear_norm_neuron(dim, hidden, bias=True)
-        self.fc2 = parts.linear(hidden, dim)
+            self.fc1 = parts.linear_norm_neuron(dim, hidden, bias=True, spikes=True)
+        self.fc2 = parts.linear(hidden, dim, spikes=True)  # both read a neuron's spikes
         self.norm2 = parts.map_norm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -106,8 +106,9 @@ class Spikformer(nn.Module):
             runs again in the backward (about a third more compute for a fraction of the activation memory).
         backend: ``auto``, ``torch`` or ``triton``.
         spike_bytes: convolutions of spikes keep their input for the backward packed in bits (one bit
-            an element for spikes, :class:`~snntrain.nn.layers.SpikeConv2d`; the same results); False: plain ``Conv2d``. Projections of
-            binary spikes keep theirs as uint8 either way (:class:`~snntrain.nn.attention.SpikeLinear`).
+            an element for spikes, :class:`~snntrain.nn.layers.SpikeConv2d`; the same results); False: plain ``Conv2d``.
+            Projections keep theirs packed either way (:class:`~snntrain.nn.attention.SpikeLinear`: a bit for spikes,
+            a byte for spike counts).
 
     ``forward`` returns logits ``[B, num_classes]`` averaged over T.
     """

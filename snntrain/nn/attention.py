@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backend import check_backend, use_triton
+from ..kernels import spike_pack
 from ..validation import flag, number, one_of, positive_int
-from .layers import MultiStep, make_conv2d
+from .layers import BYTE_MAX, MultiStep, make_conv2d, pack_input, unpack_input
 from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters, spike_max
 from .norm import build_norm2d
 from .norm_neuron import NormNeuron
@@ -86,36 +87,51 @@ def norm_tokens(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class _NarrowLinear(torch.autograd.Function):
-    """``x W^T + b`` keeping ``x`` for the backward as uint8 (``x`` holds small non-negative integers: spikes or
-    spike counts, exact in one byte) and not keeping the weight's 16-bit copy."""
+    """``x W^T + b`` keeping ``x`` for the backward as ``packed`` (:func:`~snntrain.nn.layers.pack_input`: ``x``
+    holds small non-negative integers, spikes or spike counts, exact in ``bits``) and not keeping the weight's 16-bit
+    copy."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, dtype):
-        ctx.save_for_backward(x.to(torch.uint8), weight, bias)
-        ctx.dtype, ctx.x_dtype = dtype, x.dtype
+    def forward(ctx, x, packed, geometry, weight, bias, dtype, bits, triton):
+        ctx.save_for_backward(packed, weight, bias)
+        ctx.dtype, ctx.x_dtype, ctx.packing = dtype, x.dtype, (bits, triton, geometry)
         return F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
 
     @staticmethod
     def backward(ctx, grad):
-        xs, weight, bias = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        packed, weight, bias = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         g = grad.to(ctx.dtype)
         gx = (g @ weight.to(ctx.dtype)).to(ctx.x_dtype) if need_x else None
         g2 = g.reshape(-1, g.shape[-1])
-        gw = (g2.T @ xs.to(ctx.dtype).reshape(-1, xs.shape[-1])).to(weight.dtype) if need_w else None
+        gw = None
+        if need_w:
+            xs = unpack_input(packed, *ctx.packing, ctx.dtype)
+            gw = (g2.T @ xs.reshape(-1, xs.shape[-1])).to(weight.dtype)
         gb = g2.sum(0).to(bias.dtype) if need_b and bias is not None else None
-        return gx, gw, gb, None
+        return gx, None, None, gw, gb, None, None, None
 
 
 class SpikeLinear(nn.Linear):
     """A :class:`torch.nn.Linear` over spikes or spike counts (small non-negative integers): in training it keeps its
-    input for the backward as uint8, the narrowest dtype that holds it exactly (half of bfloat16, a quarter of
-    float32), and computes in autocast's dtype, or the wider of the input's and the weight's. Values, gradients and
-    state dict are the Linear's; its input must be integers in [0, 255] (what the spiking transformers feed it:
-    binary spikes, or sums of at most a few hundred of them), which is not checked (that would wait for the device).
-    ``narrow = False`` (a plain attribute) makes it a plain Linear, for other inputs."""
+    input for the backward packed in the fewest bits that hold ``input_max`` (keyword, 1 to 255, default 255: one
+    bit an element for spikes, a byte for counts up to 255; :mod:`snntrain.kernels.spike_pack`, with ``backend``'s
+    kernels or PyTorch reference, as :class:`~snntrain.nn.layers.SpikeConv2d`), and computes in autocast's dtype, or
+    the wider of the input's and the weight's. Values, gradients and state dict are the Linear's; its input must be
+    integers in [0, input_max] (what the spiking transformers feed it: binary spikes, or sums of at most a few hundred
+    of them), which is not checked (that would wait for the device). ``narrow = False`` (a plain attribute) makes it
+    a plain Linear, for other inputs."""
 
     narrow = True
+
+    def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
+        bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
+        backend = check_backend(backend)
+        super().__init__(*args, **kwargs)
+        self.input_max, self.bits, self.backend = input_max, bits, backend
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.narrow or not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad):
@@ -123,8 +139,10 @@ class SpikeLinear(nn.Linear):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
             torch.promote_types(x.dtype, self.weight.dtype)
+        triton = use_triton(self.backend, x)
+        packed, shape, strides = pack_input(x, self.bits, triton)
         with torch.autocast(device, enabled=False):
-            return _NarrowLinear.apply(x, self.weight, self.bias, dtype)
+            return _NarrowLinear.apply(x, packed, (shape, strides), self.weight, self.bias, dtype, self.bits, triton)
 
 
 class _KeepBuffers:
@@ -174,8 +192,8 @@ class SpikingParts:
         attn_v_threshold: the attention neurons' threshold (None: the neuron settings' own).
         T: the time steps, for neuron types that take them (the parallel spiking neurons).
         spike_bytes: convolutions of spikes keep their input for the backward packed in the fewest bits that hold
-            it (:class:`~snntrain.nn.layers.SpikeConv2d`); False (the default): plain ``Conv2d``. Projections of binary
-            spikes are :class:`SpikeLinear` (uint8) either way.
+            it (:class:`~snntrain.nn.layers.SpikeConv2d`); False (the default): plain ``Conv2d``. Projections (where the
+            neurons fire binary spikes) are :class:`SpikeLinear` either way (a bit for spikes, a byte for counts).
 
     :attr:`spike_max` is the largest value the neurons fire (1: binary spikes; None: not known integers,
     :func:`snntrain.nn.neurons.spike_max`), what a model passes as ``input_max`` of a convolution of spikes.
@@ -225,13 +243,17 @@ class SpikingParts:
         return make_conv2d(cin, cout, k, stride, bias, input_max=input_max, spike_bytes=self.spike_bytes,
                            backend=self.backend)
 
-    def linear(self, cin: int, cout: int, bias: bool = True) -> nn.Linear:
-        """A projection of spikes or spike counts: a :class:`SpikeLinear` (its input kept as uint8) where the neurons
-        fire binary spikes, whatever ``spike_bytes`` says (which is about the convolutions)."""
-        return (SpikeLinear if self.spike_max == 1 else nn.Linear)(cin, cout, bias=bias)
+    def linear(self, cin: int, cout: int, bias: bool = True, spikes: bool = False) -> nn.Linear:
+        """A projection of spikes (``spikes``: the output of one of the neurons, 0 or 1) or of spike counts (a
+        residual stream's sums): a :class:`SpikeLinear` where the neurons fire binary spikes, whatever
+        ``spike_bytes`` says (which is about the convolutions), keeping its input in one bit an element for spikes
+        and in one byte for counts."""
+        if self.spike_max != 1:
+            return nn.Linear(cin, cout, bias=bias)
+        return SpikeLinear(cin, cout, bias=bias, input_max=1 if spikes else BYTE_MAX, backend=self.backend)
 
-    def linear_norm_neuron(self, cin: int, cout: int, bias: bool = False) -> LinearNormNeuron:
-        return LinearNormNeuron(self.linear(cin, cout, bias), self.norm_neuron(cout))
+    def linear_norm_neuron(self, cin: int, cout: int, bias: bool = False, spikes: bool = False) -> LinearNormNeuron:
+        return LinearNormNeuron(self.linear(cin, cout, bias, spikes), self.norm_neuron(cout))
 
 
 class LinearNormNeuron(nn.Module):
@@ -336,7 +358,7 @@ class SpikingSelfAttention(nn.Module):
         self.dim = dim
         self.qkv = parts.linear_norm_neuron(dim, 3 * dim)
         self.attn = QKVNeuron(heads, scale, parts.attention_neuron(), parts.backend)
-        self.proj = parts.linear_norm_neuron(dim, dim)
+        self.proj = parts.linear_norm_neuron(dim, dim, spikes=True)  # reads the attention neuron's spikes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).split(self.dim, dim=-1)
@@ -355,9 +377,9 @@ class SpikeDrivenSelfAttention(nn.Module):
         dim = positive_int("dim", dim)
         self.dim = dim
         self.shortcut_neuron = parts.neuron()
-        self.qkv = parts.linear_norm_neuron(dim, 3 * dim)
+        self.qkv = parts.linear_norm_neuron(dim, 3 * dim, spikes=True)  # reads the shortcut neuron's spikes
         self.attn_neuron = parts.attention_neuron()
-        self.proj = parts.linear(dim, dim)
+        self.proj = parts.linear(dim, dim, spikes=True)  # reads Q * A, a product of spikes
         self.proj_norm = parts.map_norm(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -383,7 +405,7 @@ class QKAttention(nn.Module):
         self.dim, self.heads, self.mode = dim, heads, one_of("mode", mode, QK_MODES)
         self.qk = parts.linear_norm_neuron(dim, 2 * dim)
         self.attn_neuron = parts.attention_neuron()
-        self.proj = parts.linear_norm_neuron(dim, dim)
+        self.proj = parts.linear_norm_neuron(dim, dim, spikes=True)  # reads A * K, a product of spikes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k = self.qk(x).split(self.dim, dim=-1)
@@ -406,7 +428,7 @@ class SpikingMLP(nn.Module):
     def __init__(self, dim: int, hidden: int, parts: SpikingParts, bias: bool = False) -> None:
         super().__init__()
         self.fc1 = parts.linear_norm_neuron(positive_int("dim", dim), positive_int("hidden", hidden), bias)
-        self.fc2 = parts.linear_norm_neuron(hidden, dim, bias)
+        self.fc2 = parts.linear_norm_neuron(hidden, dim, bias, spikes=True)  # reads fc1's spikes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.fc1(x))

@@ -44,7 +44,7 @@ class MultiStep(nn.Sequential):
 BYTE_MAX = 255
 
 #: tensor (the base of the viewed input) -> (its view's geometry, version and the packing, the packed copy): see
-#: :func:`_packed_copy`
+#: :func:`pack_input`
 _PACKED_COPIES = WeakIdKeyDictionary()
 
 
@@ -58,7 +58,7 @@ def _pack(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple
     return spike_pack.pack_reference(x, bits), tuple(x.shape), x.stride()
 
 
-def _packed_copy(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
+def pack_input(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
     """:func:`_pack` of ``x``, one copy for all the convolutions that read the same tensor (a block's first
     convolution and its shortcut): the copy is remembered beside the tensor ``x`` views, weakly (it goes when that
     tensor goes), and used again for the same view while the tensor is unchanged (its version counter; an in-place
@@ -75,8 +75,16 @@ def _packed_copy(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor
     return copy
 
 
+def unpack_input(packed: torch.Tensor, bits: int, triton: bool, geometry: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor :func:`pack_input` packed, in ``dtype``, with its ``geometry`` (``(shape, strides)``)."""
+    shape, strides = geometry
+    if triton:
+        return spike_pack.unpack(packed, bits, shape, strides, dtype)
+    return spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
+
+
 class _PackedInputConv2d(torch.autograd.Function):
-    """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``packed`` (:func:`_packed_copy`: ``x`` holds
+    """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``packed`` (:func:`pack_input`: ``x`` holds
     integers in ``[0, 2**bits - 1]``: spikes or spike counts), and the weight as it is (not autocast's 16-bit copy);
     the backward unpacks ``x`` in the convolution's dtype and runs PyTorch's convolution backward, so the gradients
     are those of :func:`torch.nn.functional.conv2d` bit for bit."""
@@ -97,14 +105,11 @@ class _PackedInputConv2d(torch.autograd.Function):
     def backward(ctx, grad):
         packed, weight = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
-        bits, triton, (shape, strides) = ctx.packing
+        bits, triton, geometry = ctx.packing
         dtype = ctx.x_dtype if ctx.dtype is None else ctx.dtype
         if ctx.dtype is not None:
             weight = weight.to(dtype)
-        if triton:
-            x = spike_pack.unpack(packed, bits, shape, strides, dtype)
-        else:
-            x = spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
+        x = unpack_input(packed, bits, triton, geometry, dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         gx, gw, gb = torch.ops.aten.convolution_backward(
             grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
@@ -173,7 +178,7 @@ class SpikeConv2d(nn.Conv2d):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         triton = use_triton(self.backend, x)
-        packed, shape, strides = _packed_copy(x, self.bits, triton)
+        packed, shape, strides = pack_input(x, self.bits, triton)
         return _PackedInputConv2d.apply(x, packed, (shape, strides), self.weight, self.bias, self.stride, padding,
                                         self.dilation, self.groups, dtype, self.bits, triton)
 
