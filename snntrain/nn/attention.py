@@ -38,9 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..backend import check_backend, use_triton
-from ..kernels import spike_pack
 from ..validation import flag, number, one_of, positive_int
-from .layers import BYTE_MAX, MultiStep, make_conv2d, pack_input, unpack_input
+from .layers import BYTE_MAX, MultiStep, PackedInput, make_conv2d, pack_input, unpack_input
 from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters, spike_max
 from .norm import build_norm2d
 from .norm_neuron import NormNeuron
@@ -112,7 +111,7 @@ class _NarrowLinear(torch.autograd.Function):
         return gx, None, None, gw, gb, None, None, None
 
 
-class SpikeLinear(nn.Linear):
+class SpikeLinear(PackedInput, nn.Linear):
     """A :class:`torch.nn.Linear` over spikes or spike counts (small non-negative integers): in training it keeps its
     input for the backward packed in the fewest bits that hold ``input_max`` (keyword, 1 to 255, default 255: one
     bit an element for spikes, a byte for counts up to 255; :mod:`snntrain.kernels.spike_pack`, with ``backend``'s
@@ -123,15 +122,6 @@ class SpikeLinear(nn.Linear):
     a plain Linear, for other inputs."""
 
     narrow = True
-
-    def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
-        bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
-        backend = check_backend(backend)
-        super().__init__(*args, **kwargs)
-        self.input_max, self.bits, self.backend = input_max, bits, backend
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.narrow or not torch.is_grad_enabled() or not (x.requires_grad or self.weight.requires_grad):

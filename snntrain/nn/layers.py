@@ -118,7 +118,22 @@ class _PackedInputConv2d(torch.autograd.Function):
                 None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None, None, None)
 
 
-class SpikeConv2d(nn.Conv2d):
+class PackedInput:
+    """What a layer that keeps its input packed (:class:`SpikeConv2d`, :class:`~snntrain.nn.attention.SpikeLinear`)
+    adds to its ``torch.nn`` base, first in its bases: the keywords ``input_max`` (the largest input value, 1 to
+    255; the packing's width follows) and ``backend``, both checked before the layer is built, and its repr."""
+
+    def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
+        bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
+        backend = check_backend(backend)
+        super().__init__(*args, **kwargs)
+        self.input_max, self.bits, self.backend = input_max, bits, backend
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
+
+
+class SpikeConv2d(PackedInput, nn.Conv2d):
     """A :class:`torch.nn.Conv2d` over spikes or spike counts that keeps its input for the backward packed into the
     fewest bits that hold it exactly, and the weight itself instead of autocast's 16-bit copy of it.
 
@@ -150,15 +165,6 @@ class SpikeConv2d(nn.Conv2d):
     """
 
     check_input = False
-
-    def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
-        bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
-        backend = check_backend(backend)
-        super().__init__(*args, **kwargs)
-        self.input_max, self.bits, self.backend = input_max, bits, backend
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() != 4 or self.padding_mode != "zeros" or not self.training or not torch.is_grad_enabled()
