@@ -39,7 +39,7 @@ from torch import nn
 
 from ..backend import check_backend, use_triton
 from ..validation import flag, number, one_of, positive_int
-from .layers import BYTE_MAX, MultiStep, PackedInput, make_conv2d, pack_input, unpack_input
+from .layers import BYTE_MAX, MultiStep, PackedInput, make_conv2d, unpack_input
 from .neurons import BaseNeuron, build_neuron, config_neuron, neuron_class, neuron_parameters, spike_max
 from .norm import build_norm2d
 from .norm_neuron import NormNeuron
@@ -91,9 +91,9 @@ class _NarrowLinear(torch.autograd.Function):
     copy."""
 
     @staticmethod
-    def forward(ctx, x, packed, geometry, weight, bias, dtype, bits, triton):
+    def forward(ctx, x, packed, packing, weight, bias, dtype):
         ctx.save_for_backward(packed, weight, bias)
-        ctx.dtype, ctx.x_dtype, ctx.packing = dtype, x.dtype, (bits, triton, geometry)
+        ctx.dtype, ctx.x_dtype, ctx.packing = dtype, x.dtype, packing
         return F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
 
     @staticmethod
@@ -105,10 +105,10 @@ class _NarrowLinear(torch.autograd.Function):
         g2 = g.reshape(-1, g.shape[-1])
         gw = None
         if need_w:
-            xs = unpack_input(packed, *ctx.packing, ctx.dtype)
+            xs = unpack_input(packed, ctx.packing, ctx.dtype)
             gw = (g2.T @ xs.reshape(-1, xs.shape[-1])).to(weight.dtype)
         gb = g2.sum(0).to(bias.dtype) if need_b and bias is not None else None
-        return gx, None, None, gw, gb, None, None, None
+        return gx, None, None, gw, gb, None
 
 
 class SpikeLinear(PackedInput, nn.Linear):
@@ -129,10 +129,8 @@ class SpikeLinear(PackedInput, nn.Linear):
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
             torch.promote_types(x.dtype, self.weight.dtype)
-        triton = use_triton(self.backend, x)
-        packed, shape, strides = pack_input(x, self.bits, triton)
         with torch.autocast(device, enabled=False):
-            return _NarrowLinear.apply(x, packed, (shape, strides), self.weight, self.bias, dtype, self.bits, triton)
+            return _NarrowLinear.apply(x, *self.packed(x), self.weight, self.bias, dtype)
 
 
 class _KeepBuffers:

@@ -48,17 +48,16 @@ BYTE_MAX = 255
 _PACKED_COPIES = WeakIdKeyDictionary()
 
 
-def _pack(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
-    """``(packed, shape, stride)``: ``x`` packed ``bits`` an element (:mod:`snntrain.kernels.spike_pack`, its Triton
-    kernel or the PyTorch reference) and the geometry to unpack it to (``x``'s, or its row-major copy's where ``x``
-    does not fill one block of memory)."""
+def _pack(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple]:
+    """``(packed, packing)``: ``x`` packed ``bits`` an element (:mod:`snntrain.kernels.spike_pack`, its Triton
+    kernel or the PyTorch reference) and what :func:`unpack_input` needs to unpack it, ``(bits, triton, (shape,
+    stride))`` with the geometry of ``x`` (or of its row-major copy where ``x`` does not fill one block of memory)."""
     x = spike_pack.dense(x)
-    if triton:
-        return spike_pack.pack(x, bits), tuple(x.shape), x.stride()
-    return spike_pack.pack_reference(x, bits), tuple(x.shape), x.stride()
+    packed = spike_pack.pack(x, bits) if triton else spike_pack.pack_reference(x, bits)
+    return packed, (bits, triton, (tuple(x.shape), x.stride()))
 
 
-def pack_input(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple, tuple]:
+def pack_input(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, tuple]:
     """:func:`_pack` of ``x``, one copy for all the convolutions that read the same tensor (a block's first
     convolution and its shortcut): the copy is remembered beside the tensor ``x`` views, weakly (it goes when that
     tensor goes), and used again for the same view while the tensor is unchanged (its version counter; an in-place
@@ -75,9 +74,9 @@ def pack_input(x: torch.Tensor, bits: int, triton: bool) -> tuple[torch.Tensor, 
     return copy
 
 
-def unpack_input(packed: torch.Tensor, bits: int, triton: bool, geometry: tuple, dtype: torch.dtype) -> torch.Tensor:
-    """The tensor :func:`pack_input` packed, in ``dtype``, with its ``geometry`` (``(shape, strides)``)."""
-    shape, strides = geometry
+def unpack_input(packed: torch.Tensor, packing: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor :func:`pack_input` packed into ``packed``, in ``dtype``, from its ``packing``."""
+    bits, triton, (shape, strides) = packing
     if triton:
         return spike_pack.unpack(packed, bits, shape, strides, dtype)
     return spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
@@ -90,10 +89,10 @@ class _PackedInputConv2d(torch.autograd.Function):
     are those of :func:`torch.nn.functional.conv2d` bit for bit."""
 
     @staticmethod
-    def forward(ctx, x, packed, geometry, weight, bias, stride, padding, dilation, groups, dtype, bits, triton):
+    def forward(ctx, x, packed, packing, weight, bias, stride, padding, dilation, groups, dtype):
         ctx.save_for_backward(packed, weight)
         ctx.conv = (stride, padding, dilation, groups)
-        ctx.packing = (bits, triton, geometry)
+        ctx.packing = packing
         ctx.dtype, ctx.x_dtype, ctx.weight_dtype = dtype, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.bias_sizes = None if bias is None else [bias.shape[0]]
@@ -105,23 +104,23 @@ class _PackedInputConv2d(torch.autograd.Function):
     def backward(ctx, grad):
         packed, weight = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
-        bits, triton, geometry = ctx.packing
         dtype = ctx.x_dtype if ctx.dtype is None else ctx.dtype
         if ctx.dtype is not None:
             weight = weight.to(dtype)
-        x = unpack_input(packed, bits, triton, geometry, dtype)
+        x = unpack_input(packed, ctx.packing, dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[3], ctx.needs_input_grad[4]
         gx, gw, gb = torch.ops.aten.convolution_backward(
             grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
             [need_x, need_w, need_b and ctx.bias_sizes is not None])
         return (None if gx is None else gx.to(ctx.x_dtype), None, None, None if gw is None else gw.to(ctx.weight_dtype),
-                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None, None, None)
+                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None)
 
 
 class PackedInput:
     """What a layer that keeps its input packed (:class:`SpikeConv2d`, :class:`~snntrain.nn.attention.SpikeLinear`)
     adds to its ``torch.nn`` base, first in its bases: the keywords ``input_max`` (the largest input value, 1 to
-    255; the packing's width follows) and ``backend``, both checked before the layer is built, and its repr."""
+    255; the packing's width follows) and ``backend``, both checked before the layer is built, its repr, and
+    :meth:`packed`, its input packed for the backward."""
 
     def __init__(self, *args, input_max: int = BYTE_MAX, backend: str = "auto", **kwargs) -> None:
         bits = spike_pack.width_for(input_max)  # validates input_max, before anything is built
@@ -131,6 +130,10 @@ class PackedInput:
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, input_max={self.input_max}, kept in {self.bits} bit{'s' * (self.bits > 1)}"
+
+    def packed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """:func:`pack_input` of ``x`` with this layer's width and backend."""
+        return pack_input(x, self.bits, use_triton(self.backend, x))
 
 
 class SpikeConv2d(PackedInput, nn.Conv2d):
@@ -183,10 +186,8 @@ class SpikeConv2d(PackedInput, nn.Conv2d):
                 x, padding = F.pad(x, self._reversed_padding_repeated_twice), (0, 0)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        triton = use_triton(self.backend, x)
-        packed, shape, strides = pack_input(x, self.bits, triton)
-        return _PackedInputConv2d.apply(x, packed, (shape, strides), self.weight, self.bias, self.stride, padding,
-                                        self.dilation, self.groups, dtype, self.bits, triton)
+        return _PackedInputConv2d.apply(x, *self.packed(x), self.weight, self.bias, self.stride, padding, self.dilation,
+                                        self.groups, dtype)
 
 
 def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
