@@ -575,7 +575,7 @@ API_LIF_SWEEP = (
 )
 
 
-def api_lif_sweep(quick: bool, deadline: float) -> None:
+def api_lif_sweep(quick: bool, deadline: float, only=None) -> None:
     """The generated layer-norm + LIF tile kernels' GPU time (forward+backward replayed from a CUDA graph, no host
     cost) over the launch configurations of :data:`API_LIF_SWEEP`, at the suite's T and dtypes on ``BN_SHAPE``
     steps; one printed line per configuration. Not part of the default run."""
@@ -595,8 +595,21 @@ def api_lif_sweep(quick: bool, deadline: float) -> None:
         ms, note = bu.graph_ms(lambda: module(leaf).sum().backward(), quick)
         return note or f"{ms:.3f}"
 
-    run_sweep(API_LIF_SWEEP, tuning, K.clear_plans, [(d, T) for d in GEN_DTYPES for T in API_LIF_T],
+    run_sweep(select_configs(API_LIF_SWEEP, only), tuning, K.clear_plans, [(d, T) for d in GEN_DTYPES for T in API_LIF_T],
               lambda case: f"T{case[1]} {case[0]}", cell, deadline)
+
+
+def select_configs(configs, only):
+    """The ``(label, settings)`` entries of ``configs`` whose label contains one of the texts ``only``, after the
+    default (the first entry); all of them when ``only`` is empty. A text that matches no label is refused with the
+    labels listed."""
+    if not only:
+        return configs
+    for text in only:
+        if not any(text in label for label, _ in configs):
+            raise SystemExit(f"--config {text!r} matches no sweep configuration; the labels are: "
+                             + ", ".join(repr(label) for label, _ in configs))
+    return (configs[0],) + tuple(c for c in configs[1:] if any(text in c[0] for text in only))
 
 
 def run_sweep(configs, tuning, clear_plans, cases, name, cell, deadline: float) -> None:
@@ -775,10 +788,16 @@ def main() -> None:
                             "the hand-written LIF kernel")
         p.add_argument("--family", action="append", help="only this family (repeatable; with --suite families)")
         p.add_argument("--smoke", action="store_true", help="with --suite families/api-lif: a tiny run (a check; the CPU interpreter without a GPU)")
+        p.add_argument("--config", action="append",
+                       help="with --sweep (psn, api-lif): only the configurations whose label contains this text, and "
+                            "the default (repeatable)")
 
     args = bu.parse_args(__doc__.splitlines()[0], extra)
+    if args.config and not (args.sweep and args.suite in ("psn", "api-lif")):
+        raise SystemExit(f"--config {args.config} selects sweep configurations: it needs --sweep with --suite psn or "
+                         "api-lif")
     if args.suite == "api-lif" and args.sweep:
-        api_lif_sweep(args.quick, time.time() + args.budget)
+        api_lif_sweep(args.quick, time.time() + args.budget, args.config)
         return
     if args.suite in ("families", "api-lif"):
         run_generated(args)
@@ -789,7 +808,7 @@ def main() -> None:
         return
     if args.sweep:
         if args.suite == "psn":
-            psn_sweep(args.quick, time.time() + args.budget)
+            psn_sweep(args.quick, time.time() + args.budget, args.config)
         else:
             sweep(args.quick)
         return
@@ -994,7 +1013,7 @@ PSN_SWEEP = (
 )
 
 
-def psn_sweep(quick: bool, deadline: float) -> None:
+def psn_sweep(quick: bool, deadline: float, only=None) -> None:
     """Our PSN kernels' GPU time (forward+backward replayed from a CUDA graph, no host cost) over the launch
     configurations of :data:`PSN_SWEEP`, for the suite's neurons, T and dtypes; one printed line per configuration
     (ms and the fraction of the copy roofline of each case). Not part of the default run."""
@@ -1014,7 +1033,7 @@ def psn_sweep(quick: bool, deadline: float) -> None:
         roof = min_bytes(shape, dtype.itemsize, "fwd+bwd", False) / copy_gbps / 1e6
         return "no graph" if ms is None else f"{ms:.3f} ({roof / ms:.2f}x)"
 
-    run_sweep(PSN_SWEEP, tuning, K.clear_plans, cases, lambda c: f"{c[0]} T{c[1]} {c[2]}", cell, deadline)
+    run_sweep(select_configs(PSN_SWEEP, only), tuning, K.clear_plans, cases, lambda c: f"{c[0]} T{c[1]} {c[2]}", cell, deadline)
 
 
 if __name__ == "__main__":

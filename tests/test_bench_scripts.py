@@ -365,3 +365,18 @@ def test_a_sweep_sets_each_configuration_restores_it_and_reports_failures(capsys
     assert (tuning.TILE, tuning.WARPS) == (512, 4) and len(cleared) == 6
     bn.run_sweep(configs[:1], tuning, lambda: None, ["ok"], str, cell, time.time() - 1)
     assert capsys.readouterr().out.strip() == "default: skipped, out of time budget"
+
+
+def test_a_sweep_can_be_narrowed_to_named_configurations_and_refuses_an_unknown_one(monkeypatch):
+    """``--config TEXT``: the default plus the configurations whose label contains TEXT, in their order; a text
+    that matches no label names the labels."""
+    bn = load("bench_neurons")
+    configs = (("default", {}), ("tile 256", {"TILE": 256}), ("8 warps", {"WARPS": 8}), ("tile 1024", {"TILE": 1024}))
+    assert bn.select_configs(configs, None) == configs
+    assert [label for label, _ in bn.select_configs(configs, ["tile"])] == ["default", "tile 256", "tile 1024"]
+    assert [label for label, _ in bn.select_configs(configs, ["warps", "1024"])] == ["default", "8 warps", "tile 1024"]
+    with pytest.raises(SystemExit, match="'16 warps' matches no sweep configuration; the labels are: 'default', "):
+        bn.select_configs(configs, ["16 warps"])
+    with pytest.raises(SystemExit, match="needs --sweep with --suite psn or api-lif"):
+        monkeypatch.setattr(sys, "argv", ["bench_neurons.py", "--out", "x", "--suite", "families", "--config", "tile"])
+        bn.main()
