@@ -9,6 +9,9 @@ same weights and batch:
   function), against ``sew18-224``'s LIF;
 * ``sew18-224-bytes``: ``sew18-224`` with ``model.spike_bytes=true``: the convolutions keep their spike inputs for
   the backward as uint8 instead of in the step's dtype (compare the peak memory and time with ``sew18-224``'s);
+* ``sew18-224-fp8``, ``sew18-cifar-fp8``, ``event-fp8``: those cases with ``model.spike_fp8=true`` (the
+  convolutions of spikes run their training forward in FP8, :mod:`snntrain.kernels.spike_conv`; their inputs kept
+  in bits as with ``-bytes``);
 * ``sew18-224-addafter``: ``sew18-224`` with each block's ``ADD`` run as PyTorch's addition after the block's last
   norm-neuron instead of in its kernel (:func:`snntrain.nn.norm_neuron_add` held off by a no-op forward hook);
 * ``sew18-32``: the same network at 32x32, batch 128;
@@ -102,6 +105,11 @@ CASES = {
     "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
     # the same step with the convolutions' spike inputs kept for the backward in the step's dtype, not as uint8
     "sew18-224-bytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True},
+    # the same step with the convolutions of spikes' training forward in FP8 (their inputs kept in bits, as above)
+    "sew18-224-fp8": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True, "spike_fp8": True},
+    "sew18-cifar-fp8": {"size": 32, "batch": 128, "stem": "cifar", "spike_bytes": True, "spike_fp8": True},
+    "event-fp8": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11,
+                  "temporal": True, "spike_bytes": True, "spike_fp8": True},
     # the same step with each block's ADD an addition after its last norm-neuron, not folded into its kernel
     "sew18-224-addafter": {"size": 224, "batch": 32, "stem": "imagenet", "add_after": True},
     # SEW's AND and IAND connections (folded into the last norm-neuron of each block), and unfolded ("-after")
@@ -350,6 +358,10 @@ def sew_model(case: str, backend: str):
     model = SEWResNet(depth=18, num_classes=c.get("classes", CLASSES), in_channels=c.get("in_channels", 3),
                       T=case_T(case), stem=c["stem"], width=64, neuron=case_neuron(case), backend=backend,
                       spike_bytes=c.get("spike_bytes", False), connect=c.get("connect", "ADD"))
+    if c.get("spike_fp8"):
+        from snntrain.nn import set_spike_fp8
+
+        set_spike_fp8(model)
     if c.get("add_after"):  # a watched norm-neuron runs, and its block connects the shortcut after it
         for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
             for block in layer:
@@ -628,7 +640,8 @@ def cli_overrides(case: str, precision: str, steps: int) -> list[str]:
     spec = c.get("model")
     if spec is None:
         model = [f"model.stem={c['stem']}", "model.width=64", "model.depth=18", "model.connect=ADD", *neuron,
-                 *([f"model.spike_bytes={str(c['spike_bytes']).lower()}"] if "spike_bytes" in c else [])]
+                 *([f"model.spike_bytes={str(c['spike_bytes']).lower()}"] if "spike_bytes" in c else []),
+                 *(["model.spike_fp8=true"] if c.get("spike_fp8") else [])]
     else:
         model = [f"model={spec['name']}", f"model.variant={spec['variant']}",
                  *(neuron if spec["name"] != "ms_resnet" else [])]

@@ -173,6 +173,33 @@ def test_bench_pool_dry_run(tmp_path):
     assert len(rows) == 2 * 4 and {r["provider"] for r in rows} == {"ours-fused", "ours-separate"}
 
 
+def test_bench_spike_conv_dry_run(tmp_path):
+    """scripts/bench_spike_conv.py --dry-run (tiny shapes, fake times, no GPU) checks the FP8 convolution against
+    its reference on every shape and writes a row per shape and provider and the network's totals; --sweep writes
+    a line per shape."""
+    import csv
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent)}
+    script = str(SCRIPTS / "bench_spike_conv.py")
+    res = subprocess.run([sys.executable, script, "--dry-run", "--out", str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(tmp_path / "bench_spike_conv.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 10 * 3 + 3
+    assert {r["provider"] for r in rows} == {"cudnn-bf16", "ours-fp8", "ours-fp8-conv"}
+    total = {r["provider"]: float(r["ms"]) for r in rows if r["benchmark"] == "spike_conv/sew18-224/all"}
+    assert total == {"cudnn-bf16": 19.0, "ours-fp8": 19.0, "ours-fp8-conv": 19.0}  # 19 layers of fake 1 ms
+    res = subprocess.run([sys.executable, script, "--dry-run", "--sweep", "--out", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = (tmp_path / "bench_spike_conv_sweep.txt").read_text().splitlines()
+    assert len(lines) == 10 and lines[0].startswith("layer1 128x64x56x56 -> 64, 3x3/1: cudnn 1.0000; default (")
+    assert "(128, 256, 128, 8, 8, 3)" not in lines[0] and "(128, 256, 128, 8, 8, 3): 1.0000" in lines[-1]
+
+
 def test_bench_pack_dry_run(tmp_path):
     """scripts/bench_pack.py --dry-run (tiny shapes, fake times, no GPU) checks every provider's round trip and writes
     a row per case, width, provider and mode."""
@@ -264,6 +291,9 @@ def test_the_bytes_case_keeps_spike_inputs_packed_and_relu_twins_have_plain_conv
     assert not any(isinstance(m, SpikeConv2d) for m in off.modules())
     assert "model.spike_bytes=true" in module.cli_overrides("sew18-224-bytes", "bf16", 10)
     assert not any("spike_bytes" in o for o in module.cli_overrides("sew18-224", "bf16", 10))
+    fp8 = module.cli_overrides("sew18-224-fp8", "bf16", 10)
+    assert "model.spike_fp8=true" in fp8 and "model.spike_bytes=true" in fp8
+    assert not any("spike_fp8" in o for o in module.cli_overrides("sew18-224-bytes", "bf16", 10))
     weight = on.layer1[0].conv1[0].weight
     twin = module.relu_twin(on)
     assert not any(isinstance(m, SpikeConv2d) for m in twin.modules())

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from ..validation import unknown_setting
+from ..nn.layers import set_spike_fp8
+from ..validation import flag, unknown_setting
 from .common import DEFAULT_NEURON, ClassifierHead, LayerFactory
 from .custom import TARGET, build_target
 from .detector import SpikingFCOS
@@ -63,10 +64,18 @@ def build_model(cfg: Mapping[str, Any], backend: str = "auto") -> nn.Module:
         raise ValueError(f"model name={name!r} is not valid; choose one of {', '.join(MODELS)} (or give your own "
                          "network as model._target_=<package.Class>)")
     builder = SpikingFCOS if is_detector({**cfg, "name": name}) else MODELS[name]
+    fp8 = flag("spike_fp8", cfg.pop("spike_fp8", False))
+    if fp8:  # FP8 runs in the convolutions of spikes that spike_bytes builds
+        cfg["spike_bytes"] = True
     try:
-        return builder(**cfg, backend=backend)
+        model = builder(**cfg, backend=backend)
     except TypeError as err:
         raise unknown_setting("model", f"model={name}", err, builder) from None
+    if fp8 and not set_spike_fp8(model):
+        raise ValueError(f"spike_fp8=true: model={name} with these neuron settings has no convolution whose input is "
+                         "known to be spikes (its neurons do not declare the integers they fire), so nothing would "
+                         "run in FP8; set spike_fp8=false")
+    return model
 
 
 __all__ = ["DEFAULT_NEURON", "DETECTORS", "MODELS", "ClassifierHead", "LayerFactory", "MSResNet", "QKFormer",

@@ -14,7 +14,7 @@ from .families import (
     Izhikevich,
     LearnableThresholdLIF,
 )
-from .layers import MultiStep, SpikeConv2d, TemporalDropout
+from .layers import MultiStep, SpikeConv2d, TemporalDropout, set_spike_fp8
 from .neurons import IF, LIF, NEURONS, PLIF, BaseNeuron, build_neuron, register_neuron, set_backend
 from .norm import NORMS, LayerNorm, LayerNorm2d, build_norm2d
 from .norm_neuron import NormNeuron, norm_add_neuron, norm_neuron_add, norm_neuron_max_pool
@@ -28,5 +28,5 @@ __all__ = [
     "BaseNeuron", "ChannelwisePLIF", "Izhikevich", "LayerNorm", "LayerNorm2d", "LearnableThresholdLIF", "MaskedPSN",
     "MultiStep", "NormNeuron", "ParallelNeuron", "SURROGATES", "SlidingPSN", "SpikeConv2d", "SpikeMaxPool2d",
     "StepNeuron", "TemporalDropout", "UnsupportedOp", "build_neuron", "build_norm2d", "functional",
-    "norm_add_neuron", "norm_neuron_add", "norm_neuron_max_pool", "register_neuron", "set_backend", "spike",
+    "norm_add_neuron", "norm_neuron_add", "norm_neuron_max_pool", "register_neuron", "set_backend", "set_spike_fp8", "spike",
 ]

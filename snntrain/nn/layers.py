@@ -3,13 +3,16 @@ input as bytes, dropout over time and SEW connections."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..backend import check_backend, use_triton
-from ..kernels import spike_pack
+from ..kernels import spike_conv, spike_pack
+from ..validation import flag
 
 CONNECTS = ("ADD", "AND", "IAND")
 
@@ -82,6 +85,28 @@ def unpack_input(packed: torch.Tensor, packing: tuple, dtype: torch.dtype) -> to
     return spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
 
 
+#: The reasons a SpikeConv2d with ``fp8`` on ran its forward in its own dtype instead, each warned about once.
+_FP8_WARNED: set[str] = set()
+
+
+def _fp8_fallback(reason: str) -> None:
+    if reason not in _FP8_WARNED:
+        _FP8_WARNED.add(reason)
+        warnings.warn(f"SpikeConv2d(fp8=True): {reason}; this convolution's forward runs in its own dtype instead",
+                      stacklevel=4)
+
+
+def _fp8_conv2d(x, weight, bias, stride, padding, dilation, dtype, impl: str) -> torch.Tensor:
+    """The convolution with the weight rounded to FP8 per output channel (:mod:`snntrain.kernels.spike_conv`):
+    ``impl`` ``"triton"`` its kernels, ``"torch"`` the same arithmetic in PyTorch operations."""
+    size = tuple(weight.shape[2:])
+    if impl == "triton":
+        q, scale = spike_conv.quantize_weight(weight)
+        return spike_conv.conv2d(x, q, scale, bias, size, stride, padding, dilation, dtype)
+    q, scale = spike_conv.quantize_weight_reference(weight)
+    return spike_conv.conv2d_reference(x, q, scale, bias, size, stride, padding, dilation, dtype)
+
+
 class _PackedInputConv2d(torch.autograd.Function):
     """``conv2d(x, weight, bias)`` keeping ``x`` for the backward as ``packed`` (:func:`pack_input`: ``x`` holds
     integers in ``[0, 2**bits - 1]``: spikes or spike counts), and the weight as it is (not autocast's 16-bit copy);
@@ -89,13 +114,15 @@ class _PackedInputConv2d(torch.autograd.Function):
     are those of :func:`torch.nn.functional.conv2d` bit for bit."""
 
     @staticmethod
-    def forward(ctx, x, packed, packing, weight, bias, stride, padding, dilation, groups, dtype):
+    def forward(ctx, x, packed, packing, weight, bias, stride, padding, dilation, groups, dtype, fp8):
         ctx.save_for_backward(packed, weight)
         ctx.conv = (stride, padding, dilation, groups)
         ctx.packing = packing
         ctx.dtype, ctx.x_dtype, ctx.weight_dtype = dtype, x.dtype, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.bias_sizes = None if bias is None else [bias.shape[0]]
+        if fp8 is not None:  # the forward in FP8 (the rounded weight), the backward as below (the weight itself)
+            return _fp8_conv2d(x, weight, bias, stride, padding, dilation, dtype or x.dtype, fp8)
         # under autocast (``dtype``, its dtype) autocast casts the input and parameters here as it does for
         # nn.Conv2d, the weight's cast from its per-forward cache
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
@@ -113,7 +140,7 @@ class _PackedInputConv2d(torch.autograd.Function):
             grad, x, weight, ctx.bias_sizes, stride, padding, dilation, False, [0, 0], groups,
             [need_x, need_w, need_b and ctx.bias_sizes is not None])
         return (None if gx is None else gx.to(ctx.x_dtype), None, None, None if gw is None else gw.to(ctx.weight_dtype),
-                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None)
+                None if gb is None else gb.to(ctx.bias_dtype), None, None, None, None, None, None)
 
 
 class PackedInput:
@@ -165,9 +192,45 @@ class SpikeConv2d(PackedInput, nn.Conv2d):
     ``check_input = True`` (an attribute; off by default, when it costs nothing) asserts on the device that the input
     is integers in [0, input_max] (``torch._assert_async``: no wait for the device on CUDA, where a failure ends the
     process as a device-side assertion), for debugging a network of one's own.
+
+    ``fp8`` (keyword, and an attribute that :func:`set_spike_fp8` switches; default False) runs the training forward
+    in FP8 (:mod:`snntrain.kernels.spike_conv`): the input exact (integers up to 16), the weight rounded to ``e4m3``
+    with one scale per output channel from the master weight on every call, the sums in float32, the output in the
+    convolution's dtype (autocast's, else the input's) and channels-last. The backward is the one above, with the
+    weight itself (the rounding passes the gradient straight through), so only the forward's values change, by the
+    weight's rounding (a relative step of 2**-4 at most per weight). Under ``backend=torch`` the same arithmetic runs
+    in PyTorch operations. Where the Triton kernel cannot run it (a GPU older than compute capability 8.9, an
+    ``input_max`` above 16, ``groups`` other than 1, input channels not a multiple of 32) the forward is
+    ``Conv2d``'s, with one warning per reason. Evaluation and ``torch.no_grad`` calls stay ``Conv2d``'s, so a
+    checkpoint trained with it validates, exports and runs like any other.
     """
 
     check_input = False
+
+    def __init__(self, *args, fp8: bool = False, **kwargs) -> None:
+        fp8 = flag("fp8", fp8)
+        super().__init__(*args, **kwargs)
+        self.fp8 = fp8
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", forward in fp8" if self.fp8 else "")
+
+    def _fp8_impl(self, x: torch.Tensor, padding) -> str | None:
+        """``"triton"`` or ``"torch"``: how this call's FP8 forward runs; None (after one warning per reason) where
+        it cannot."""
+        if self.input_max > spike_conv.EXACT_MAX:
+            reason = (f"input_max={self.input_max} is above {spike_conv.EXACT_MAX}, the largest integer up to which "
+                      "FP8 (e4m3) holds every value")
+        else:
+            reason = spike_conv.unsupported(self.weight.shape, self.groups, padding)
+        if reason is None:
+            if not use_triton(self.backend, x):
+                return "torch"
+            reason = spike_conv.fp8_device_reason(x.device)
+            if reason is None:
+                return "triton"
+        _fp8_fallback(reason)
+        return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() != 4 or self.padding_mode != "zeros" or not self.training or not torch.is_grad_enabled()
@@ -186,8 +249,20 @@ class SpikeConv2d(PackedInput, nn.Conv2d):
                 x, padding = F.pad(x, self._reversed_padding_repeated_twice), (0, 0)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        fp8 = self._fp8_impl(x, padding) if self.fp8 else None
         return _PackedInputConv2d.apply(x, *self.packed(x), self.weight, self.bias, self.stride, padding, self.dilation,
-                                        self.groups, dtype)
+                                        self.groups, dtype, fp8)
+
+
+def set_spike_fp8(module: nn.Module, on: bool = True) -> int:
+    """Switch the FP8 forward (:class:`SpikeConv2d`'s ``fp8``) on or off in every :class:`SpikeConv2d` inside
+    ``module``; returns how many there are (the convolutions of spikes that a model family builds with
+    ``spike_bytes`` or ``spike_fp8`` on; 0: the model has none, so nothing runs in FP8)."""
+    on = flag("on", on)
+    convs = [m for m in module.modules() if isinstance(m, SpikeConv2d)]
+    for m in convs:
+        m.fp8 = on
+    return len(convs)
 
 
 def make_conv2d(cin: int, cout: int, k: int, stride: int = 1, bias: bool = False, *, input_max: int | None = None,
