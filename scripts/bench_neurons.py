@@ -567,7 +567,7 @@ def api_lif_class():
 #: Launch configurations of ``--suite api-lif --sweep``: (label, {name in snntrain.kernels.step_neuron_tuning: value}).
 API_LIF_SWEEP = (
     ("default", {}),
-    ("ln bwd tile 256 for T > 4", {"LN_BWD_TILE_LONG": 256}),
+    ("ln bwd tile 512 for T > 4", {"LN_BWD_TILE_LONG": 512}),
     ("ln bwd tile 1024 for T > 4", {"LN_BWD_TILE_LONG": 1024}),
     ("ln bwd 1 element/thread", {"LN_BWD_PER_WARP": 32}),
     ("ln fwd tile 512", {"LN_FWD_TILE": 512}),
@@ -1005,6 +1005,7 @@ PSN_SWEEP = (
     ("mma 3 programs/SM", {"MMA_PROGRAMS_PER_SM": 3}),
     ("mma 2 stages", {"MMA_STAGES": 2}),
     ("8 warps", {"WARPS": 8}),
+    ("masked on vectors up to T = 16", {"MASKED_VEC_MAX_T": 16}),
     ("tiles from T = 9", {"VEC_MAX_T": 8}),
     ("tiles from T = 9, 3 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 3}),
     ("tiles from T = 9, 2 programs/SM", {"VEC_MAX_T": 8, "DOT_PROGRAMS_PER_SM": 2}),

@@ -88,8 +88,8 @@ def test_triton_equals_torch_backend_over_t_with_expanded_gradient(T, device):
 @pytest.mark.parametrize("name", ["MaskedPSN", "SlidingPSN"])
 @pytest.mark.parametrize("T", [3, 12, 17])
 def test_persistent_backward_walks_many_blocks(T, name, device, monkeypatch):
-    """Each backward (per-thread sums up to T = 8 and for the sliding form, the tensor-core dL/dW up to 16, tiles
-    beyond): two programs walk
+    """Each backward (per-thread sums up to T = 8 and for the sliding form up to 16; tiles beyond, from T = 9 for
+    the masked form): two programs walk
     five blocks of 16 neurons each, carrying their dL/dW and dL/db across blocks into one partial row each, which
     the finishing kernel maps onto the parameters (mask; sliding diagonals and the shared bias); a gradient of the
     spikes with its own layout."""
@@ -99,7 +99,7 @@ def test_persistent_backward_walks_many_blocks(T, name, device, monkeypatch):
     monkeypatch.setattr(K.tuning, "mma_block", lambda T: (16, 16))
     monkeypatch.setattr(K.tuning, "dot_tiles", lambda T: (16, 32))
     monkeypatch.setattr(K.tuning, "bwd_programs", lambda per_sm, n_blocks, sms: 2)
-    monkeypatch.setattr(K.tuning, "dot_programs", lambda N, block, sms: 2)
+    monkeypatch.setattr(K.tuning, "dot_programs", lambda N, block, sms, *form: 2)
     K.clear_plans()
     torch.manual_seed(T)
     if name == "MaskedPSN":

@@ -607,7 +607,7 @@ def _fwd_plan(x: Tensor, consts: dict, launches: bool) -> tuple:
         return order, copy, None
     _, stride_xt, stride_xn = _time_major(x, order)
     args = ("x", "w", "m0", "m1", "lam", "b", "s", N, stride_xt, stride_xn)
-    if T > tuning.VEC_MAX_T:
+    if T > tuning.vec_max_t(consts["FORM"] == MASKED):
         block, tp = tuning.dot_tiles(T)
         planned = Planned(_psn_fwd_dot_kernel, (cdiv(N, block),), args,
                           dict(**consts, TP=tp, BLOCK=block, PRECISION=tuning.DOT_PRECISION, num_warps=tuning.WARPS))
@@ -629,10 +629,10 @@ def _bwd_plan(x: Tensor, grad_spikes: Tensor, consts: dict, alpha: float, flags:
     need_x, need_w, need_b = bool(flags & F_GRAD_X), bool(flags & F_GRAD_W), bool(flags & F_GRAD_B)
     sms = sm_count(x.device)
     nw, nb = _partial_width(T, form, K, b_stride)
-    if T > tuning.VEC_MAX_T:
+    if T > tuning.vec_max_t(form == MASKED):
         block, tp = tuning.dot_tiles(T)
         kernel, extra = _psn_bwd_dot_kernel, dict(TP=tp, PRECISION=tuning.DOT_PRECISION)
-        programs = tuning.dot_programs(N, block, sms)
+        programs = tuning.dot_programs(N, block, sms, T, form == MASKED)
     elif T > tuning.VEC_BWD_MAX_T and form != SLIDING:
         block, tp = tuning.mma_block(T)
         kernel, extra = _psn_bwd_mma_kernel, dict(TP=tp, num_stages=tuning.MMA_STAGES)

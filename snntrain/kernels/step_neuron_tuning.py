@@ -25,10 +25,11 @@ LN_TILE_MAX_C = 1024
 LN_FWD_TILE, LN_BWD_TILE = 1024, 512
 #: Elements per program of the backward where its chunks are longer than ``SHORT_CHUNK`` steps (T > 4): a thread then
 #: holds 8 steps of its elements' inputs and recomputed states (ptxas for sm_90, LIF at C = 64: 159 registers in fp32,
-#: 160 in bf16, against 80 for T = 4, so one program of 8 warps per SM; a tile of 256 is 4 warps at 128 registers,
-#: four programs per SM). Not yet swept on a GPU (``scripts/bench_neurons.py --suite api-lif --sweep`` times the
-#: alternatives).
-LN_BWD_TILE_LONG = 512
+#: 160 in bf16 with tiles of 512, one program of 8 warps per SM; a tile of 256 is 4 warps at 128 registers, four
+#: programs per SM). Swept on an H200 (``scripts/bench_neurons.py --suite api-lif --sweep``, layer norm + LIF on
+#: ``[32, 64, 64, 32, 32]``, graph replays): 256 took 2.97 / 2.64 ms (fp32 / bf16) against 3.07 / 2.65 for 512 and
+#: 3.33 / 2.99 for 1024.
+LN_BWD_TILE_LONG = 256
 #: Elements per warp (32 threads): 4 per thread forward, 2 backward; at most LN_MAX_WARPS warps.
 LN_FWD_PER_WARP, LN_BWD_PER_WARP, LN_MAX_WARPS = 128, 64, 16
 
