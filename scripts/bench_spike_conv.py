@@ -13,7 +13,7 @@ per output channel, then the FP8 convolution: what a training forward runs with 
 ``ours-fp8-conv`` (the convolution alone). Every time is a CUDA-graph replay (GPU time only); ``tflops`` in the note
 is ``2 N Ho Wo Cout Cin KH KW`` over the time. ``roofline`` = (input bf16 + weight + output bf16 bytes / copy
 bandwidth) / time. Writes ``DIR/bench_spike_conv.csv``, ``.jsonl`` and ``.png``; ``--sweep`` prints one line per
-launch configuration and shape (``DIR/bench_spike_conv_sweep.txt``).
+launch configuration, input cast (``spike_conv_tuning.PRECAST``) and shape (``DIR/bench_spike_conv_sweep.txt``).
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ SHAPES = [("layer1", 64, 56, 64, 3, 1, 4), ("layer2 first", 64, 56, 128, 3, 2, 1
           ("layer4", 512, 7, 512, 3, 1, 3)]
 N = 128
 PROVIDERS = ("cudnn-bf16", "ours-fp8", "ours-fp8-conv")
-#: ``--sweep``: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages); BLOCK_N above Cout and BLOCK_K above Cin are
-#: skipped
-SWEEP = [(128, 64, 64, 8, 4, 4), (128, 64, 128, 8, 4, 3), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 8, 3),
-         (128, 128, 128, 8, 4, 3), (64, 128, 128, 8, 4, 4), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3),
-         (256, 64, 128, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 4)]
+#: ``--sweep``: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages), each with the input cast to e4m3 first and read
+#: in its own dtype (``spike_conv_tuning.PRECAST``); BLOCK_N above Cout and BLOCK_K above Cin are skipped
+SWEEP = [(128, 64, 64, 8, 4, 4), (128, 128, 64, 8, 4, 4), (128, 128, 128, 8, 4, 3), (64, 128, 128, 8, 4, 4),
+         (128, 256, 128, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 4), (128, 128, 128, 8, 4, 4),
+         (128, 256, 128, 8, 8, 4)]
 
 
 def case(cin, h, cout, k, seed=0):
@@ -118,21 +118,25 @@ def sweep(quick, deadline, out):
         wb = w.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
         base, _ = time_ms(lambda: F.conv2d(x, wb, None, stride, k // 2), quick)
         cells = [f"cudnn {base:.4f}", f"default {tuning.conv_config(cin, cout, k * k)}"]
-        saved = tuning.conv_config
-        for cfg in SWEEP:
-            if cfg[1] > max(64, cout) or cfg[2] > (cin & -cin):
+        saved, saved_precast = tuning.conv_config, tuning.PRECAST
+        for cfg in [None] + SWEEP:
+            if cfg is not None and (cfg[1] > max(64, cout) or cfg[2] > (cin & -cin)):
                 continue
-            if time.time() > deadline:
-                cells.append(f"{cfg}: out of time")
-                continue
-            tuning.conv_config = lambda *a, cfg=cfg: cfg
-            try:
-                ms, _ = time_ms(lambda: spike_conv.conv2d(x, q, s, None, *conv), quick)
-                cells.append(f"{cfg}: {ms:.4f} ({base / ms:.2f}x)")
-            except Exception as err:  # noqa: BLE001 - a configuration that fails is reported, not fatal
-                cells.append(f"{cfg}: {type(err).__name__}")
-            finally:
-                tuning.conv_config = saved
+            for precast in (True, False):
+                what = f"{'default' if cfg is None else cfg}{'' if precast else ' in registers'}"
+                if time.time() > deadline:
+                    cells.append(f"{what}: out of time")
+                    continue
+                if cfg is not None:
+                    tuning.conv_config = lambda *a, cfg=cfg: cfg
+                tuning.PRECAST = precast
+                try:
+                    ms, _ = time_ms(lambda: spike_conv.conv2d(x, q, s, None, *conv), quick)
+                    cells.append(f"{what}: {ms:.4f} ({base / ms:.2f}x)")
+                except Exception as err:  # noqa: BLE001 - a configuration that fails is reported, not fatal
+                    cells.append(f"{what}: {type(err).__name__}")
+                finally:
+                    tuning.conv_config, tuning.PRECAST = saved, saved_precast
         line = f"{label} {N}x{cin}x{h}x{h} -> {cout}, {k}x{k}/{stride}: " + "; ".join(cells)
         print(line, flush=True)
         lines.append(line)

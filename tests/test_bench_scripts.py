@@ -198,6 +198,7 @@ def test_bench_spike_conv_dry_run(tmp_path):
     lines = (tmp_path / "bench_spike_conv_sweep.txt").read_text().splitlines()
     assert len(lines) == 10 and lines[0].startswith("layer1 128x64x56x56 -> 64, 3x3/1: cudnn 1.0000; default (")
     assert "(128, 256, 128, 8, 8, 3)" not in lines[0] and "(128, 256, 128, 8, 8, 3): 1.0000" in lines[-1]
+    assert "default in registers: 1.0000" in lines[0]
 
 
 def test_bench_pack_dry_run(tmp_path):

@@ -79,14 +79,20 @@ def test_the_convolution_kernel_equals_the_reference(cin, cout, k, stride, paddi
     y = K.conv2d(x, q, s, b, *args)
     ref = K.conv2d_reference(x, q, s, b, *args)
     assert y.shape == ref.shape and y.dtype == dtype and y.is_contiguous(memory_format=torch.channels_last)
-    # the same products summed in another order: float32's rounding, then the output dtype's
-    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-2)
+    # the same products summed in another order, in float32 (the GPU's FP8 tensor cores: in a little less within
+    # each BLOCK_K products), then rounded to the output dtype
+    scale = ref.float().abs().max().item()
+    tol = dict(rtol=2e-4, atol=2e-4 * scale) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-2 * scale)
     torch.testing.assert_close(y.float(), ref.float(), **tol)
-    # the reference is the convolution with the rounded weight
-    full = F.conv2d(x.float(), K.dequantize(q, s, (k, k)), b, stride, padding, dilation)
-    torch.testing.assert_close(ref.float(), full.to(dtype).float(), rtol=0, atol=0)
-    # a row-major input is read as well (the kernel takes a channels-last copy)
+    # the reference is the convolution with the rounded weight (up to float32's rounding of the scaling)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        full = F.conv2d(x.float(), K.dequantize(q, s, (k, k)), b, stride, padding, dilation)
+    torch.testing.assert_close(ref.float(), full.to(dtype).float(), **tol)
+    # a row-major input is read as well (the kernel reads a channels-last copy), and one in registers
     torch.testing.assert_close(K.conv2d(x.contiguous(), q, s, b, *args).float(), y.float(), rtol=0, atol=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K.tuning, "PRECAST", False)
+        torch.testing.assert_close(K.conv2d(x.contiguous(), q, s, b, *args).float(), y.float(), rtol=0, atol=0)
 
 
 def test_the_kernels_refuse_what_they_do_not_take():
@@ -144,7 +150,8 @@ def test_the_fp8_forward_rounds_only_the_weight_and_the_backward_is_conv2d_s(bac
     q, s = K.quantize_weight_reference(fp8.weight)
     dtype = torch.bfloat16 if autocast else torch.float32
     expect = K.conv2d_reference(x, q, s, fp8.bias, (3, 3), (1, 1), (1, 1), (1, 1), dtype)
-    tol = dict(rtol=1e-5, atol=1e-5) if not autocast else dict(rtol=8e-3, atol=1e-2)
+    scale = expect.float().abs().max().item()
+    tol = dict(rtol=2e-4, atol=2e-4 * scale) if not autocast else dict(rtol=8e-3, atol=1e-2 * scale)
     torch.testing.assert_close(y8.float(), expect.float(), **tol)
     assert not torch.equal(y8, y)  # the rounding changed the values...
     torch.testing.assert_close(y8.float(), y.float(), rtol=0.07, atol=0.07)  # ...by at most the weight's rounding
@@ -233,9 +240,8 @@ def test_a_sew_block_trains_with_the_fp8_forward_on_both_backends():
         results.append((out.detach(), leaf.grad, [p.grad for p in block.parameters()]))
     (o0, x0, g0), (o1, x1, g1) = results
     assert o0.sum() > 0 and torch.equal(o1, o0)  # the same spikes
-    torch.testing.assert_close(x1, x0, rtol=1e-4, atol=1e-5)
-    for a, b in zip(g1, g0):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    for a, b in zip([x1, *g1], [x0, *g0]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
 
 
 @pytest.mark.gpu

@@ -7,8 +7,9 @@ to 16). The weight is rounded to ``e4m3`` with one scale per output channel (its
 kernel, one program per output channel). The convolution is an implicit matrix product (no unfolded copy of the
 input): rows are output positions ``(n, ho, wo)``, columns output channels, the reduction runs over ``(kh, kw, ci)``
 in blocks of :data:`~.spike_conv_tuning` ``BLOCK_K`` input channels of one kernel position, the input read in place
-from a channels-last map (in its own dtype, converted to FP8 in registers: exact), the accumulator float32, the
-output scaled per channel and written channels-last in the requested dtype.
+from a channels-last map (cast to e4m3 in one pass first, exactly, where :data:`~.spike_conv_tuning.PRECAST` says so;
+else in its own dtype, converted in registers), the accumulator float32 (the tensor cores' partial sums added into
+it every ``BLOCK_K`` products), the output scaled per channel and written channels-last in the requested dtype.
 
 Registered as ``torch.ops.snntrain.spike_conv_fp8`` and ``torch.ops.snntrain.fp8_weight`` (:mod:`.op_utils`),
 visible to ``torch.compile``; no autograd here (:class:`snntrain.nn.SpikeConv2d` runs the backward through
@@ -102,8 +103,9 @@ def _quantize_kernel(w_ptr, q_ptr, s_ptr, CIN, K, s0, s1, s2, s3, KW: tl.constex
     kw = khw - kh * KW
     mask = k < K
     w = tl.load(w_ptr + co.to(tl.int64) * s0 + ci * s1 + kh * s2 + kw * s3, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(w), axis=0) / E4M3_MAX, TINY)
-    tl.store(q_ptr + co.to(tl.int64) * K + k, _round_e4m3(w / scale).to(tl.float8e4nv), mask=mask)
+    # divisions rounded to nearest, as PyTorch's (the GPU's default division is an approximation)
+    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(w), axis=0), E4M3_MAX), TINY)
+    tl.store(q_ptr + co.to(tl.int64) * K + k, _round_e4m3(tl.div_rn(w, scale)).to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + co, scale)
 
 
@@ -150,7 +152,9 @@ def _conv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, H, W, C, HO, WO, COUT,
         a = tl.load(x_rows[:, None] + (hi * sxh + wi * sxw)[:, None] + (c0 + rk)[None, :], mask=ok[:, None],
                     other=0.0)
         b = tl.load(w_rows + k0, mask=in_n[:, None], other=0.0)
-        acc = tl.dot(a.to(tl.float8e4nv), tl.trans(b), acc)
+        # the FP8 tensor cores accumulate in less than float32 precision; their sums are added into the float32
+        # accumulator every BLOCK_K products (what max_num_imprecise_acc bounds)
+        acc = tl.dot(a.to(tl.float8e4nv), tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
     out = acc * tl.load(s_ptr + rn, mask=in_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(b_ptr + rn, mask=in_n, other=0.0).to(tl.float32)[None, :]
@@ -194,9 +198,11 @@ def _conv_host(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, kernel_
     y = torch.empty((n, cout, ho, wo), dtype=dtype, device=x.device, memory_format=torch.channels_last)
     m = n * ho * wo
     if launch and m and cout:
-        if x.stride(1) != 1:
-            x = x.contiguous(memory_format=torch.channels_last)
         bm, bn, bk, group, warps, stages = tuning.conv_config(c, cout, kh * kw)
+        if tuning.PRECAST and x.dtype != torch.float8_e4m3fn:  # one pass to e4m3 (exact), channels-last
+            x = x.to(dtype=torch.float8_e4m3fn, memory_format=torch.channels_last)
+        elif x.stride(1) != 1:
+            x = x.contiguous(memory_format=torch.channels_last)
         grid = (cdiv(m, bm) * cdiv(cout, bn),)
         wrap(_conv_kernel)[grid](
             x, q, scale, scale if bias is None else bias, y, m, h, w, c, ho, wo, cout,
@@ -268,9 +274,13 @@ def dequantize(q: Tensor, scale: Tensor, kernel_size) -> Tensor:
 
 def conv2d_reference(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, kernel_size, stride, padding,
                      dilation, dtype: torch.dtype) -> Tensor:
-    """:func:`conv2d` in PyTorch operations: the rounded weight, the sums in float32, channels-last output in
-    ``dtype``."""
-    w = dequantize(q, scale, kernel_size)
-    y = torch.nn.functional.conv2d(x.float(), w, None if bias is None else bias.float(), list(stride), list(padding),
-                                   list(dilation))
+    """:func:`conv2d` in PyTorch operations, in the kernel's order: the convolution with the e4m3 values ``q``
+    summed in float32 (exact products: TF32's ten mantissa bits hold e4m3's three), then scaled per output channel,
+    the bias added; channels-last output in ``dtype``."""
+    kh, kw = kernel_size
+    w = q.float().reshape(q.shape[0], kh, kw, -1).permute(0, 3, 1, 2)
+    y = torch.nn.functional.conv2d(x.float(), w, None, list(stride), list(padding), list(dilation))
+    y = y * scale.view(1, -1, 1, 1)
+    if bias is not None:
+        y = y + bias.float().view(1, -1, 1, 1)
     return y.to(dtype).contiguous(memory_format=torch.channels_last)
