@@ -18,21 +18,14 @@ kept for the backward. Writes ``DIR/bench_pack.csv``, ``.jsonl`` and ``.png``.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-DRY = "--dry-run" in sys.argv  # checks the script's code paths without a GPU
-if DRY:
-    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported
-DEVICE = "cpu" if DRY else "cuda"
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import bench_utils as bu  # noqa: E402
+from bench_dry import DEVICE, DRY  # noqa: E402  (before snntrain: --dry-run sets Triton's interpreter)
 from snntrain.kernels import spike_pack  # noqa: E402
 
 NAME = "bench_pack"

@@ -1,10 +1,10 @@
 """The registry of snntrain's benchmarks and user tools in ``scripts/``, and their runner.
 
-Every ``scripts/bench_*.py`` is registered here with what it measures, the section of ``docs/benchmarks.md``
+Every ``scripts/bench_*.py`` but the harness is registered here with what it measures, the section of ``docs/benchmarks.md``
 that holds its current results and the result files it writes into ``--out`` (each as ``<name>.csv`` and
 ``<name>.jsonl``, the one schema of ``scripts/bench_utils.py``'s :func:`write_rows`). The other scripts are
-user tools, listed in :data:`TOOLS`; ``bench_utils.py`` is the shared harness (the CUDA-graph timer, the
-writer) and this file the registry.
+user tools, listed in :data:`TOOLS`; ``bench_utils.py`` (the CUDA-graph timer, the writer) and ``bench_dry.py``
+(the ``--dry-run`` switch) are the shared harness and this file the registry.
 
     python scripts/benchmarks.py --list                 # every benchmark and tool
     python scripts/benchmarks.py NAME [ARGS ...]        # run one (e.g. ``pool --out $OUT --quick``)
@@ -88,8 +88,8 @@ TOOLS: dict[str, str] = {
                            "without a GPU (--family neuron|layer_norm|giou|attention)",
 }
 
-#: the shared harness and this registry
-HARNESS = ("bench_utils.py", "benchmarks.py")
+#: the shared harness (the timer and writer, the --dry-run switch) and this registry
+HARNESS = ("bench_utils.py", "bench_dry.py", "benchmarks.py")
 
 
 def section_headings(path: Path = DOCS) -> set[str]:
