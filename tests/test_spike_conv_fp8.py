@@ -46,7 +46,8 @@ def test_rounding_the_weight_gives_e4m3_values_per_output_channel_as_pytorch_doe
     qr, sr = K.quantize_weight_reference(w)
     assert q.dtype == torch.float8_e4m3fn and q.shape == (6, 32 * 9) and scale.shape == (6,)
     assert torch.equal(scale, sr) and torch.equal(q.float(), qr.float())
-    assert torch.equal(scale.cpu()[[0, 2]], (w.cpu().flatten(1).abs().amax(1) / K.E4M3_MAX)[[0, 2]])
+    # the largest magnitude times float32(1 / 448): the same bits on every device
+    assert torch.equal(scale.cpu()[[0, 2]], (w.cpu().flatten(1).abs().amax(1) * (1 / K.E4M3_MAX))[[0, 2]])
     assert scale[3].item() > 0 and not q[3].float().any()  # a zero channel stays zero
     assert q[4, :6].float().tolist() == [448.0, 128.0, -128.0, 2 ** -9, -0.0, 2 ** -9 * 2]
     assert q[5, :4].float().tolist() == [448.0, 2 ** -9 * 2, 0.0, 2.25]
@@ -88,11 +89,13 @@ def test_the_convolution_kernel_equals_the_reference(cin, cout, k, stride, paddi
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         full = F.conv2d(x.float(), K.dequantize(q, s, (k, k)), b, stride, padding, dilation)
     torch.testing.assert_close(ref.float(), full.to(dtype).float(), **tol)
-    # a row-major input is read as well (the kernel reads a channels-last copy), and one in registers
+    # a row-major input is read as well (the kernel reads a channels-last copy), and one cast to e4m3 first (a
+    # kernel with its A operand in shared memory, not registers: on the GPU the tensor cores may add the BLOCK_K
+    # products of a step in another order, in their own precision)
     torch.testing.assert_close(K.conv2d(x.contiguous(), q, s, b, *args).float(), y.float(), rtol=0, atol=0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K.tuning, "PRECAST", False)
-        torch.testing.assert_close(K.conv2d(x.contiguous(), q, s, b, *args).float(), y.float(), rtol=0, atol=0)
+        mp.setattr(K.tuning, "PRECAST", not K.tuning.PRECAST)
+        torch.testing.assert_close(K.conv2d(x.contiguous(), q, s, b, *args).float(), y.float(), **tol)
 
 
 def test_the_kernels_refuse_what_they_do_not_take():

@@ -9,7 +9,7 @@ input): rows are output positions ``(n, ho, wo)``, columns output channels, the 
 in blocks of :data:`~.spike_conv_tuning` ``BLOCK_K`` input channels of one kernel position, the input read in place
 from a channels-last map (cast to e4m3 in one pass first, exactly, where :data:`~.spike_conv_tuning.PRECAST` says so;
 else in its own dtype, converted in registers), the accumulator float32 (the tensor cores' partial sums added into
-it every ``BLOCK_K`` products), the output scaled per channel and written channels-last in the requested dtype.
+it every ``BLOCK_K`` products, each step's sum started from zero), the output scaled per channel and written channels-last in the requested dtype.
 
 Registered as ``torch.ops.snntrain.spike_conv_fp8`` and ``torch.ops.snntrain.fp8_weight`` (:mod:`.op_utils`),
 visible to ``torch.compile``; no autograd here (:class:`snntrain.nn.SpikeConv2d` runs the backward through
@@ -103,8 +103,10 @@ def _quantize_kernel(w_ptr, q_ptr, s_ptr, CIN, K, s0, s1, s2, s3, KW: tl.constex
     kw = khw - kh * KW
     mask = k < K
     w = tl.load(w_ptr + co.to(tl.int64) * s0 + ci * s1 + kh * s2 + kw * s3, mask=mask, other=0.0).to(tl.float32)
-    # divisions rounded to nearest, as PyTorch's (the GPU's default division is an approximation)
-    scale = tl.maximum(tl.div_rn(tl.max(tl.abs(w), axis=0), E4M3_MAX), TINY)
+    # the scale as a product with float32(1 / E4M3_MAX), exact to the bit everywhere (PyTorch's CUDA division by a
+    # number is such a product, its CPU division is not); the weights' division rounded to nearest, as PyTorch's
+    # division of two tensors (the GPU's default division is an approximation)
+    scale = tl.maximum(tl.max(tl.abs(w), axis=0) * (1.0 / E4M3_MAX), TINY)
     tl.store(q_ptr + co.to(tl.int64) * K + k, _round_e4m3(tl.div_rn(w, scale)).to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + co, scale)
 
@@ -152,9 +154,9 @@ def _conv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, H, W, C, HO, WO, COUT,
         a = tl.load(x_rows[:, None] + (hi * sxh + wi * sxw)[:, None] + (c0 + rk)[None, :], mask=ok[:, None],
                     other=0.0)
         b = tl.load(w_rows + k0, mask=in_n[:, None], other=0.0)
-        # the FP8 tensor cores accumulate in less than float32 precision; their sums are added into the float32
-        # accumulator every BLOCK_K products (what max_num_imprecise_acc bounds)
-        acc = tl.dot(a.to(tl.float8e4nv), tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
+        # the FP8 tensor cores add in less than float32 precision: each step's BLOCK_K products are summed from zero
+        # and added into the float32 accumulator on the CUDA cores, so the rounding does not grow with the reduction
+        acc += tl.dot(a.to(tl.float8e4nv), tl.trans(b))
     out = acc * tl.load(s_ptr + rn, mask=in_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(b_ptr + rn, mask=in_n, other=0.0).to(tl.float32)[None, :]
@@ -261,7 +263,7 @@ def quantize_weight_reference(weight: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`quantize_weight` in PyTorch operations."""
     _check_weight(weight)
     w = weight.detach().permute(0, 2, 3, 1).reshape(weight.shape[0], -1).float()
-    scale = (w.abs().amax(1) / E4M3_MAX).clamp_min(_TINY) if w.numel() else w.new_zeros(weight.shape[0])
+    scale = (w.abs().amax(1) * (1.0 / E4M3_MAX)).clamp_min(_TINY) if w.numel() else w.new_zeros(weight.shape[0])
     return (w / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
