@@ -6,10 +6,11 @@ to 16). The weight is rounded to ``e4m3`` with one scale per output channel (its
 :data:`E4M3_MAX`), from the master weight (float32 under autocast), on every call (:func:`quantize_weight`: one
 kernel, one program per output channel). The convolution is an implicit matrix product (no unfolded copy of the
 input): rows are output positions ``(n, ho, wo)``, columns output channels, the reduction runs over ``(kh, kw, ci)``
-in blocks of :data:`~.spike_conv_tuning` ``BLOCK_K`` input channels of one kernel position, the input read in place
-from a channels-last map (cast to e4m3 in one pass first, exactly, where :data:`~.spike_conv_tuning.PRECAST` says so;
-else in its own dtype, converted in registers), the accumulator float32 (the tensor cores' partial sums added into
-it every ``BLOCK_K`` products, each step's sum started from zero), the output scaled per channel and written channels-last in the requested dtype.
+in steps of ``BLOCK_K`` input channels of one kernel position (:func:`~.spike_conv_tuning.conv_config`). The input is
+read in place from a channels-last map, in its own dtype and converted in registers (or cast to e4m3 in one pass
+first, where :data:`~.spike_conv_tuning.PRECAST` says so). Each step's ``BLOCK_K`` products are summed from zero on
+the tensor cores and added into a float32 accumulator; the output is scaled per channel and written channels-last
+in the requested dtype.
 
 Registered as ``torch.ops.snntrain.spike_conv_fp8`` and ``torch.ops.snntrain.fp8_weight`` (:mod:`.op_utils`),
 visible to ``torch.compile``; no autograd here (:class:`snntrain.nn.SpikeConv2d` runs the backward through
