@@ -6,6 +6,7 @@
     python scripts/kernel_resources.py --family giou [--arch 90] [--runtime-stride]
     python scripts/kernel_resources.py --family attention [--arch 90]
     python scripts/kernel_resources.py --family psn [--arch 90] [--sms 132] [--set NAME=VALUE ...]
+    python scripts/kernel_resources.py --family spike_conv [--arch 90] [--config BM,BN,BK,GROUP,WARPS,STAGES] [--precast]
 
 A kernel is specialised the way Triton's launcher would specialise the given argument values (pointers 16-byte
 aligned, integers equal to 1 folded, multiples of 16 marked), compiled with Triton's compiler API (``ASTSource``,
@@ -42,6 +43,11 @@ T = 16 with PLIF), training step: ``K^T V``, the fused product-neuron forward wi
 --suite psn`` (PSN, MaskedPSN and SlidingPSN on ``[T, 64, 65536]``, T = 4, 8, 16 and 32, fp32 and bf16): the forward,
 the backward and its finishing kernel; ``--set`` overrides names of ``snntrain.kernels.psn_tuning`` (for example
 ``--set MMA_PER_THREAD=1``) to check a launch size before timing it.
+
+``spike_conv``: the host code of ``snntrain.kernels.spike_conv`` (the FP8 convolution and the weight's rounding)
+on the convolutions of spikes of SEW-ResNet-18 at 224 (``scripts/bench_spike_conv.py``'s shapes), bf16 input;
+``--config`` replaces the launch sizes of ``spike_conv_tuning.conv_config`` for every layer, ``--precast`` reads
+the input cast to e4m3 first (``PRECAST``).
 """
 
 from __future__ import annotations
@@ -76,13 +82,15 @@ from snntrain.kernels import ln_neuron as LN  # noqa: E402
 from snntrain.kernels import psn as P  # noqa: E402
 from snntrain.kernels import psn_tuning as PT  # noqa: E402
 from snntrain.kernels import spike_attention as A  # noqa: E402
+from snntrain.kernels import spike_conv as SC  # noqa: E402
+from snntrain.kernels import spike_conv_tuning as SCT  # noqa: E402
 from snntrain.kernels.norm_neuron_base import F_GRAD_WB  # noqa: E402
 
 META = torch.device("meta")
 GRADS = L.F_GRAD_X | L.F_GRAD_V_INIT | L.F_GRAD_K
 
 _TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "i8",
-                 "uint8": "u8", "int32": "i32", "int64": "i64", "bool": "i1"}
+                 "uint8": "u8", "int32": "i32", "int64": "i64", "bool": "i1", "float8_e4m3fn": "fp8e4nv"}
 
 
 def _pointer_type(value) -> str | None:
@@ -253,6 +261,48 @@ def psn_main(argv: list[str]) -> None:
             raise SystemExit(f"--set {item}: psn_tuning has no {name!r}; it has {', '.join(PT.__all__)}")
         setattr(PT, name, int(value) if value.lstrip("-").isdigit() else value)
     _print_launches(psn_cases(args.sms), args.arch)
+
+
+# ----------------------------------------------------------------------------------------------------------- spike_conv
+
+#: SEW-ResNet-18's convolutions of spikes at 224, batch 32, T = 4 (as scripts/bench_spike_conv.py): label, Cin, H,
+#: Cout, kernel, stride
+SPIKE_CONV_SHAPES = [("layer1", 64, 56, 64, 3, 1), ("layer2 first", 64, 56, 128, 3, 2),
+                     ("layer2 shortcut", 64, 56, 128, 1, 2), ("layer2", 128, 28, 128, 3, 1),
+                     ("layer3 first", 128, 28, 256, 3, 2), ("layer3 shortcut", 128, 28, 256, 1, 2),
+                     ("layer3", 256, 14, 256, 3, 1), ("layer4 first", 256, 14, 512, 3, 2),
+                     ("layer4 shortcut", 256, 14, 512, 1, 2), ("layer4", 512, 7, 512, 3, 1)]
+
+
+def spike_conv_cases():
+    """``(label, launches)`` of the weight's rounding and the FP8 convolution for each layer, on meta tensors."""
+    for label, cin, h, cout, k, stride in SPIKE_CONV_SHAPES:
+        x = torch.empty((128, cin, h, h), dtype=torch.bfloat16, device=META).contiguous(
+            memory_format=torch.channels_last)
+        w = torch.empty((cout, cin, k, k), device=META)
+        Capture.launches.clear()
+        q, s = SC._quantize_host(w, wrap=Capture)
+        SC._conv_host(x, q, s, None, [k, k], [stride] * 2, [k // 2] * 2, [1, 1], torch.bfloat16, wrap=Capture)
+        yield f"{label}: {cin} -> {cout}, {k}x{k}/{stride}, {h}x{h}", list(Capture.launches)
+
+
+def spike_conv_main(argv: list[str]) -> None:
+    """The FP8 convolution kernels (``snntrain.kernels.spike_conv``)."""
+    ap = _parser("spike_conv")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--config", help="BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages for every layer (BLOCK_K at most "
+                                     "the largest power of two that divides Cin)")
+    ap.add_argument("--precast", action="store_true", help="the input cast to e4m3 first (spike_conv_tuning.PRECAST)")
+    args = ap.parse_args(argv)
+    if args.config:
+        try:
+            bm, bn, bk, group, warps, stages = (int(v) for v in args.config.split(","))
+        except ValueError:
+            raise SystemExit(f"--config {args.config!r}: give six integers, BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,"
+                             "stages") from None
+        SCT.conv_config = lambda cin, cout, taps: (bm, bn, min(bk, cin & -cin), group, warps, stages)
+    SCT.PRECAST = args.precast
+    _print_launches(spike_conv_cases(), args.arch)
 
 
 def _print_launches(cases, arch: int) -> None:
@@ -579,7 +629,8 @@ def neuron_main(argv: list[str]) -> None:
             _print_launches(cases(), args.arch)
 
 
-FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main, "psn": psn_main}
+FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main, "psn": psn_main,
+            "spike_conv": spike_conv_main}
 
 
 def main(argv: list[str] | None = None) -> None:
