@@ -97,6 +97,7 @@ def _patch() -> None:
 
 def _workloads() -> None:
     """Training steps of small networks and layers that call every registered operator, forward and backward."""
+    from snntrain.kernels import spike_conv
     from snntrain.kernels.bn_neuron_pool import bn_neuron_pool
     from snntrain.kernels.giou import giou_loss_op
     from snntrain.kernels.layer_norm import layer_norm
@@ -131,6 +132,10 @@ def _workloads() -> None:
                    torch.zeros(8, requires_grad=True), dim=dim).sum().backward()
     for psn in (PSN(T=4), MaskedPSN(T=4, k=2), SlidingPSN(k=2)):
         psn(torch.randn(4, 2, 6, requires_grad=True)).sum().backward()
+    # the FP8 convolution's two operators (a model calls them only on a GPU with FP8 or in the interpreter)
+    q, scale = spike_conv.quantize_weight(torch.randn(8, 32, 3, 3))
+    spikes = (torch.rand(2, 32, 5, 5) < 0.5).float().contiguous(memory_format=torch.channels_last)
+    spike_conv.conv2d(spikes, q, scale, torch.zeros(8), (3, 3), (1, 1), (1, 1), (1, 1), torch.bfloat16)
     boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 4.0]], requires_grad=True)
     target = torch.tensor([[0.5, 0.0, 2.0, 3.0], [1.0, 2.0, 3.0, 3.0]])
     RUNNING.append(("snntrain::giou_loss", [boxes, target]))  # it calls torch.ops.snntrain.giou_loss by name
