@@ -7,6 +7,7 @@
     python scripts/kernel_resources.py --family attention [--arch 90]
     python scripts/kernel_resources.py --family psn [--arch 90] [--sms 132] [--set NAME=VALUE ...]
     python scripts/kernel_resources.py --family spike_conv [--arch 90] [--config BM,BN,BK,GROUP,WARPS,STAGES] [--precast]
+    python scripts/kernel_resources.py --family step_neuron [--arch 90] [--neuron KLIF --neuron QIF ...] [--T 16 ...]
 
 A kernel is specialised the way Triton's launcher would specialise the given argument values (pointers 16-byte
 aligned, integers equal to 1 folded, multiples of 16 marked), compiled with Triton's compiler API (``ASTSource``,
@@ -48,6 +49,10 @@ the backward and its finishing kernel; ``--set`` overrides names of ``snntrain.k
 on the convolutions of spikes of SEW-ResNet-18 at 224 (``scripts/bench_spike_conv.py``'s shapes), bf16 input;
 ``--config`` replaces the launch sizes of ``spike_conv_tuning.conv_config`` for every layer, ``--precast`` reads
 the input cast to e4m3 first (``PRECAST``).
+
+``step_neuron``: the generated kernels of the neuron families (``snntrain.kernels.step_neuron``: forward with
+checkpoints and backward, the input's gradient and the learnable parameters' sums) on ``scripts/bench_neurons.py
+--suite families``'s ``[T, 64, 65536]``, fp32 and bf16.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from snntrain.kernels import psn_tuning as PT  # noqa: E402
 from snntrain.kernels import spike_attention as A  # noqa: E402
 from snntrain.kernels import spike_conv as SC  # noqa: E402
 from snntrain.kernels import spike_conv_tuning as SCT  # noqa: E402
+from snntrain.kernels import step_neuron as SN  # noqa: E402
 from snntrain.kernels.norm_neuron_base import F_GRAD_WB  # noqa: E402
 
 META = torch.device("meta")
@@ -303,6 +309,37 @@ def spike_conv_main(argv: list[str]) -> None:
         SCT.conv_config = lambda cin, cout, taps: (bm, bn, min(bk, cin & -cin), group, warps, stages)
     SCT.PRECAST = args.precast
     _print_launches(spike_conv_cases(), args.arch)
+
+
+# ---------------------------------------------------------------------------------------------------------- step_neuron
+
+def step_neuron_cases(neurons: list[str], steps: list[int]):
+    """``(label, launches)`` of a training step of each generated neuron family (its defaults, learnable parameters
+    as the family makes them), forward and backward, on meta tensors."""
+    from snntrain.nn import build_neuron
+
+    for name in neurons:
+        neuron = build_neuron(type=name, backend="triton", channels=64)
+        for T in steps:
+            for dtype in (torch.float32, torch.bfloat16):
+                key = neuron.kernel_key(dtype)
+                params = neuron._params_on(META)
+                x = torch.empty((T, 64, 65536), dtype=dtype, device=META)
+                Capture.launches.clear()
+                _y, _final, ckpt = SN._fwd_host(x, None, params, key, SN.F_SAVE_CKPT, launch=True, wrap=Capture)
+                SN._bwd_host(x, None, ckpt, params, torch.empty_like(x), None, key, SN.F_SAVE_CKPT, launch=True,
+                             wrap=Capture)
+                yield f"{name} T={T} {str(dtype).removeprefix('torch.')}", list(Capture.launches)
+
+
+def step_neuron_main(argv: list[str]) -> None:
+    """The generated neuron kernels (``snntrain.kernels.step_neuron``)."""
+    ap = _parser("step_neuron")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    ap.add_argument("--neuron", action="append", help="a neuron family (repeatable; default KLIF and QIF)")
+    ap.add_argument("--T", type=int, action="append", help="time steps (repeatable; default 4 and 16)")
+    args = ap.parse_args(argv)
+    _print_launches(step_neuron_cases(args.neuron or ["KLIF", "QIF"], args.T or [4, 16]), args.arch)
 
 
 def _print_launches(cases, arch: int) -> None:
@@ -630,7 +667,7 @@ def neuron_main(argv: list[str]) -> None:
 
 
 FAMILIES = {"neuron": neuron_main, "layer_norm": layer_norm_main, "giou": giou_main, "attention": attention_main, "psn": psn_main,
-            "spike_conv": spike_conv_main}
+            "spike_conv": spike_conv_main, "step_neuron": step_neuron_main}
 
 
 def main(argv: list[str] | None = None) -> None:
