@@ -85,7 +85,7 @@ TOOLS: dict[str, str] = {
     "profile_step.py": "where the time of a real training step goes (torch.profiler and cProfile over a run)",
     "real_faces.py": "a face detector on real photographs that ship with installed packages (real_faces.json)",
     "kernel_resources.py": "registers, spills and SASS digests of the Triton kernels, compiled for a GPU target "
-                           "without a GPU (--family neuron|layer_norm|giou|attention)",
+                           "without a GPU (--family neuron|layer_norm|giou|attention|psn|spike_conv|step_neuron)",
 }
 
 #: the shared harness (the timer and writer, the --dry-run switch) and this registry

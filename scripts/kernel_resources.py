@@ -7,6 +7,7 @@
     python scripts/kernel_resources.py --family attention [--arch 90]
     python scripts/kernel_resources.py --family psn [--arch 90] [--sms 132] [--set NAME=VALUE ...]
     python scripts/kernel_resources.py --family spike_conv [--arch 90] [--config BM,BN,BK,GROUP,WARPS,STAGES] [--precast]
+                                       [--layer 'layer4 shortcut']
     python scripts/kernel_resources.py --family step_neuron [--arch 90] [--neuron KLIF --neuron QIF ...] [--T 16 ...]
 
 A kernel is specialised the way Triton's launcher would specialise the given argument values (pointers 16-byte
@@ -280,9 +281,12 @@ SPIKE_CONV_SHAPES = [("layer1", 64, 56, 64, 3, 1), ("layer2 first", 64, 56, 128,
                      ("layer4 shortcut", 256, 14, 512, 1, 2), ("layer4", 512, 7, 512, 3, 1)]
 
 
-def spike_conv_cases():
-    """``(label, launches)`` of the weight's rounding and the FP8 convolution for each layer, on meta tensors."""
+def spike_conv_cases(only: str | None = None):
+    """``(label, launches)`` of the weight's rounding and the FP8 convolution for each layer (whose label contains
+    ``only``, if given), on meta tensors."""
     for label, cin, h, cout, k, stride in SPIKE_CONV_SHAPES:
+        if only is not None and only not in label:
+            continue
         x = torch.empty((128, cin, h, h), dtype=torch.bfloat16, device=META).contiguous(
             memory_format=torch.channels_last)
         w = torch.empty((cout, cin, k, k), device=META)
@@ -299,7 +303,11 @@ def spike_conv_main(argv: list[str]) -> None:
     ap.add_argument("--config", help="BLOCK_M,BLOCK_N,BLOCK_K,GROUP_M,warps,stages for every layer (BLOCK_K at most "
                                      "the largest power of two that divides Cin)")
     ap.add_argument("--precast", action="store_true", help="the input cast to e4m3 first (spike_conv_tuning.PRECAST)")
+    ap.add_argument("--layer", help="only the layers whose label contains this (e.g. 'layer4 shortcut')")
     args = ap.parse_args(argv)
+    if args.layer and not any(args.layer in label for label, *_ in SPIKE_CONV_SHAPES):
+        raise SystemExit(f"--layer {args.layer!r} matches no layer; the layers are: "
+                         + ", ".join(label for label, *_ in SPIKE_CONV_SHAPES))
     if args.config:
         try:
             bm, bn, bk, group, warps, stages = (int(v) for v in args.config.split(","))
@@ -308,7 +316,7 @@ def spike_conv_main(argv: list[str]) -> None:
                              "stages") from None
         SCT.conv_config = lambda cin, cout, taps: (bm, bn, min(bk, cin & -cin), group, warps, stages)
     SCT.PRECAST = args.precast
-    _print_launches(spike_conv_cases(), args.arch)
+    _print_launches(spike_conv_cases(args.layer), args.arch)
 
 
 # ---------------------------------------------------------------------------------------------------------- step_neuron
