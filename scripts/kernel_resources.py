@@ -77,6 +77,7 @@ import triton.backends.nvidia as nvidia_backend  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+import bench_spike_conv  # noqa: E402  (scripts/, this script's folder)
 from snntrain.kernels import bn_neuron as BN  # noqa: E402
 from snntrain.kernels import bn_neuron_pool as BNP  # noqa: E402
 from snntrain.kernels import giou as G  # noqa: E402
@@ -272,19 +273,15 @@ def psn_main(argv: list[str]) -> None:
 
 # ----------------------------------------------------------------------------------------------------------- spike_conv
 
-#: SEW-ResNet-18's convolutions of spikes at 224, batch 32, T = 4 (as scripts/bench_spike_conv.py): label, Cin, H,
-#: Cout, kernel, stride
-SPIKE_CONV_SHAPES = [("layer1", 64, 56, 64, 3, 1), ("layer2 first", 64, 56, 128, 3, 2),
-                     ("layer2 shortcut", 64, 56, 128, 1, 2), ("layer2", 128, 28, 128, 3, 1),
-                     ("layer3 first", 128, 28, 256, 3, 2), ("layer3 shortcut", 128, 28, 256, 1, 2),
-                     ("layer3", 256, 14, 256, 3, 1), ("layer4 first", 256, 14, 512, 3, 2),
-                     ("layer4 shortcut", 256, 14, 512, 1, 2), ("layer4", 512, 7, 512, 3, 1)]
+#: SEW-ResNet-18's convolutions of spikes at 224, batch 32, T = 4: scripts/bench_spike_conv.py's layers (label, Cin,
+#: H, Cout, kernel, stride, count)
+SPIKE_CONV_SHAPES = bench_spike_conv.SHAPES
 
 
 def spike_conv_cases(only: str | None = None):
     """``(label, launches)`` of the weight's rounding and the FP8 convolution for each layer (whose label contains
     ``only``, if given), on meta tensors."""
-    for label, cin, h, cout, k, stride in SPIKE_CONV_SHAPES:
+    for label, cin, h, cout, k, stride, _count in SPIKE_CONV_SHAPES:
         if only is not None and only not in label:
             continue
         x = torch.empty((128, cin, h, h), dtype=torch.bfloat16, device=META).contiguous(

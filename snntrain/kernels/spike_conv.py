@@ -34,6 +34,7 @@ from torch import Tensor
 
 from . import spike_conv_tuning as tuning
 from .op_utils import INTERPRET, cdiv, direct, next_pow2, op_wrap, profiled, register_op, traced
+from .spike_pool import output_size
 
 #: The largest finite ``float8_e4m3fn`` value: a channel's largest weight magnitude is scaled to it.
 E4M3_MAX = 448.0
@@ -184,10 +185,6 @@ def _quantize_host(weight: Tensor, launch: bool = True, wrap=direct) -> tuple[Te
     return q, s
 
 
-def out_size(size: int, k: int, stride: int, padding: int, dilation: int) -> int:
-    return (size + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-
-
 def _conv_host(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, kernel_size: list[int], stride: list[int],
                padding: list[int], dilation: list[int], dtype: torch.dtype, launch: bool = True,
                wrap=direct) -> Tensor:
@@ -199,7 +196,8 @@ def _conv_host(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, kernel_
                          f"kernel ([Cout, {c * kh * kw}] does)")
     if c % CHANNEL_MULTIPLE:
         raise ValueError(f"{c} input channels: the FP8 convolution takes a multiple of {CHANNEL_MULTIPLE}")
-    ho, wo = (out_size(h, kh, stride[0], padding[0], dilation[0]), out_size(w, kw, stride[1], padding[1], dilation[1]))
+    ho = output_size(h, kh, stride[0], padding[0], dilation[0], False)
+    wo = output_size(w, kw, stride[1], padding[1], dilation[1], False)
     y = torch.empty((n, cout, ho, wo), dtype=dtype, device=x.device, memory_format=torch.channels_last)
     m = n * ho * wo
     if launch and m and cout:
@@ -270,11 +268,15 @@ def quantize_weight_reference(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (w / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
+def _conv_weight(rows: Tensor, kernel_size) -> Tensor:
+    """``[Cout, KH * KW * Cin]`` rows in ``(kh, kw, ci)`` order as a convolution's weight ``[Cout, Cin, KH, KW]``."""
+    kh, kw = kernel_size
+    return rows.reshape(rows.shape[0], kh, kw, -1).permute(0, 3, 1, 2)
+
+
 def dequantize(q: Tensor, scale: Tensor, kernel_size) -> Tensor:
     """The weight ``[Cout, Cin, KH, KW]`` (float32) that ``(q, scale)`` stands for."""
-    kh, kw = kernel_size
-    cout = q.shape[0]
-    return (q.float() * scale[:, None]).reshape(cout, kh, kw, -1).permute(0, 3, 1, 2)
+    return _conv_weight(q.float() * scale[:, None], kernel_size)
 
 
 def conv2d_reference(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, kernel_size, stride, padding,
@@ -282,8 +284,7 @@ def conv2d_reference(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None, k
     """:func:`conv2d` in PyTorch operations, in the kernel's order: the convolution with the e4m3 values ``q``
     summed in float32 (exact products: TF32's ten mantissa bits hold e4m3's three), then scaled per output channel,
     the bias added; channels-last output in ``dtype``."""
-    kh, kw = kernel_size
-    w = q.float().reshape(q.shape[0], kh, kw, -1).permute(0, 3, 1, 2)
+    w = _conv_weight(q.float(), kernel_size)
     y = torch.nn.functional.conv2d(x.float(), w, None, list(stride), list(padding), list(dilation))
     y = y * scale.view(1, -1, 1, 1)
     if bias is not None:
