@@ -105,11 +105,6 @@ CASES = {
     "sew18-224-alif": {"size": 224, "batch": 32, "stem": "imagenet", "neuron": "ALIF"},
     # the same step with the convolutions' spike inputs kept for the backward in the step's dtype, not as uint8
     "sew18-224-bytes": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True},
-    # the same step with the convolutions of spikes' training forward in FP8 (their inputs kept in bits, as above)
-    "sew18-224-fp8": {"size": 224, "batch": 32, "stem": "imagenet", "spike_bytes": True, "spike_fp8": True},
-    "sew18-cifar-fp8": {"size": 32, "batch": 128, "stem": "cifar", "spike_bytes": True, "spike_fp8": True},
-    "event-fp8": {"size": 128, "batch": 16, "stem": "imagenet", "T": 16, "in_channels": 2, "classes": 11,
-                  "temporal": True, "spike_bytes": True, "spike_fp8": True},
     # the same step with each block's ADD an addition after its last norm-neuron, not folded into its kernel
     "sew18-224-addafter": {"size": 224, "batch": 32, "stem": "imagenet", "add_after": True},
     # SEW's AND and IAND connections (folded into the last norm-neuron of each block), and unfolded ("-after")
@@ -139,6 +134,9 @@ TRANSFORMER_CASES = {
     "sdt-8-384": {"model": {"name": "spike_driven_transformer", "variant": "sdt_8_384"}, "size": 224, "batch": 32},
     "qkformer-10-384": {"model": {"name": "qkformer", "variant": "qkformer_10_384"}, "size": 224, "batch": 32},
 }
+# the same steps with the convolutions of spikes' training forward in FP8 (their inputs kept in bits, as -bytes)
+CASES.update({f"{case}-fp8": {**CASES[case], "spike_bytes": True, "spike_fp8": True}
+              for case in ("sew18-224", "sew18-cifar", "event")})
 CASES.update(TRANSFORMER_CASES)
 NAME = "bench_train"
 
