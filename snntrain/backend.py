@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 
@@ -109,3 +110,20 @@ def use_triton(backend: str, x: torch.Tensor) -> bool:
             "(or TRITON_INTERPRET=1 for the CPU interpreter). Use backend='torch' or 'auto' for CPU."
         )
     return True
+
+
+class FallbackWarning:
+    """What a layer says when a call it would run on our kernels runs another way (PyTorch's operation, the
+    unfused ops, its own dtype): one warning per reason and process, so a training loop warns once, not per step.
+    ``FallbackWarning(template)`` makes the warner; ``warner(reason)`` warns ``template.format(reason=reason)`` the
+    first time ``reason`` comes (``stacklevel`` as :func:`warnings.warn`'s, counted from the caller); ``seen``
+    holds the reasons warned about."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self.seen: set[str] = set()
+
+    def __call__(self, reason: str, stacklevel: int = 2) -> None:
+        if reason not in self.seen:
+            self.seen.add(reason)
+            warnings.warn(self.template.format(reason=reason), stacklevel=stacklevel + 1)

@@ -296,7 +296,7 @@ def test_other_configurations_run_separately_and_say_so_once(monkeypatch):
     """What the fused op does not take (a layer norm, another pool, a neuron of another kind, float64) runs the two
     modules one after the other, with one warning per configuration; the PyTorch backend, ``fused = False``, a hook
     and the neuron's ``store_v_seq`` run them silently."""
-    monkeypatch.setattr(NN, "_POOL_WARNED", set())
+    monkeypatch.setattr(NN._pool_fallback, "seen", set())
     calls = _fused_called(monkeypatch)
     x = _input((2, 2, 4, 6, 5), 8, torch.float32, "nchw")
 

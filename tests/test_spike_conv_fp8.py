@@ -20,9 +20,9 @@ from snntrain.nn import layers as L
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
     """Each test sees the once-per-reason fallback warnings afresh."""
-    L._FP8_WARNED.clear()
+    L._fp8_fallback.seen.clear()
     yield
-    L._FP8_WARNED.clear()
+    L._fp8_fallback.seen.clear()
 
 
 def spikes(shape, high=2, channels_last=True, seed=0, dtype=torch.float32):

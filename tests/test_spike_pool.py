@@ -181,7 +181,7 @@ def test_saves_one_byte_per_output_for_the_backward():
 
 
 def test_fallback_warns_once_and_matches_pytorch(monkeypatch):
-    monkeypatch.setattr(pool_mod, "_WARNED", set())
+    monkeypatch.setattr(pool_mod._fallback, "seen", set())
     x = _spikes((1, 2, 10, 10), torch.float32, 10)
     pool = SpikeMaxPool2d(9, stride=1, padding=4, backend="triton")  # 81 elements > MAX_WINDOW
     with pytest.warns(UserWarning, match=r"kernel_size=\(9, 9\) \(81 elements"):

@@ -3,14 +3,12 @@ input as bytes, dropout over time and SEW connections."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..backend import check_backend, use_triton
+from ..backend import FallbackWarning, check_backend, use_triton
 from ..kernels import spike_conv, spike_pack
 from ..validation import flag
 
@@ -85,15 +83,9 @@ def unpack_input(packed: torch.Tensor, packing: tuple, dtype: torch.dtype) -> to
     return spike_pack.unpack_reference(packed, bits, shape, strides, dtype)
 
 
-#: The reasons a SpikeConv2d with ``fp8`` on ran its forward in its own dtype instead, each warned about once.
-_FP8_WARNED: set[str] = set()
-
-
-def _fp8_fallback(reason: str) -> None:
-    if reason not in _FP8_WARNED:
-        _FP8_WARNED.add(reason)
-        warnings.warn(f"SpikeConv2d(fp8=True): {reason}; this convolution's forward runs in its own dtype instead",
-                      stacklevel=4)
+#: Where a SpikeConv2d with ``fp8`` on runs its forward in its own dtype instead: one warning per reason and process.
+_fp8_fallback = FallbackWarning("SpikeConv2d(fp8=True): {reason}; this convolution's forward runs in its own dtype "
+                                "instead")
 
 
 def _fp8_conv2d(x, weight, bias, stride, padding, dilation, dtype, impl: str) -> torch.Tensor:
@@ -229,7 +221,7 @@ class SpikeConv2d(PackedInput, nn.Conv2d):
             reason = spike_conv.fp8_device_reason(x.device)
             if reason is None:
                 return "triton"
-        _fp8_fallback(reason)
+        _fp8_fallback(reason, stacklevel=4)
         return None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,13 +24,12 @@ the fused kernel, each holding nothing itself: the modules, their names and stat
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..backend import check_backend, use_triton
+from ..backend import FallbackWarning, check_backend, use_triton
 from .layers import MultiStep, check_connect, sew_connect
 from .neurons import BaseNeuron, is_neuron
 from .norm import LayerNorm2d
@@ -209,8 +208,9 @@ class NormNeuron(nn.Module):
         return f"backend={self.backend}"
 
 
-#: The configurations :func:`norm_neuron_max_pool` could not fuse, each warned about once per process.
-_POOL_WARNED: set[str] = set()
+#: The configurations :func:`norm_neuron_max_pool` cannot fuse: one warning per reason and process.
+_pool_fallback = FallbackWarning("norm_neuron_max_pool: the fused batch norm -> neuron -> max-pool op does not take "
+                                 "{reason}; running the norm-neuron and the max-pool one after the other")
 
 
 def _watched(*modules: nn.Module) -> bool:
@@ -288,10 +288,8 @@ def norm_neuron_max_pool(sn: NormNeuron, pool: nn.Module, x: torch.Tensor, T: in
             buffers["running_var"] if use_running else None, training=norm.training, momentum=factor, eps=norm.eps,
             T=T, num_batches_tracked=nbt, w=neuron._w(), **_neuron_options(neuron.params),
         )
-    if reason and reason not in _POOL_WARNED:
-        _POOL_WARNED.add(reason)
-        warnings.warn(f"norm_neuron_max_pool: the fused batch norm -> neuron -> max-pool op does not take {reason}; "
-                      "running the norm-neuron and the max-pool one after the other", stacklevel=3)
+    if reason:
+        _pool_fallback(reason, stacklevel=3)
     return pool(sn(x, T=T))
 
 

@@ -10,25 +10,17 @@ where the pooled map is spikes; nothing in it depends on the values being 0 or 1
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..backend import check_backend, use_triton
+from ..backend import FallbackWarning, check_backend, use_triton
 
 __all__ = ["SpikeMaxPool2d"]
 
-#: The reasons the fused path fell back to PyTorch's pooling, each warned about once per process.
-_WARNED: set[str] = set()
-
-
-def _fallback(reason: str) -> None:
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"SpikeMaxPool2d: the Triton max-pool kernels do not take {reason}; using "
-                      "torch.nn.functional.max_pool2d for it", stacklevel=3)
+#: Where the fused path falls back to PyTorch's pooling: one warning per reason and process.
+_fallback = FallbackWarning("SpikeMaxPool2d: the Triton max-pool kernels do not take {reason}; using "
+                            "torch.nn.functional.max_pool2d for it")
 
 
 class SpikeMaxPool2d(nn.MaxPool2d):
@@ -62,7 +54,7 @@ class SpikeMaxPool2d(nn.MaxPool2d):
         batched = x.unsqueeze(0) if x.dim() == 3 else x
         reason = K.unsupported(batched, self._pool_params)
         if reason is not None:
-            _fallback(reason)
+            _fallback(reason, stacklevel=3)
             return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, ceil_mode=self.ceil_mode)
         y = K.max_pool2d(batched, self._pool_params)
         return y.squeeze(0) if x.dim() == 3 else y
