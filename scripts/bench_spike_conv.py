@@ -8,7 +8,8 @@ Cases: the convolutions of spikes in SEW-ResNet-18 at 224x224, batch 32, T = 4 (
 convolutions of each stage, the first of a stage with stride 2, and the 1x1 stride-2 shortcuts), channels-last,
 spikes (0/1, a fifth of them 1) in bf16; and ``sew18-224/all``, each shape times its number of layers.
 Providers, forward only (the backward is the same for all: PyTorch's convolution backward): ``cudnn-bf16``
-(``F.conv2d`` under bf16, channels-last: what the step runs without the option), ``ours-fp8`` (the weight rounded
+(``F.conv2d`` under bf16, channels-last, with ``torch.backends.cudnn.benchmark`` on as ``trainer.benchmark=auto``
+sets it: what the step runs without the option), ``ours-fp8`` (the weight rounded
 per output channel, then the FP8 convolution: what a training forward runs with ``spike_fp8``) and
 ``ours-fp8-conv`` (the convolution alone). Every time is a CUDA-graph replay (GPU time only); ``tflops`` in the note
 is ``2 N Ho Wo Cout Cin KH KW`` over the time. ``roofline`` = (input bf16 + weight + output bf16 bytes / copy
@@ -146,6 +147,7 @@ def main() -> None:
     args = bu.parse_args(__doc__.splitlines()[0], extra)
     if not DRY:
         bu.device()
+        torch.backends.cudnn.benchmark = True  # what the training step runs with (trainer.benchmark=auto)
         reason = spike_conv.fp8_device_reason(torch.device("cuda"))
         if reason:
             sys.exit(reason)
