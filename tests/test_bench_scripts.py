@@ -411,3 +411,44 @@ def test_a_sweep_can_be_narrowed_to_named_configurations_and_refuses_an_unknown_
     with pytest.raises(SystemExit, match="needs --sweep with --suite psn or api-lif"):
         monkeypatch.setattr(sys, "argv", ["bench_neurons.py", "--out", "x", "--suite", "families", "--config", "tile"])
         bn.main()
+
+
+def test_generated_summary_sets_the_graph_time_beside_the_eager_ratio():
+    """``bench_neurons.generated_summary``: a family's line gives the eager ratio against the target and our GPU
+    time from the graph replay (flagging an eager row that the host decides); the StepNeuron LIF's line the graph
+    ratio beside the eager one."""
+    bn = load("bench_neurons")
+    row = dict(family="KLIF", dtype="bf16", T=16, output_sum=5)
+    rows = [dict(row, bench="families", provider="ours", ms=0.857, graph_ms=0.34, peak_mib=144),
+            dict(row, bench="families", provider="sj-node", ms=11.07, peak_mib=1584),
+            dict(row, bench="families", provider="sj-flexsn", ms=1.399, peak_mib=1584),
+            dict(row, bench="api_lif", family="LIF", provider="api", ms=0.5, graph_ms=0.3, peak_mib=1),
+            dict(row, bench="api_lif", family="LIF", provider="hand-written", ms=0.45, graph_ms=0.25, peak_mib=1)]
+    family, api = bn.generated_summary(rows)
+    assert "vs sj-flexsn 1.399 ms = 1.63x (target >= 2x: MISS)" in family
+    assert "our GPU time (graph) 0.340 ms = 4.11x (the eager row is host-bound)" in family
+    assert "= 1.11x (target <= 1.15x: PASS); graph 0.300 vs 0.250 ms = 1.20x" in api
+    rows[0]["ms"] = 0.36  # an eager row near its GPU time is not flagged
+    assert "host-bound" not in bn.generated_summary(rows)[0]
+
+
+def test_graph_replays_start_from_no_input_gradient(monkeypatch):
+    """``bench_neurons._graph_ms``: each captured call sets the input's gradient to None first, as the eager timing
+    does, so a replay does not also add it to the last replay's; a capture that fails gives None."""
+    bn = load("bench_neurons")
+    leaf = torch.ones(3, requires_grad=True)
+    seen = []
+
+    def step():
+        seen.append(leaf.grad)
+        (leaf * 2).sum().backward()
+
+    def graph_ms(fn, quick):
+        fn()
+        fn()
+        return 0.5, ""
+
+    monkeypatch.setattr(bn.bu, "graph_ms", graph_ms)
+    assert bn._graph_ms(leaf, step) == 0.5 and seen == [None, None]
+    monkeypatch.setattr(bn.bu, "graph_ms", lambda fn, quick: (0.7, "eager timing (no CUDA)"))
+    assert bn._graph_ms(leaf, step) is None
